@@ -1,0 +1,23 @@
+// Command gen-schema writes each SQL backend's schema.sql from the DDL its
+// Migrate runs, so the shipped files never drift from the code.
+package main
+
+import (
+	"log"
+	"os"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+func main() {
+	for path, ddl := range map[string]string{
+		"repository/postgres/schema.sql": postgres.SchemaDDL(repository.DefaultTableName),
+		"repository/sqlite/schema.sql":   sqlite.SchemaDDL(repository.DefaultTableName),
+	} {
+		if err := os.WriteFile(path, []byte(ddl), 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,78 @@
+// Package testenv gives tests their service connections. Addresses come
+// from environment variables with localhost defaults. When a service does
+// not answer, the test is skipped with a message naming it — except under
+// CI=true, where a missing service fails the test.
+package testenv
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+// Environment variables and their defaults.
+const (
+	PostgresEnv     = "POSTGRES_DSN"
+	PostgresDefault = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+)
+
+// CI reports whether the tests run in CI, where every service must be up.
+func CI() bool { return os.Getenv("CI") == "true" }
+
+// Missing skips t because service is unavailable, or fails it under CI.
+func Missing(t testing.TB, service string, err error) {
+	t.Helper()
+	if CI() {
+		t.Fatalf("%s is not available (CI=true requires it): %v", service, err)
+	}
+	t.Skipf("skipping: %s is not available: %v (start it, or set CI=true to make this a failure)", service, err)
+}
+
+func getenv(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// PostgresDSN returns the PostgreSQL DSN tests use.
+func PostgresDSN() string { return getenv(PostgresEnv, PostgresDefault) }
+
+// Postgres opens the test PostgreSQL database (pgx stdlib driver) and
+// closes it when t ends.
+func Postgres(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", PostgresDSN())
+	if err == nil {
+		err = ping(db)
+	}
+	if err != nil {
+		Missing(t, "PostgreSQL ("+PostgresEnv+"="+PostgresDSN()+")", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// SQLite opens a fresh SQLite database in t's temporary directory.
+func SQLite(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
+	if err != nil {
+		t.Fatalf("sqlite: %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func ping(db *sql.DB) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return db.PingContext(ctx)
+}

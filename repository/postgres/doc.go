@@ -1,0 +1,14 @@
+// Package postgres is the PostgreSQL backend of the inbox, used through
+// database/sql with the pgx/v5 stdlib driver.
+//
+//	db, _ := sql.Open("pgx", "postgres://localhost:5432/app")
+//	repo, err := postgres.NewRepository(db, postgres.Config{})
+//	if err != nil { … }
+//	if err := repo.Migrate(ctx); err != nil { … }
+//
+// Claims are `INSERT … ON CONFLICT DO NOTHING` against the primary key
+// (consumer, dedup_key): a second transaction claiming the same key waits
+// on the first one's row lock and then sees its outcome. Cleanup deletes
+// expired rows by primary key in small batches with FOR UPDATE SKIP LOCKED,
+// so it never waits on (or blocks) a claim. The schema is in schema.sql.
+package postgres

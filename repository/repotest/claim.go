@@ -1,0 +1,165 @@
+package repotest
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/stretchr/testify/require"
+)
+
+func runClaim(t *testing.T, b Backend) {
+	t.Run("FreshClaim", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		p := claimParams("billing", "order-1")
+
+		c := f.claim(t, p, nil)
+		require.True(t, c.Claimed)
+		require.Zero(t, c.Existing)
+
+		rec, err := f.repo.Get(t.Context(), "billing", "order-1")
+		require.NoError(t, err)
+		require.Equal(t, "billing", rec.Consumer)
+		require.Equal(t, "order-1", rec.Key)
+		require.Equal(t, repository.StateCompleted, rec.State)
+		require.Equal(t, p.PayloadHash, rec.PayloadHash)
+		require.Nil(t, rec.Result)
+		require.Equal(t, 1, rec.Attempts)
+		require.True(t, p.Now.Equal(rec.CreatedAt), "CreatedAt %s, want %s", rec.CreatedAt, p.Now)
+		require.True(t, p.Now.Equal(rec.CompletedAt), "CompletedAt %s, want %s", rec.CompletedAt, p.Now)
+		require.True(t, p.ExpiresAt.Equal(rec.ExpiresAt), "ExpiresAt %s, want %s", rec.ExpiresAt, p.ExpiresAt)
+	})
+
+	t.Run("DuplicateClaimReturnsStoredRecord", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		first := claimParams("billing", "order-1")
+		require.True(t, f.claim(t, first, []byte("result-1")).Claimed)
+
+		second := claimParams("billing", "order-1")
+		second.PayloadHash = repository.HashPayload([]byte("other content"))
+		c := f.claim(t, second, []byte("must not be stored"))
+		require.False(t, c.Claimed)
+		require.Equal(t, repository.StateCompleted, c.Existing.State)
+		require.Equal(t, first.PayloadHash, c.Existing.PayloadHash, "the duplicate must see the first claim's hash")
+		require.Equal(t, []byte("result-1"), c.Existing.Result)
+		require.Equal(t, "order-1", c.Existing.Key)
+	})
+
+	t.Run("RolledBackClaimLeavesNothing", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := context.Background()
+		p := claimParams("billing", "order-1")
+
+		tx, err := b.DB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		c, err := f.tx.ClaimTx(ctx, tx, p)
+		require.NoError(t, err)
+		require.True(t, c.Claimed)
+		require.NoError(t, f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: "billing", Key: "order-1", Result: []byte("x")}))
+		require.NoError(t, tx.Rollback())
+
+		_, err = f.repo.Get(ctx, "billing", "order-1")
+		require.ErrorIs(t, err, repository.ErrNotFound)
+		require.True(t, f.claim(t, p, nil).Claimed, "the claim after a rollback must win")
+	})
+
+	t.Run("SameKeyUnderTwoConsumersIsTwoRecords", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		require.True(t, f.claim(t, claimParams("billing", "order-1"), []byte("b")).Claimed)
+		require.True(t, f.claim(t, claimParams("shipping", "order-1"), []byte("s")).Claimed)
+
+		billing, err := f.repo.Get(t.Context(), "billing", "order-1")
+		require.NoError(t, err)
+		shipping, err := f.repo.Get(t.Context(), "shipping", "order-1")
+		require.NoError(t, err)
+		require.Equal(t, []byte("b"), billing.Result)
+		require.Equal(t, []byte("s"), shipping.Result)
+		require.False(t, f.claim(t, claimParams("billing", "order-1"), nil).Claimed)
+		require.False(t, f.claim(t, claimParams("shipping", "order-1"), nil).Claimed)
+	})
+
+	t.Run("LongKeyIsHashedNotTruncated", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		prefix := strings.Repeat("k", repository.MaxKeyLength)
+		long1, long2 := prefix+"-one", prefix+"-two"
+		huge := strings.Repeat("x", 10_000)
+
+		for _, key := range []string{long1, long2, huge} {
+			require.True(t, f.claim(t, claimParams("billing", key), []byte(key[len(key)-4:])).Claimed,
+				"long keys sharing a %d-byte prefix must not collide", repository.MaxKeyLength)
+		}
+		rec, err := f.repo.Get(t.Context(), "billing", long2)
+		require.NoError(t, err)
+		require.Equal(t, repository.StorageKey(long2), rec.Key)
+		require.LessOrEqual(t, len(rec.Key), repository.MaxKeyLength)
+		require.Equal(t, []byte("-two"), rec.Result)
+		require.False(t, f.claim(t, claimParams("billing", long1), nil).Claimed, "the same long key again is a duplicate")
+
+		// A short key spelled like a hashed one cannot collide with it.
+		require.True(t, f.claim(t, claimParams("billing", repository.StorageKey(long1)), nil).Claimed)
+		// Exactly MaxKeyLength bytes is stored as is.
+		exact := strings.Repeat("e", repository.MaxKeyLength)
+		require.True(t, f.claim(t, claimParams("billing", exact), nil).Claimed)
+		rec, err = f.repo.Get(t.Context(), "billing", exact)
+		require.NoError(t, err)
+		require.Equal(t, exact, rec.Key)
+	})
+
+	t.Run("PayloadHashAndResultRoundTrip", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		p := claimParams("billing", "order-1")
+		p.PayloadHash = repository.HashPayload([]byte{0, 1, 2, 0xff})
+		result := []byte{0, 0xff, 0xfe, '\n', 0, 'x'}
+		require.True(t, f.claim(t, p, result).Claimed)
+
+		c := f.claim(t, p, nil)
+		require.False(t, c.Claimed)
+		require.Equal(t, p.PayloadHash, c.Existing.PayloadHash)
+		require.Equal(t, result, c.Existing.Result)
+	})
+
+	t.Run("SaveResultWithoutClaimIsNotFound", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := context.Background()
+		tx, err := b.DB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback() }()
+		err = f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: "billing", Key: "never-claimed", Result: []byte("x")})
+		require.ErrorIs(t, err, repository.ErrNotFound)
+	})
+
+	t.Run("InvalidParamsAreRefused", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := context.Background()
+		tx, err := b.DB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback() }()
+
+		valid := claimParams("billing", "k")
+		for name, mutate := range map[string]func(*repository.ClaimParams){
+			"empty key":           func(p *repository.ClaimParams) { p.Key = "" },
+			"empty consumer":      func(p *repository.ClaimParams) { p.Consumer = "" },
+			"long consumer":       func(p *repository.ClaimParams) { p.Consumer = strings.Repeat("c", repository.MaxConsumerLength+1) },
+			"zero now":            func(p *repository.ClaimParams) { p.Now = time.Time{} },
+			"expiry before now":   func(p *repository.ClaimParams) { p.ExpiresAt = p.Now.Add(-time.Second) },
+			"expiry equal to now": func(p *repository.ClaimParams) { p.ExpiresAt = p.Now },
+		} {
+			p := valid
+			mutate(&p)
+			_, err := f.tx.ClaimTx(ctx, tx, p)
+			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
+		}
+		_, err = f.repo.Get(ctx, "billing", "")
+		require.ErrorIs(t, err, repository.ErrInvalidParams)
+	})
+}

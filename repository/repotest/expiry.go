@@ -1,0 +1,65 @@
+package repotest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/stretchr/testify/require"
+)
+
+func runExpiry(t *testing.T, b Backend) {
+	t.Run("CleanupDeletesExpiredInBatches", func(t *testing.T) {
+		t.Parallel()
+		if !b.Features.Transactional {
+			t.Skipf("%s: seeding records needs a claim contract", b.Name)
+		}
+		f := newFixture(t, b)
+		ctx := context.Background()
+		now := time.Now().UTC().Truncate(time.Microsecond)
+
+		const expired, live, batch = 250, 10, 100
+		seed := func(key string, expiresAt time.Time) {
+			f.claim(t, repository.ClaimParams{
+				Consumer: "billing", Key: key, PayloadHash: repository.HashPayload([]byte(key)),
+				Now: expiresAt.Add(-time.Hour), ExpiresAt: expiresAt,
+			}, nil)
+		}
+		for i := range expired {
+			seed(fmt.Sprintf("expired-%d", i), now.Add(-time.Duration(i+1)*time.Minute))
+		}
+		for i := range live {
+			seed(fmt.Sprintf("live-%d", i), now.Add(time.Duration(i+1)*time.Minute))
+		}
+
+		n, err := f.repo.DeleteExpired(ctx, now, batch)
+		require.NoError(t, err)
+		require.Equal(t, batch, n, "one call deletes at most one batch")
+
+		n, err = repository.DeleteAllExpired(ctx, f.repo, now, batch)
+		require.NoError(t, err)
+		require.Equal(t, expired-batch, n)
+
+		n, err = f.repo.DeleteExpired(ctx, now, batch)
+		require.NoError(t, err)
+		require.Zero(t, n)
+
+		for i := range expired {
+			_, err := f.repo.Get(ctx, "billing", fmt.Sprintf("expired-%d", i))
+			require.ErrorIs(t, err, repository.ErrNotFound)
+		}
+		for i := range live {
+			_, err := f.repo.Get(ctx, "billing", fmt.Sprintf("live-%d", i))
+			require.NoError(t, err, "live record %d must survive cleanup", i)
+		}
+	})
+
+	t.Run("CleanupRefusesNonPositiveLimit", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		_, err := f.repo.DeleteExpired(t.Context(), time.Now(), 0)
+		require.ErrorIs(t, err, repository.ErrInvalidParams)
+	})
+}

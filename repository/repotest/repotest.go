@@ -1,0 +1,140 @@
+// Package repotest is the conformance suite every inbox backend passes.
+// A backend's test only wires it up:
+//
+//	func TestConformance(t *testing.T) {
+//		db := openTestDB(t)
+//		repotest.Run(t, repotest.Backend{
+//			Name:     "postgres",
+//			DB:       db,
+//			Features: repotest.Features{Transactional: true},
+//			New: func(t *testing.T, table string) (repotest.Repository, error) {
+//				repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
+//				if err != nil {
+//					return nil, err
+//				}
+//				t.Cleanup(func() { dropTable(db, table) })
+//				return repo, repo.Migrate(context.Background())
+//			},
+//		})
+//	}
+//
+// Every case runs in parallel on a table of its own with a random name, so
+// the suite can run against a shared server and re-run on a dirty database.
+// Cases are grouped by area: claim.go, concurrency.go, expiry.go,
+// identifiers.go.
+package repotest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/stretchr/testify/require"
+)
+
+// Repository is what every backend provides to the suite. Backends with
+// Features.Transactional also implement repository.Transactional.
+type Repository interface {
+	repository.Reader
+	repository.Cleaner
+}
+
+// Features declares which contracts a backend implements. The suite runs
+// the cases of each declared contract and fails if the backend does not
+// implement the matching interface.
+type Features struct {
+	// Transactional: the backend implements repository.Transactional and
+	// Backend.DB is the database its transactions run on.
+	Transactional bool
+}
+
+// Backend describes the backend under test.
+type Backend struct {
+	// Name labels the backend in failure messages.
+	Name string
+	// DB is the database the transactional cases open transactions on.
+	DB *sql.DB
+	// Features declares the implemented contracts.
+	Features Features
+	// New returns a repository over a ready (migrated) table with the given
+	// name, registering its removal with t.Cleanup. It must refuse an
+	// invalid table name with an error wrapping
+	// repository.ErrInvalidTableName, and may be called twice with the same
+	// name (schema creation is idempotent).
+	New func(t *testing.T, table string) (Repository, error)
+}
+
+// Run runs every case that applies to b as parallel subtests of t.
+func Run(t *testing.T, b Backend) {
+	require.NotNil(t, b.New, "Backend.New is required")
+	t.Run("Identifiers", func(t *testing.T) { runIdentifiers(t, b) })
+	t.Run("Expiry", func(t *testing.T) { runExpiry(t, b) })
+	if b.Features.Transactional {
+		require.NotNil(t, b.DB, "Backend.DB is required for the transactional contract")
+		t.Run("Claim", func(t *testing.T) { runClaim(t, b) })
+		t.Run("Concurrency", func(t *testing.T) { runConcurrency(t, b) })
+	}
+}
+
+// fixture is one case's repository on its own table.
+type fixture struct {
+	b     Backend
+	table string
+	repo  Repository
+	tx    repository.Transactional
+}
+
+func newFixture(t *testing.T, b Backend) *fixture {
+	t.Helper()
+	table := randomName("repotest")
+	repo, err := b.New(t, table)
+	require.NoError(t, err, "%s: New(%q)", b.Name, table)
+	f := &fixture{b: b, table: table, repo: repo}
+	if b.Features.Transactional {
+		tx, ok := repo.(repository.Transactional)
+		require.True(t, ok, "%s declares Features.Transactional but %T does not implement repository.Transactional", b.Name, repo)
+		f.tx = tx
+	}
+	return f
+}
+
+// claim runs one claim in its own transaction and commits it.
+func (f *fixture) claim(t *testing.T, p repository.ClaimParams, result []byte) repository.Claim {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.b.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	c, err := f.tx.ClaimTx(ctx, tx, p)
+	require.NoError(t, err)
+	if c.Claimed && result != nil {
+		require.NoError(t, f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: p.Consumer, Key: p.Key, Result: result}))
+	}
+	require.NoError(t, tx.Commit())
+	return c
+}
+
+func randomName(prefix string) string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+// claimParams returns valid params for key created now and expiring in a
+// day, with the payload hash of the key itself.
+func claimParams(consumer, key string) repository.ClaimParams {
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	return repository.ClaimParams{
+		Consumer:    consumer,
+		Key:         key,
+		PayloadHash: repository.HashPayload([]byte(key)),
+		Now:         now,
+		ExpiresAt:   now.Add(24 * time.Hour),
+	}
+}

@@ -1,0 +1,17 @@
+// Package sqlite is the embedded SQLite backend of the inbox, on the pure-Go
+// modernc.org/sqlite driver (no cgo). It is the default for single-process
+// services, tests and the quickstart.
+//
+//	db, err := sqlite.Open("inbox.db") // WAL, busy timeout, immediate transactions
+//	if err != nil { … }
+//	repo, err := sqlite.NewRepository(db, sqlite.Config{})
+//	if err != nil { … }
+//	if err := repo.Migrate(ctx); err != nil { … }
+//
+// SQLite has one writer at a time. Open configures every transaction to
+// take the write lock when it begins (BEGIN IMMEDIATE) and to wait for it
+// (busy_timeout), so racing claims queue instead of failing with
+// SQLITE_BUSY; the claim is `INSERT … ON CONFLICT DO NOTHING` against the
+// primary key, as on PostgreSQL. A *sql.DB opened another way must do the
+// same (see DSN).
+package sqlite
