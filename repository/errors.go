@@ -16,3 +16,8 @@ var (
 
 	errBatchSize = errors.New("batch size must be positive")
 )
+
+// ErrLeaseLost is returned by two-phase operations when the caller no
+// longer holds the record: another owner reclaimed it, it was completed or
+// released, or it is gone.
+var ErrLeaseLost = errors.New("inbox lease lost")
