@@ -1,0 +1,38 @@
+package middleware
+
+import (
+	"context"
+	"database/sql"
+)
+
+type ctxKey int
+
+const (
+	txKey ctxKey = iota
+	dedupKey
+)
+
+func withTx(ctx context.Context, tx *sql.Tx) context.Context {
+	return context.WithValue(ctx, txKey, tx)
+}
+
+func withKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, dedupKey, key)
+}
+
+// TxFromContext returns the inbox transaction of the message being handled:
+// use msg.Context(). Writes made through it commit or roll back together
+// with the deduplication marker. Handlers must not commit or roll it back
+// themselves. ok is false outside an inbox handler.
+func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
+	tx, ok = ctx.Value(txKey).(*sql.Tx)
+	return tx, ok && tx != nil
+}
+
+// KeyFromContext returns the deduplication key of the message being
+// handled, for propagating it downstream (an Idempotency-Key header, a
+// child key). ok is false outside an inbox handler.
+func KeyFromContext(ctx context.Context) (key string, ok bool) {
+	key, ok = ctx.Value(dedupKey).(string)
+	return key, ok && key != ""
+}

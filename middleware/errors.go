@@ -1,0 +1,36 @@
+package middleware
+
+import (
+	"errors"
+)
+
+var (
+	// ErrNoKey is returned when the KeyFunc yields no deduplication key. It
+	// is permanent: a message without a key can never be deduplicated, so
+	// it is never "processed anyway".
+	ErrNoKey = errors.New("message has no deduplication key")
+	// ErrPayloadMismatch is returned when a key that was already processed
+	// arrives with a different payload: the producer reused a key for other
+	// content. It is permanent; the message belongs in the poison queue.
+	ErrPayloadMismatch = errors.New("deduplication key reused with a different payload")
+	// ErrNeedsIntervention is returned in two-phase mode when an earlier
+	// attempt's lease expired mid-effect and the policy asks for an
+	// operator. It is permanent.
+	ErrNeedsIntervention = errors.New("earlier attempt expired mid-effect: needs intervention")
+	// ErrInProgress is returned when the key is held in progress by another
+	// consumer (a two-phase claim in the same table). It is transient: the
+	// message is nacked and retried later.
+	ErrInProgress = errors.New("deduplication key is in progress elsewhere")
+)
+
+// IsPermanent reports whether err is an inbox error that retrying cannot
+// fix: ErrNoKey, ErrPayloadMismatch or ErrNeedsIntervention, possibly
+// wrapped. Handler errors, database errors and ErrInProgress are not
+// permanent. It plugs into Watermill's poison queue:
+//
+//	poison, err := middleware.PoisonQueueWithFilter(pub, "poison", inbox.IsPermanent)
+func IsPermanent(err error) bool {
+	return errors.Is(err, ErrNoKey) ||
+		errors.Is(err, ErrPayloadMismatch) ||
+		errors.Is(err, ErrNeedsIntervention)
+}
