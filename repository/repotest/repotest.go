@@ -21,7 +21,7 @@
 // Every case runs in parallel on a table of its own with a random name, so
 // the suite can run against a shared server and re-run on a dirty database.
 // Cases are grouped by area: claim.go, concurrency.go, expiry.go,
-// identifiers.go.
+// identifiers.go, twophase.go.
 package repotest
 
 import (
@@ -37,7 +37,8 @@ import (
 )
 
 // Repository is what every backend provides to the suite. Backends with
-// Features.Transactional also implement repository.Transactional.
+// Features.Transactional also implement repository.Transactional, those
+// with Features.TwoPhase also implement repository.TwoPhase.
 type Repository interface {
 	repository.Reader
 	repository.Cleaner
@@ -50,13 +51,26 @@ type Features struct {
 	// Transactional: the backend implements repository.Transactional and
 	// Backend.DB is the database its transactions run on.
 	Transactional bool
+	// TwoPhase: the backend implements repository.TwoPhase (lease-based
+	// acquire, reclaim, extend, complete, release).
+	TwoPhase bool
+	// NoSQLTable: the backend keeps no SQL table (memory, Redis). The name
+	// New receives only namespaces a case's records, so the cases about
+	// table names are skipped.
+	NoSQLTable bool
+	// ExpiryByTTL: the store deletes expired records by itself (Redis
+	// TTL) and DeleteExpired is a no-op returning 0. The cleanup case then
+	// checks that expired records are gone and live ones kept without
+	// counting deletions.
+	ExpiryByTTL bool
 }
 
 // Backend describes the backend under test.
 type Backend struct {
 	// Name labels the backend in failure messages.
 	Name string
-	// DB is the database the transactional cases open transactions on.
+	// DB is the database the transactional cases open transactions on;
+	// required with Features.Transactional, unused otherwise.
 	DB *sql.DB
 	// Features declares the implemented contracts.
 	Features Features
@@ -78,6 +92,9 @@ func Run(t *testing.T, b Backend) {
 		t.Run("Claim", func(t *testing.T) { runClaim(t, b) })
 		t.Run("Concurrency", func(t *testing.T) { runConcurrency(t, b) })
 	}
+	if b.Features.TwoPhase {
+		t.Run("TwoPhase", func(t *testing.T) { runTwoPhase(t, b) })
+	}
 }
 
 // fixture is one case's repository on its own table.
@@ -86,6 +103,7 @@ type fixture struct {
 	table string
 	repo  Repository
 	tx    repository.Transactional
+	tp    repository.TwoPhase
 }
 
 func newFixture(t *testing.T, b Backend) *fixture {
@@ -98,6 +116,11 @@ func newFixture(t *testing.T, b Backend) *fixture {
 		tx, ok := repo.(repository.Transactional)
 		require.True(t, ok, "%s declares Features.Transactional but %T does not implement repository.Transactional", b.Name, repo)
 		f.tx = tx
+	}
+	if b.Features.TwoPhase {
+		tp, ok := repo.(repository.TwoPhase)
+		require.True(t, ok, "%s declares Features.TwoPhase but %T does not implement repository.TwoPhase", b.Name, repo)
+		f.tp = tp
 	}
 	return f
 }

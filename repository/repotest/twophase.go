@@ -1,0 +1,601 @@
+package repotest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/stretchr/testify/require"
+)
+
+// leaseLength is the lease the two-phase cases take. Expiry is simulated by
+// passing a later Now, never by waiting.
+const leaseLength = time.Minute
+
+func runTwoPhase(t *testing.T, b Backend) {
+	t.Run("FreshAcquire", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		p := acquireParams("billing", "order-1", "owner-a")
+
+		a := f.acquire(t, p)
+		require.True(t, a.Acquired)
+		require.Zero(t, a.Existing)
+
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, "billing", rec.Consumer)
+		require.Equal(t, "order-1", rec.Key)
+		require.Equal(t, repository.StateInProgress, rec.State)
+		require.Equal(t, p.PayloadHash, rec.PayloadHash)
+		require.Nil(t, rec.Result)
+		require.Equal(t, 1, rec.Attempts)
+		require.Equal(t, "owner-a", rec.LeaseOwner)
+		requireTime(t, p.LeaseUntil, rec.LeaseUntil, "LeaseUntil")
+		requireTime(t, p.Now, rec.CreatedAt, "CreatedAt")
+		require.True(t, rec.CompletedAt.IsZero(), "CompletedAt %s, want zero before completion", rec.CompletedAt)
+		requireTime(t, p.ExpiresAt, rec.ExpiresAt, "ExpiresAt")
+	})
+
+	t.Run("AcquireOfCompletedIsDuplicate", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		first := acquireParams("billing", "order-1", "owner-a")
+		first.PayloadHash = repository.HashPayload([]byte{0, 1, 2, 0xff})
+		require.True(t, f.acquire(t, first).Acquired)
+		result := []byte{0, 0xff, 0xfe, '\n', 0, 'x'}
+		completedAt := first.Now.Add(time.Second)
+		require.NoError(t, f.tp.Complete(t.Context(), repository.CompleteParams{
+			Consumer: "billing", Key: "order-1", Owner: "owner-a", Result: result, Now: completedAt,
+		}))
+
+		second := acquireParams("billing", "order-1", "owner-b")
+		second.Now = first.LeaseUntil.Add(time.Hour) // long after the lease: completion is final
+		second.LeaseUntil = second.Now.Add(leaseLength)
+		second.PayloadHash = repository.HashPayload([]byte("other content"))
+		a := f.acquire(t, second)
+		require.False(t, a.Acquired)
+		require.Equal(t, repository.StateCompleted, a.Existing.State)
+		require.Equal(t, first.PayloadHash, a.Existing.PayloadHash, "the duplicate must see the first acquire's hash")
+		require.Equal(t, result, a.Existing.Result)
+		require.Equal(t, "order-1", a.Existing.Key)
+		require.Equal(t, 1, a.Existing.Attempts)
+		requireTime(t, completedAt, a.Existing.CompletedAt, "CompletedAt")
+		requireTime(t, first.Now, a.Existing.CreatedAt, "CreatedAt")
+	})
+
+	t.Run("LiveLeaseIsBusy", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		first := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, first).Acquired)
+
+		second := acquireParams("billing", "order-1", "owner-b")
+		second.Now = first.LeaseUntil.Add(-time.Microsecond)
+		second.LeaseUntil = second.Now.Add(leaseLength)
+		a := f.acquire(t, second)
+		require.False(t, a.Acquired)
+		require.Equal(t, repository.StateInProgress, a.Existing.State)
+		require.Equal(t, "owner-a", a.Existing.LeaseOwner)
+		require.True(t, a.Existing.LeaseUntil.After(second.Now), "a live lease is busy: LeaseUntil %s must be after Now %s", a.Existing.LeaseUntil, second.Now)
+		require.Equal(t, "owner-a", f.get(t, "billing", "order-1").LeaseOwner, "a busy acquire must not change the record")
+	})
+
+	t.Run("ExpiredLeaseIsStale", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		first := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, first).Acquired)
+
+		for _, now := range []time.Time{first.LeaseUntil, first.LeaseUntil.Add(time.Hour)} {
+			second := acquireParams("billing", "order-1", "owner-b")
+			second.Now, second.LeaseUntil = now, now.Add(leaseLength)
+			a := f.acquire(t, second)
+			require.False(t, a.Acquired, "an expired lease is not silently taken over")
+			require.Equal(t, repository.StateInProgress, a.Existing.State)
+			require.Equal(t, "owner-a", a.Existing.LeaseOwner)
+			require.False(t, a.Existing.LeaseUntil.After(now), "an expired lease is stale: LeaseUntil %s must not be after Now %s", a.Existing.LeaseUntil, now)
+		}
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, "owner-a", rec.LeaseOwner)
+		require.Equal(t, 1, rec.Attempts)
+	})
+
+	t.Run("CompleteStoresResultThenDuplicate", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := t.Context()
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		done := p.Now.Add(time.Second)
+		require.NoError(t, f.tp.Complete(ctx, repository.CompleteParams{
+			Consumer: "billing", Key: "order-1", Owner: "owner-a", Result: []byte("result-1"), Now: done,
+		}))
+
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, repository.StateCompleted, rec.State)
+		require.Equal(t, []byte("result-1"), rec.Result)
+		require.Equal(t, p.PayloadHash, rec.PayloadHash)
+		requireTime(t, done, rec.CompletedAt, "CompletedAt")
+		requireTime(t, p.ExpiresAt, rec.ExpiresAt, "ExpiresAt")
+
+		again := acquireParams("billing", "order-1", "owner-b")
+		a := f.acquire(t, again)
+		require.False(t, a.Acquired)
+		require.Equal(t, repository.StateCompleted, a.Existing.State)
+		require.Equal(t, []byte("result-1"), a.Existing.Result)
+
+		// A completed record is final: even its owner cannot change it.
+		lease := repository.LeaseParams{Consumer: "billing", Key: "order-1", Owner: "owner-a", LeaseUntil: p.LeaseUntil.Add(time.Hour)}
+		require.ErrorIs(t, f.tp.Complete(ctx, repository.CompleteParams{
+			Consumer: "billing", Key: "order-1", Owner: "owner-a", Result: []byte("again"), Now: done,
+		}), repository.ErrLeaseLost)
+		require.ErrorIs(t, f.tp.Extend(ctx, lease), repository.ErrLeaseLost)
+		require.ErrorIs(t, f.tp.Release(ctx, lease), repository.ErrLeaseLost)
+		_, err := f.tp.Reclaim(ctx, repository.ReclaimParams{
+			Consumer: "billing", Key: "order-1", PrevOwner: "owner-a", Owner: "owner-c",
+			Now: p.LeaseUntil.Add(time.Hour), LeaseUntil: p.LeaseUntil.Add(2 * time.Hour),
+		})
+		require.ErrorIs(t, err, repository.ErrLeaseLost)
+		rec = f.get(t, "billing", "order-1")
+		require.Equal(t, repository.StateCompleted, rec.State)
+		require.Equal(t, []byte("result-1"), rec.Result)
+	})
+
+	t.Run("CompleteWithoutResultStoresNil", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		require.NoError(t, f.tp.Complete(t.Context(), repository.CompleteParams{
+			Consumer: "billing", Key: "order-1", Owner: "owner-a", Now: p.Now,
+		}))
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, repository.StateCompleted, rec.State)
+		require.Nil(t, rec.Result)
+	})
+
+	t.Run("ReleaseDeletesSoNextAcquireWins", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := t.Context()
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		require.NoError(t, f.tp.Release(ctx, repository.LeaseParams{Consumer: "billing", Key: "order-1", Owner: "owner-a"}))
+
+		_, err := f.repo.Get(ctx, "billing", "order-1")
+		require.ErrorIs(t, err, repository.ErrNotFound)
+
+		next := acquireParams("billing", "order-1", "owner-b")
+		require.True(t, f.acquire(t, next).Acquired, "the acquire after a release must win")
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, "owner-b", rec.LeaseOwner)
+		require.Equal(t, 1, rec.Attempts)
+
+		require.ErrorIs(t, f.tp.Release(ctx, repository.LeaseParams{Consumer: "billing", Key: "order-1", Owner: "owner-a"}),
+			repository.ErrLeaseLost, "a second release by the old owner must not delete the new claim")
+		require.Equal(t, "owner-b", f.get(t, "billing", "order-1").LeaseOwner)
+	})
+
+	t.Run("ExtendMovesDeadline", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := t.Context()
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		extended := p.LeaseUntil.Add(10 * time.Minute)
+		require.NoError(t, f.tp.Extend(ctx, repository.LeaseParams{Consumer: "billing", Key: "order-1", Owner: "owner-a", LeaseUntil: extended}))
+
+		rec := f.get(t, "billing", "order-1")
+		requireTime(t, extended, rec.LeaseUntil, "LeaseUntil")
+		require.Equal(t, "owner-a", rec.LeaseOwner)
+		require.Equal(t, 1, rec.Attempts)
+
+		// Past the original deadline the lease is still live.
+		later := p.LeaseUntil.Add(time.Minute)
+		other := acquireParams("billing", "order-1", "owner-b")
+		other.Now, other.LeaseUntil = later, later.Add(leaseLength)
+		a := f.acquire(t, other)
+		require.False(t, a.Acquired)
+		require.True(t, a.Existing.LeaseUntil.After(later), "the extended lease must be busy at %s", later)
+		_, err := f.tp.Reclaim(ctx, repository.ReclaimParams{
+			Consumer: "billing", Key: "order-1", PrevOwner: "owner-a", Owner: "owner-b",
+			Now: later, LeaseUntil: later.Add(leaseLength),
+		})
+		require.ErrorIs(t, err, repository.ErrLeaseLost, "an extended lease cannot be reclaimed before its new deadline")
+
+		// The owner can still complete after extending.
+		require.NoError(t, f.tp.Complete(ctx, repository.CompleteParams{Consumer: "billing", Key: "order-1", Owner: "owner-a", Now: later}))
+	})
+
+	t.Run("ReclaimTakesOverExpiredLease", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := t.Context()
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+
+		// The lease is expired at its deadline (LeaseUntil not after Now).
+		now := p.LeaseUntil
+		rp := repository.ReclaimParams{
+			Consumer: "billing", Key: "order-1", PrevOwner: "owner-a", Owner: "owner-b",
+			Now: now, LeaseUntil: now.Add(leaseLength),
+		}
+		rec, err := f.tp.Reclaim(ctx, rp)
+		require.NoError(t, err)
+		for _, rec := range []repository.Record{rec, f.get(t, "billing", "order-1")} {
+			require.Equal(t, repository.StateInProgress, rec.State)
+			require.Equal(t, "owner-b", rec.LeaseOwner)
+			requireTime(t, rp.LeaseUntil, rec.LeaseUntil, "LeaseUntil")
+			require.Equal(t, 2, rec.Attempts)
+			require.Equal(t, p.PayloadHash, rec.PayloadHash)
+			require.Equal(t, "order-1", rec.Key)
+			requireTime(t, p.Now, rec.CreatedAt, "CreatedAt")
+			requireTime(t, p.ExpiresAt, rec.ExpiresAt, "ExpiresAt")
+		}
+
+		require.NoError(t, f.tp.Complete(ctx, repository.CompleteParams{
+			Consumer: "billing", Key: "order-1", Owner: "owner-b", Result: []byte("by-b"), Now: now.Add(time.Second),
+		}))
+		got := f.get(t, "billing", "order-1")
+		require.Equal(t, repository.StateCompleted, got.State)
+		require.Equal(t, []byte("by-b"), got.Result)
+	})
+
+	t.Run("ReclaimRefusedUnlessPrevOwnerHoldsExpiredLease", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := t.Context()
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		expired := p.LeaseUntil.Add(time.Second)
+
+		for name, rp := range map[string]repository.ReclaimParams{
+			"live lease": {
+				Consumer: "billing", Key: "order-1", PrevOwner: "owner-a", Owner: "owner-b",
+				Now: p.LeaseUntil.Add(-time.Microsecond), LeaseUntil: p.LeaseUntil.Add(leaseLength),
+			},
+			"wrong previous owner": {
+				Consumer: "billing", Key: "order-1", PrevOwner: "owner-x", Owner: "owner-b",
+				Now: expired, LeaseUntil: expired.Add(leaseLength),
+			},
+			"missing record": {
+				Consumer: "billing", Key: "order-2", PrevOwner: "owner-a", Owner: "owner-b",
+				Now: expired, LeaseUntil: expired.Add(leaseLength),
+			},
+			"other consumer": {
+				Consumer: "shipping", Key: "order-1", PrevOwner: "owner-a", Owner: "owner-b",
+				Now: expired, LeaseUntil: expired.Add(leaseLength),
+			},
+		} {
+			_, err := f.tp.Reclaim(ctx, rp)
+			require.ErrorIs(t, err, repository.ErrLeaseLost, name)
+		}
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, "owner-a", rec.LeaseOwner)
+		require.Equal(t, 1, rec.Attempts)
+		requireTime(t, p.LeaseUntil, rec.LeaseUntil, "LeaseUntil")
+	})
+
+	t.Run("StaleOwnerIsFenced", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := t.Context()
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		now := p.LeaseUntil.Add(time.Second)
+		newLease := now.Add(leaseLength)
+		_, err := f.tp.Reclaim(ctx, repository.ReclaimParams{
+			Consumer: "billing", Key: "order-1", PrevOwner: "owner-a", Owner: "owner-b", Now: now, LeaseUntil: newLease,
+		})
+		require.NoError(t, err)
+
+		// owner-a outlived its lease and comes back.
+		stale := repository.LeaseParams{Consumer: "billing", Key: "order-1", Owner: "owner-a", LeaseUntil: newLease.Add(time.Hour)}
+		require.ErrorIs(t, f.tp.Extend(ctx, stale), repository.ErrLeaseLost)
+		require.ErrorIs(t, f.tp.Complete(ctx, repository.CompleteParams{
+			Consumer: "billing", Key: "order-1", Owner: "owner-a", Result: []byte("stale"), Now: now,
+		}), repository.ErrLeaseLost)
+		require.ErrorIs(t, f.tp.Release(ctx, stale), repository.ErrLeaseLost)
+
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, repository.StateInProgress, rec.State, "the stale owner must not change the state")
+		require.Equal(t, "owner-b", rec.LeaseOwner)
+		requireTime(t, newLease, rec.LeaseUntil, "LeaseUntil")
+		require.Nil(t, rec.Result)
+		require.Equal(t, 2, rec.Attempts)
+
+		require.NoError(t, f.tp.Complete(ctx, repository.CompleteParams{
+			Consumer: "billing", Key: "order-1", Owner: "owner-b", Result: []byte("fresh"), Now: now,
+		}))
+		require.Equal(t, []byte("fresh"), f.get(t, "billing", "order-1").Result)
+	})
+
+	t.Run("LeaseOperationsOnMissingRecordAreLeaseLost", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := t.Context()
+		lease := repository.LeaseParams{Consumer: "billing", Key: "never-acquired", Owner: "owner-a", LeaseUntil: time.Now().Add(time.Hour)}
+		require.ErrorIs(t, f.tp.Extend(ctx, lease), repository.ErrLeaseLost)
+		require.ErrorIs(t, f.tp.Release(ctx, lease), repository.ErrLeaseLost)
+		require.ErrorIs(t, f.tp.Complete(ctx, repository.CompleteParams{
+			Consumer: "billing", Key: "never-acquired", Owner: "owner-a", Now: time.Now(),
+		}), repository.ErrLeaseLost)
+		_, err := f.repo.Get(ctx, "billing", "never-acquired")
+		require.ErrorIs(t, err, repository.ErrNotFound, "a refused complete must not create a record")
+	})
+
+	t.Run("SameKeyUnderTwoConsumersIsTwoRecords", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		require.True(t, f.acquire(t, acquireParams("billing", "order-1", "owner-a")).Acquired)
+		require.True(t, f.acquire(t, acquireParams("shipping", "order-1", "owner-b")).Acquired)
+		require.NoError(t, f.tp.Release(t.Context(), repository.LeaseParams{Consumer: "billing", Key: "order-1", Owner: "owner-a"}))
+		require.Equal(t, "owner-b", f.get(t, "shipping", "order-1").LeaseOwner)
+	})
+
+	t.Run("ConcurrentAcquiresOneOwner", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := context.Background()
+		base := acquireParams("billing", "order-1", "unused")
+
+		var (
+			start    = make(chan struct{})
+			wg       sync.WaitGroup
+			winners  atomic.Int32
+			results  = make([]repository.Acquisition, Racers)
+			failures = make([]error, Racers)
+		)
+		for i := range Racers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p := base
+				p.Owner = fmt.Sprintf("owner-%d", i)
+				<-start
+				results[i], failures[i] = f.tp.Acquire(ctx, p)
+				if failures[i] == nil && results[i].Acquired {
+					winners.Add(1)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+
+		for i, err := range failures {
+			require.NoError(t, err, "racer %d", i)
+		}
+		require.EqualValues(t, 1, winners.Load(), "exactly one racer must acquire the key")
+		var winner string
+		for i, a := range results {
+			if a.Acquired {
+				winner = fmt.Sprintf("owner-%d", i)
+			}
+		}
+		for i, a := range results {
+			if a.Acquired {
+				continue
+			}
+			require.Equal(t, repository.StateInProgress, a.Existing.State, "racer %d", i)
+			require.Equal(t, winner, a.Existing.LeaseOwner, "racer %d must see the winner's lease", i)
+		}
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, winner, rec.LeaseOwner)
+		require.Equal(t, 1, rec.Attempts)
+	})
+
+	t.Run("ConcurrentReclaimsOneWinner", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := context.Background()
+		p := acquireParams("billing", "order-1", "owner-crashed")
+		require.True(t, f.acquire(t, p).Acquired)
+		now := p.LeaseUntil.Add(time.Second)
+
+		var (
+			start    = make(chan struct{})
+			wg       sync.WaitGroup
+			records  = make([]repository.Record, Racers)
+			failures = make([]error, Racers)
+		)
+		for i := range Racers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				records[i], failures[i] = f.tp.Reclaim(ctx, repository.ReclaimParams{
+					Consumer: "billing", Key: "order-1", PrevOwner: "owner-crashed",
+					Owner: fmt.Sprintf("owner-%d", i), Now: now, LeaseUntil: now.Add(leaseLength),
+				})
+			}()
+		}
+		close(start)
+		wg.Wait()
+
+		winner := -1
+		for i, err := range failures {
+			if err == nil {
+				require.Equal(t, -1, winner, "racers %d and %d both reclaimed", winner, i)
+				winner = i
+				continue
+			}
+			require.ErrorIs(t, err, repository.ErrLeaseLost, "racer %d", i)
+		}
+		require.NotEqual(t, -1, winner, "one racer must reclaim the expired lease")
+		owner := fmt.Sprintf("owner-%d", winner)
+		require.Equal(t, owner, records[winner].LeaseOwner)
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, owner, rec.LeaseOwner)
+		require.Equal(t, 2, rec.Attempts, "attempts must be incremented exactly once")
+	})
+
+	t.Run("LongKeyIsHashedNotTruncated", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := t.Context()
+		prefix := strings.Repeat("k", repository.MaxKeyLength)
+		long1, long2 := prefix+"-one", prefix+"-two"
+		huge := strings.Repeat("x", 10_000)
+
+		for _, key := range []string{long1, long2, huge} {
+			require.True(t, f.acquire(t, acquireParams("billing", key, "owner-a")).Acquired,
+				"long keys sharing a %d-byte prefix must not collide", repository.MaxKeyLength)
+		}
+		rec := f.get(t, "billing", long2)
+		require.Equal(t, repository.StorageKey(long2), rec.Key)
+		require.LessOrEqual(t, len(rec.Key), repository.MaxKeyLength)
+
+		require.NoError(t, f.tp.Complete(ctx, repository.CompleteParams{Consumer: "billing", Key: long1, Owner: "owner-a", Result: []byte("one"), Now: time.Now()}))
+		require.NoError(t, f.tp.Release(ctx, repository.LeaseParams{Consumer: "billing", Key: long2, Owner: "owner-a"}))
+		a := f.acquire(t, acquireParams("billing", long1, "owner-b"))
+		require.False(t, a.Acquired, "the same long key again is a duplicate")
+		require.Equal(t, []byte("one"), a.Existing.Result)
+		require.True(t, f.acquire(t, acquireParams("billing", long2, "owner-b")).Acquired, "a released long key can be acquired again")
+		// A short key spelled like a hashed one cannot collide with it.
+		require.True(t, f.acquire(t, acquireParams("billing", repository.StorageKey(long1), "owner-a")).Acquired)
+	})
+
+	t.Run("InvalidParamsAreRefused", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := t.Context()
+		longConsumer := strings.Repeat("c", repository.MaxConsumerLength+1)
+		longOwner := strings.Repeat("o", repository.MaxOwnerLength+1)
+
+		valid := acquireParams("billing", "k", "owner-a")
+		for name, mutate := range map[string]func(*repository.AcquireParams){
+			"empty key":                   func(p *repository.AcquireParams) { p.Key = "" },
+			"empty consumer":              func(p *repository.AcquireParams) { p.Consumer = "" },
+			"long consumer":               func(p *repository.AcquireParams) { p.Consumer = longConsumer },
+			"empty owner":                 func(p *repository.AcquireParams) { p.Owner = "" },
+			"long owner":                  func(p *repository.AcquireParams) { p.Owner = longOwner },
+			"zero now":                    func(p *repository.AcquireParams) { p.Now = time.Time{} },
+			"lease not after now":         func(p *repository.AcquireParams) { p.LeaseUntil = p.Now },
+			"expiry not after lease":      func(p *repository.AcquireParams) { p.ExpiresAt = p.LeaseUntil },
+			"expiry before now and lease": func(p *repository.AcquireParams) { p.ExpiresAt = p.Now.Add(-time.Second) },
+		} {
+			p := valid
+			mutate(&p)
+			_, err := f.tp.Acquire(ctx, p)
+			require.ErrorIs(t, err, repository.ErrInvalidParams, "acquire: %s", name)
+		}
+
+		validReclaim := repository.ReclaimParams{
+			Consumer: "billing", Key: "k", PrevOwner: "owner-a", Owner: "owner-b",
+			Now: valid.Now, LeaseUntil: valid.LeaseUntil,
+		}
+		for name, mutate := range map[string]func(*repository.ReclaimParams){
+			"empty key":            func(p *repository.ReclaimParams) { p.Key = "" },
+			"empty consumer":       func(p *repository.ReclaimParams) { p.Consumer = "" },
+			"empty previous owner": func(p *repository.ReclaimParams) { p.PrevOwner = "" },
+			"empty owner":          func(p *repository.ReclaimParams) { p.Owner = "" },
+			"same owner":           func(p *repository.ReclaimParams) { p.Owner = p.PrevOwner },
+			"zero now":             func(p *repository.ReclaimParams) { p.Now = time.Time{} },
+			"lease not after now":  func(p *repository.ReclaimParams) { p.LeaseUntil = p.Now.Add(-time.Second) },
+		} {
+			p := validReclaim
+			mutate(&p)
+			_, err := f.tp.Reclaim(ctx, p)
+			require.ErrorIs(t, err, repository.ErrInvalidParams, "reclaim: %s", name)
+		}
+
+		validLease := repository.LeaseParams{Consumer: "billing", Key: "k", Owner: "owner-a", LeaseUntil: valid.LeaseUntil}
+		for name, mutate := range map[string]func(*repository.LeaseParams){
+			"empty key":      func(p *repository.LeaseParams) { p.Key = "" },
+			"empty consumer": func(p *repository.LeaseParams) { p.Consumer = "" },
+			"empty owner":    func(p *repository.LeaseParams) { p.Owner = "" },
+		} {
+			p := validLease
+			mutate(&p)
+			require.ErrorIs(t, f.tp.Extend(ctx, p), repository.ErrInvalidParams, "extend: %s", name)
+			require.ErrorIs(t, f.tp.Release(ctx, p), repository.ErrInvalidParams, "release: %s", name)
+		}
+		noDeadline := validLease
+		noDeadline.LeaseUntil = time.Time{}
+		require.ErrorIs(t, f.tp.Extend(ctx, noDeadline), repository.ErrInvalidParams, "extend: zero LeaseUntil")
+
+		validComplete := repository.CompleteParams{Consumer: "billing", Key: "k", Owner: "owner-a", Now: valid.Now}
+		for name, mutate := range map[string]func(*repository.CompleteParams){
+			"empty key":      func(p *repository.CompleteParams) { p.Key = "" },
+			"empty consumer": func(p *repository.CompleteParams) { p.Consumer = "" },
+			"empty owner":    func(p *repository.CompleteParams) { p.Owner = "" },
+			"zero now":       func(p *repository.CompleteParams) { p.Now = time.Time{} },
+		} {
+			p := validComplete
+			mutate(&p)
+			require.ErrorIs(t, f.tp.Complete(ctx, p), repository.ErrInvalidParams, "complete: %s", name)
+		}
+
+		_, err := f.repo.Get(ctx, "billing", "k")
+		require.ErrorIs(t, err, repository.ErrNotFound, "refused calls must store nothing")
+	})
+}
+
+// acquire calls Acquire and requires it to succeed.
+func (f *fixture) acquire(t *testing.T, p repository.AcquireParams) repository.Acquisition {
+	t.Helper()
+	a, err := f.tp.Acquire(context.Background(), p)
+	require.NoError(t, err, "%s: acquire %q/%q by %q", f.b.Name, p.Consumer, p.Key, p.Owner)
+	return a
+}
+
+// get reads a record and requires it to exist.
+func (f *fixture) get(t *testing.T, consumer, key string) repository.Record {
+	t.Helper()
+	rec, err := f.repo.Get(context.Background(), consumer, key)
+	require.NoError(t, err, "%s: get %q/%q", f.b.Name, consumer, key)
+	return rec
+}
+
+// seedCompleted stores a completed record created at now and expiring at
+// expiresAt, through whichever claim contract the backend implements.
+func (f *fixture) seedCompleted(t *testing.T, consumer, key string, now, expiresAt time.Time) {
+	t.Helper()
+	if f.tx != nil {
+		f.claim(t, repository.ClaimParams{
+			Consumer: consumer, Key: key, PayloadHash: repository.HashPayload([]byte(key)),
+			Now: now, ExpiresAt: expiresAt,
+		}, nil)
+		return
+	}
+	ctx := context.Background()
+	a, err := f.tp.Acquire(ctx, repository.AcquireParams{
+		Consumer: consumer, Key: key, PayloadHash: repository.HashPayload([]byte(key)),
+		Owner: "seed", Now: now, LeaseUntil: now.Add(time.Second), ExpiresAt: expiresAt,
+	})
+	require.NoError(t, err)
+	require.True(t, a.Acquired, "seed %q must be fresh", key)
+	err = f.tp.Complete(ctx, repository.CompleteParams{Consumer: consumer, Key: key, Owner: "seed", Now: now})
+	if f.b.Features.ExpiryByTTL && expiresAt.Before(time.Now()) {
+		// The store may already have dropped a record born expired.
+		require.True(t, err == nil || errors.Is(err, repository.ErrLeaseLost), "seed %q: %v", key, err)
+		return
+	}
+	require.NoError(t, err)
+}
+
+// acquireParams returns valid params for key acquired now by owner, with a
+// lease of leaseLength, expiring in a day, and the payload hash of the key.
+func acquireParams(consumer, key, owner string) repository.AcquireParams {
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	return repository.AcquireParams{
+		Consumer:    consumer,
+		Key:         key,
+		PayloadHash: repository.HashPayload([]byte(key)),
+		Owner:       owner,
+		Now:         now,
+		LeaseUntil:  now.Add(leaseLength),
+		ExpiresAt:   now.Add(24 * time.Hour),
+	}
+}
+
+func requireTime(t *testing.T, want, got time.Time, field string) {
+	t.Helper()
+	require.True(t, want.Equal(got), "%s %s, want %s", field, got, want)
+}

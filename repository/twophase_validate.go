@@ -1,0 +1,104 @@
+package repository
+
+import (
+	"fmt"
+	"unicode/utf8"
+)
+
+// MaxOwnerLength is the longest lease owner, in bytes. The SQL backends
+// size their lease_owner column for it.
+const MaxOwnerLength = 255
+
+// ValidateAcquire checks the arguments of [TwoPhase.Acquire]: consumer,
+// key and owner are set, Now is set, and Now < LeaseUntil < ExpiresAt.
+// Every backend calls it first, so they all refuse the same inputs with
+// ErrInvalidParams.
+func ValidateAcquire(p AcquireParams) error {
+	if err := validateConsumerKey(p.Consumer, p.Key); err != nil {
+		return err
+	}
+	if err := validateOwner("Owner", p.Owner); err != nil {
+		return err
+	}
+	if p.Now.IsZero() {
+		return fmt.Errorf("%w: Now is required", ErrInvalidParams)
+	}
+	if !p.LeaseUntil.After(p.Now) {
+		return fmt.Errorf("%w: LeaseUntil (%s) must be after Now (%s)", ErrInvalidParams, p.LeaseUntil, p.Now)
+	}
+	if !p.ExpiresAt.After(p.LeaseUntil) {
+		return fmt.Errorf("%w: ExpiresAt (%s) must be after LeaseUntil (%s)", ErrInvalidParams, p.ExpiresAt, p.LeaseUntil)
+	}
+	return nil
+}
+
+// ValidateReclaim checks the arguments of [TwoPhase.Reclaim]: consumer,
+// key, the previous and the new owner are set and differ (an owner names
+// one attempt), Now is set and LeaseUntil is after it.
+func ValidateReclaim(p ReclaimParams) error {
+	if err := validateConsumerKey(p.Consumer, p.Key); err != nil {
+		return err
+	}
+	if err := validateOwner("PrevOwner", p.PrevOwner); err != nil {
+		return err
+	}
+	if err := validateOwner("Owner", p.Owner); err != nil {
+		return err
+	}
+	if p.Owner == p.PrevOwner {
+		return fmt.Errorf("%w: Owner must differ from PrevOwner (an owner identifies one attempt)", ErrInvalidParams)
+	}
+	if p.Now.IsZero() {
+		return fmt.Errorf("%w: Now is required", ErrInvalidParams)
+	}
+	if !p.LeaseUntil.After(p.Now) {
+		return fmt.Errorf("%w: LeaseUntil (%s) must be after Now (%s)", ErrInvalidParams, p.LeaseUntil, p.Now)
+	}
+	return nil
+}
+
+// ValidateExtend checks the arguments of [TwoPhase.Extend]: consumer, key
+// and owner are set and so is the new LeaseUntil.
+func ValidateExtend(p LeaseParams) error {
+	if err := ValidateRelease(p); err != nil {
+		return err
+	}
+	if p.LeaseUntil.IsZero() {
+		return fmt.Errorf("%w: LeaseUntil is required", ErrInvalidParams)
+	}
+	return nil
+}
+
+// ValidateRelease checks the arguments of [TwoPhase.Release]: consumer,
+// key and owner are set.
+func ValidateRelease(p LeaseParams) error {
+	if err := validateConsumerKey(p.Consumer, p.Key); err != nil {
+		return err
+	}
+	return validateOwner("Owner", p.Owner)
+}
+
+// ValidateComplete checks the arguments of [TwoPhase.Complete]: consumer,
+// key and owner are set and so is Now.
+func ValidateComplete(p CompleteParams) error {
+	if err := validateConsumerKey(p.Consumer, p.Key); err != nil {
+		return err
+	}
+	if err := validateOwner("Owner", p.Owner); err != nil {
+		return err
+	}
+	if p.Now.IsZero() {
+		return fmt.Errorf("%w: Now is required", ErrInvalidParams)
+	}
+	return nil
+}
+
+func validateOwner(field, owner string) error {
+	if owner == "" {
+		return fmt.Errorf("%w: %s is required", ErrInvalidParams, field)
+	}
+	if len(owner) > MaxOwnerLength || !utf8.ValidString(owner) {
+		return fmt.Errorf("%w: %s must be valid UTF-8 of at most %d bytes", ErrInvalidParams, field, MaxOwnerLength)
+	}
+	return nil
+}
