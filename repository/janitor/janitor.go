@@ -1,0 +1,356 @@
+package janitor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// Defaults applied by NewJanitor to zero Config fields.
+const (
+	DefaultInterval  = time.Minute
+	DefaultBatchSize = 1000
+	// DefaultPause is short: long enough for waiting claims to take their
+	// locks between two batches, short enough to drain 100,000 records in
+	// seconds.
+	DefaultPause = 10 * time.Millisecond
+)
+
+// routerPollInterval is how often a janitor started by RouterPlugin checks
+// whether its router has closed: Watermill v1.5 gives plugins no signal
+// for that, only Router.IsClosed.
+const routerPollInterval = 200 * time.Millisecond
+
+var (
+	// ErrClosed is returned by Run, RunOnce and the router plugin once
+	// Close has been called.
+	ErrClosed = errors.New("janitor: closed")
+	// ErrRunning is returned by Run and the router plugin while another
+	// Run of the same Janitor is in progress.
+	ErrRunning = errors.New("janitor: already running")
+)
+
+// Batch describes one DeleteExpired call. It is what Config.OnBatch
+// receives, the hook for metrics.
+type Batch struct {
+	// Deleted is how many records the batch removed.
+	Deleted int
+	// Duration is how long the statement took.
+	Duration time.Duration
+	// Before is the pass's cutoff: records that expired before it are
+	// deleted.
+	Before time.Time
+	// Err is the batch's error; nil on success.
+	Err error
+}
+
+// Config configures a Janitor. Zero fields take the documented defaults.
+type Config struct {
+	// Interval is how long Run waits after one pass before starting the
+	// next. Default: DefaultInterval (1 minute).
+	Interval time.Duration
+	// BatchSize is the most records one statement deletes, which bounds
+	// how long it holds its locks. Default: DefaultBatchSize (1000).
+	BatchSize int
+	// Pause is the wait between two batches of one pass, so that claims
+	// interleave with a large cleanup. Default: DefaultPause (10 ms).
+	Pause time.Duration
+	// Now returns the current time; a pass deletes the records that
+	// expired before the time Now returns when the pass starts. Default:
+	// time.Now. Set it in tests.
+	Now func() time.Time
+	// OnBatch, if set, is called after every batch, from the goroutine
+	// running the pass. It must not block. It is the extension point for
+	// metrics.
+	OnBatch func(Batch)
+}
+
+func (c *Config) setDefaults() {
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Pause == 0 {
+		c.Pause = DefaultPause
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports whether the configuration is usable. Run it after
+// defaults are applied: it rejects zero values as well as negative ones.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Interval <= 0 {
+		errs = append(errs, fmt.Errorf("interval must be positive, got %s", c.Interval))
+	}
+	if c.BatchSize <= 0 {
+		errs = append(errs, fmt.Errorf("batch size must be positive, got %d", c.BatchSize))
+	}
+	if c.Pause < 0 {
+		errs = append(errs, fmt.Errorf("pause must not be negative, got %s", c.Pause))
+	}
+	if c.Now == nil {
+		errs = append(errs, errors.New("now function is nil"))
+	}
+	return errors.Join(errs...)
+}
+
+// Janitor deletes expired inbox records in bounded batches. All its
+// methods are safe for concurrent use; several janitors (one per process)
+// may clean the same table at once.
+type Janitor struct {
+	cleaner repository.Cleaner
+	config  Config
+	logger  watermill.LoggerAdapter
+
+	// closed is done when Close is called; every pass stops on it.
+	closed     context.Context
+	closeFn    context.CancelFunc
+	mu         sync.Mutex
+	isClosed   bool
+	running    bool
+	inProgress sync.WaitGroup // Run loops, RunOnce calls, plugin goroutines
+}
+
+// NewJanitor returns a Janitor that deletes expired records through
+// cleaner. It starts nothing: call Run, RunOnce or RouterPlugin. A nil
+// logger becomes watermill.NopLogger.
+func NewJanitor(cleaner repository.Cleaner, config Config, logger watermill.LoggerAdapter) (*Janitor, error) {
+	if cleaner == nil {
+		return nil, errors.New("janitor: cleaner is nil")
+	}
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("janitor: invalid config: %w", err)
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	closed, closeFn := context.WithCancel(context.Background())
+	return &Janitor{
+		cleaner: cleaner,
+		config:  config,
+		logger:  logger,
+		closed:  closed,
+		closeFn: closeFn,
+	}, nil
+}
+
+// RunOnce runs one pass: it deletes, batch after batch, the records that
+// expired before Config.Now(), until a batch deletes fewer than BatchSize
+// (the backlog is drained; records skipped because a claim held them
+// locked are left for the next pass). It returns how many records it
+// deleted, also on error. It stops early, with ctx's error, when ctx is
+// done or Close is called. A failed batch ends the pass; the records it
+// did not delete are still there for the next one. The pass is logged as
+// Run logs it: Info with counts and duration, Error on failure.
+func (j *Janitor) RunOnce(ctx context.Context) (int, error) {
+	if err := j.enter(false); err != nil {
+		return 0, err
+	}
+	defer j.inProgress.Done()
+	ctx, cancel := j.untilClosed(ctx)
+	defer cancel()
+	return j.pass(ctx)
+}
+
+// Run runs a pass at once and then every Interval, until ctx is done or
+// Close is called; then it returns nil. A failed pass is logged at Error
+// level and retried at the next interval: Run does not return pass errors.
+// It returns ErrRunning if another Run is in progress and ErrClosed after
+// Close.
+func (j *Janitor) Run(ctx context.Context) error {
+	if err := j.enter(true); err != nil {
+		return err
+	}
+	defer j.leaveRun()
+	ctx, cancel := j.untilClosed(ctx)
+	defer cancel()
+	j.loop(ctx)
+	return nil
+}
+
+// RouterPlugin returns a Watermill router plugin that starts Run in the
+// background when the router runs, and stops it when the router has closed
+// (noticed within a fraction of a second: Watermill v1.5 gives plugins no
+// close signal, so the janitor polls Router.IsClosed) or when Close is
+// called. Call Close after the router's Run returns to wait until the
+// janitor has stopped:
+//
+//	router.AddPlugin(j.RouterPlugin())
+//	defer j.Close()
+//	err := router.Run(ctx)
+//
+// The plugin fails the router's start with ErrRunning or ErrClosed.
+func (j *Janitor) RouterPlugin() message.RouterPlugin {
+	return func(r *message.Router) error {
+		if err := j.enter(true); err != nil {
+			return err
+		}
+		// The context ends with Close or with the router; both goroutines
+		// are counted in inProgress, so Close waits for them.
+		ctx, cancel := j.untilClosed(context.Background())
+		loopDone := make(chan struct{})
+		j.inProgress.Add(1) // the Add for the loop keeps the counter above zero
+		go func() {
+			defer j.inProgress.Done()
+			defer cancel()
+			ticker := time.NewTicker(routerPollInterval)
+			defer ticker.Stop()
+			for {
+				select {
+				case <-loopDone:
+					return
+				case <-ticker.C:
+					if r.IsClosed() {
+						return
+					}
+				}
+			}
+		}()
+		go func() {
+			defer j.leaveRun()
+			defer close(loopDone)
+			j.loop(ctx)
+		}()
+		return nil
+	}
+}
+
+// Close stops Run, a pass in progress and the router plugin, and waits
+// until they have returned: no goroutine of the janitor outlives Close.
+// It is idempotent and always returns nil.
+func (j *Janitor) Close() error {
+	j.mu.Lock()
+	if !j.isClosed {
+		j.isClosed = true
+		j.closeFn()
+	}
+	j.mu.Unlock()
+	j.inProgress.Wait()
+	return nil
+}
+
+// enter registers work with Close. Under mu, so that no Add races with the
+// Wait in Close.
+func (j *Janitor) enter(run bool) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.isClosed {
+		return ErrClosed
+	}
+	if run {
+		if j.running {
+			return ErrRunning
+		}
+		j.running = true
+	}
+	j.inProgress.Add(1)
+	return nil
+}
+
+func (j *Janitor) leaveRun() {
+	j.mu.Lock()
+	j.running = false
+	j.mu.Unlock()
+	j.inProgress.Done()
+}
+
+// untilClosed derives a context from ctx that also ends when Close is
+// called.
+func (j *Janitor) untilClosed(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(j.closed, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
+}
+
+func (j *Janitor) loop(ctx context.Context) {
+	j.logger.Info("Inbox janitor started", watermill.LogFields{
+		"interval":   j.config.Interval,
+		"batch_size": j.config.BatchSize,
+	})
+	for {
+		// A failed pass is logged by pass and retried at the next interval:
+		// the records it did not delete stay until a pass succeeds.
+		_, _ = j.pass(ctx)
+		if wait(ctx, j.config.Interval) != nil {
+			j.logger.Info("Inbox janitor stopped", nil)
+			return
+		}
+	}
+}
+
+// pass deletes expired records batch by batch and logs the outcome: Info
+// with the counts when it removed something, Error when a batch failed.
+func (j *Janitor) pass(ctx context.Context) (int, error) {
+	start := time.Now()
+	before := j.config.Now()
+	deleted, batches, err := j.drain(ctx, before)
+	fields := watermill.LogFields{
+		"deleted":  deleted,
+		"batches":  batches,
+		"duration": time.Since(start),
+		"before":   before,
+	}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		j.logger.Info("Inbox janitor pass stopped", fields)
+	case err != nil:
+		j.logger.Error("Inbox janitor pass failed", err, fields)
+	case deleted > 0:
+		j.logger.Info("Inbox janitor removed expired records", fields)
+	default:
+		j.logger.Debug("Inbox janitor found no expired records", fields)
+	}
+	return deleted, err
+}
+
+func (j *Janitor) drain(ctx context.Context, before time.Time) (deleted, batches int, err error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return deleted, batches, fmt.Errorf("janitor: %w", err)
+		}
+		start := time.Now()
+		n, err := j.cleaner.DeleteExpired(ctx, before, j.config.BatchSize)
+		deleted += n
+		batches++
+		if j.config.OnBatch != nil {
+			j.config.OnBatch(Batch{Deleted: n, Duration: time.Since(start), Before: before, Err: err})
+		}
+		if err != nil {
+			return deleted, batches, fmt.Errorf("janitor: delete expired records: %w", err)
+		}
+		if n < j.config.BatchSize {
+			return deleted, batches, nil
+		}
+		if err := wait(ctx, j.config.Pause); err != nil {
+			return deleted, batches, fmt.Errorf("janitor: %w", err)
+		}
+	}
+}
+
+// wait returns nil after d, or ctx's error if ctx ends first.
+func wait(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
