@@ -11,4 +11,9 @@
 // on the first one's row lock and then sees its outcome. Cleanup deletes
 // expired rows by primary key in small batches with FOR UPDATE SKIP LOCKED,
 // so it never waits on (or blocks) a claim. The schema is in schema.sql.
+//
+// The two-phase contract (repository.TwoPhase) runs outside the caller's
+// transaction: Acquire is an INSERT … ON CONFLICT DO NOTHING, and every
+// later state change is one UPDATE or DELETE fenced by state and lease
+// owner, so a stale owner matches no row and gets repository.ErrLeaseLost.
 package postgres

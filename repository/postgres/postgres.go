@@ -37,14 +37,15 @@ func (c Config) Validate() error {
 }
 
 // Repository stores inbox records in PostgreSQL. It implements
-// repository.Transactional, repository.Reader and repository.Cleaner and
-// is safe for concurrent use.
+// repository.Transactional, repository.TwoPhase, repository.Reader and
+// repository.Cleaner and is safe for concurrent use.
 type Repository struct {
 	db    *sql.DB
 	table string // validated and quoted
 	ddl   string
 
 	claimSQL, selectSQL, saveSQL, deleteSQL string
+	tp                                      twoPhaseSQL
 }
 
 // NewRepository returns a Repository over db. It does not create the
@@ -67,6 +68,7 @@ VALUES ($1, $2, 'completed', $3, 1, $4, $4, $5)
 ON CONFLICT (consumer, dedup_key) DO NOTHING`
 	r.selectSQL = `SELECT consumer, dedup_key, state, payload_hash, result, attempts, lease_owner, lease_until, created_at, completed_at, expires_at
 FROM ` + t + ` WHERE consumer = $1 AND dedup_key = $2`
+	r.tp = newTwoPhaseSQL(t)
 	r.saveSQL = `UPDATE ` + t + ` SET result = $3 WHERE consumer = $1 AND dedup_key = $2`
 	r.deleteSQL = `DELETE FROM ` + t + ` WHERE (consumer, dedup_key) IN (
 	SELECT consumer, dedup_key FROM ` + t + ` WHERE expires_at < $1

@@ -14,4 +14,8 @@
 // SQLITE_BUSY; the claim is `INSERT … ON CONFLICT DO NOTHING` against the
 // primary key, as on PostgreSQL. A *sql.DB opened another way must do the
 // same (see DSN).
+//
+// The two-phase contract (repository.TwoPhase) uses the same conditional
+// insert for Acquire and one UPDATE or DELETE fenced by state and lease
+// owner for every later state change.
 package sqlite

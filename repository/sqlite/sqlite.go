@@ -68,13 +68,15 @@ func (c Config) Validate() error {
 }
 
 // Repository stores inbox records in SQLite. Timestamps are stored as Unix
-// microseconds. It implements repository.Transactional, repository.Reader
-// and repository.Cleaner and is safe for concurrent use.
+// microseconds. It implements repository.Transactional,
+// repository.TwoPhase, repository.Reader and repository.Cleaner and is
+// safe for concurrent use.
 type Repository struct {
 	db  *sql.DB
 	ddl string
 
 	claimSQL, selectSQL, saveSQL, deleteSQL string
+	tp                                      twoPhaseSQL
 }
 
 // NewRepository returns a Repository over db, which should be opened with
@@ -98,6 +100,7 @@ VALUES (?, ?, 'completed', ?, 1, ?, ?, ?)
 ON CONFLICT (consumer, dedup_key) DO NOTHING`
 	r.selectSQL = `SELECT consumer, dedup_key, state, payload_hash, result, attempts, lease_owner, lease_until, created_at, completed_at, expires_at
 FROM ` + t + ` WHERE consumer = ? AND dedup_key = ?`
+	r.tp = newTwoPhaseSQL(t)
 	r.saveSQL = `UPDATE ` + t + ` SET result = ? WHERE consumer = ? AND dedup_key = ?`
 	r.deleteSQL = `DELETE FROM ` + t + ` WHERE rowid IN (
 	SELECT rowid FROM ` + t + ` WHERE expires_at < ? ORDER BY expires_at LIMIT ?)`
