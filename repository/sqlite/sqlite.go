@@ -24,12 +24,15 @@ var SchemaSQL string
 // DSN returns the modernc.org/sqlite data source name for the database file
 // at path with the settings the inbox relies on: WAL journal, a 5 s busy
 // timeout, and BEGIN IMMEDIATE for every transaction, so concurrent writers
-// wait for the lock instead of failing mid-transaction.
+// wait for the lock instead of failing mid-transaction. It also turns on
+// foreign key enforcement, off by default in SQLite, so business
+// constraints fail the inbox transaction as they would on a server.
 func DSN(path string) string {
 	q := url.Values{}
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "busy_timeout(5000)")
 	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "foreign_keys(1)")
 	q.Set("_txlock", "immediate")
 	return "file:" + path + "?" + q.Encode()
 }

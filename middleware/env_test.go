@@ -1,0 +1,211 @@
+package middleware_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+// store is one backend with its own inbox table and business tables.
+type store struct {
+	name    string
+	db      *sql.DB
+	inbox   string // inbox table
+	charges string // business table: one row per charge, deliberately without a unique constraint
+	repo    interface {
+		repository.Transactional
+		repository.Reader
+	}
+	placeholder func(n int) string
+}
+
+// forEachStore runs fn as a parallel subtest per backend, each on fresh
+// tables.
+func forEachStore(t *testing.T, fn func(t *testing.T, s *store)) {
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		fn(t, newPostgresStore(t))
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		fn(t, newSQLiteStore(t))
+	})
+}
+
+func newPostgresStore(t *testing.T) *store {
+	db := testenv.Postgres(t)
+	s := &store{name: "postgres", db: db, inbox: randomName("inbox"), charges: randomName("charges"),
+		placeholder: func(n int) string { return fmt.Sprintf("$%d", n) }}
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: s.inbox})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	s.repo = repo
+	s.setup(t)
+	return s
+}
+
+func newSQLiteStore(t *testing.T) *store {
+	db := testenv.SQLite(t)
+	s := &store{name: "sqlite", db: db, inbox: randomName("inbox"), charges: randomName("charges"),
+		placeholder: func(int) string { return "?" }}
+	repo, err := sqlite.NewRepository(db, sqlite.Config{Table: s.inbox})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	s.repo = repo
+	s.setup(t)
+	return s
+}
+
+func (s *store) setup(t *testing.T) {
+	_, err := s.db.Exec(`CREATE TABLE ` + s.charges + ` (order_id TEXT NOT NULL, amount INTEGER NOT NULL)`)
+	require.NoError(t, err)
+	// A constraint checked only at COMMIT, to make commits fail on demand.
+	if s.name == "postgres" {
+		_, err = s.db.Exec(`CREATE TABLE ` + s.charges + `_commit_check (id TEXT, CONSTRAINT ` + s.charges + `_u UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)`)
+	} else {
+		_, err = s.db.Exec(`CREATE TABLE ` + s.charges + `_parent (id TEXT PRIMARY KEY)`)
+		require.NoError(t, err)
+		_, err = s.db.Exec(`CREATE TABLE ` + s.charges + `_commit_check (id TEXT REFERENCES ` + s.charges + `_parent (id) DEFERRABLE INITIALLY DEFERRED)`)
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, table := range []string{s.inbox, s.charges, s.charges + "_commit_check", s.charges + "_parent"} {
+			_, err := s.db.Exec(`DROP TABLE IF EXISTS ` + table)
+			require.NoError(t, err)
+		}
+	})
+}
+
+// q rewrites "?" placeholders for the backend.
+func (s *store) q(query string) string {
+	var b strings.Builder
+	n := 0
+	for _, r := range query {
+		if r == '?' {
+			n++
+			b.WriteString(s.placeholder(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// chargesFor returns how many times the order was charged.
+func (s *store) chargesFor(t *testing.T, orderID string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, s.db.QueryRow(s.q(`SELECT COUNT(*) FROM `+s.charges+` WHERE order_id = ?`), orderID).Scan(&n))
+	return n
+}
+
+// totalCharges returns the number of charge rows.
+func (s *store) totalCharges(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, s.db.QueryRow(`SELECT COUNT(*) FROM `+s.charges).Scan(&n))
+	return n
+}
+
+// failCommit makes the current transaction fail at COMMIT.
+func (s *store) failCommit(ctx context.Context, tx *sql.Tx) error {
+	if s.name == "postgres" {
+		_, err := tx.ExecContext(ctx, `INSERT INTO `+s.charges+`_commit_check (id) VALUES ('x'), ('x')`)
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO `+s.charges+`_commit_check (id) VALUES ('no-such-parent')`)
+	return err
+}
+
+func (s *store) newInbox(t *testing.T, consumer string, mutate ...func(*middleware.Config)) *middleware.Inbox {
+	t.Helper()
+	c := middleware.Config{DB: s.db, Repository: s.repo, Consumer: consumer, Logger: watermill.NopLogger{}}
+	for _, m := range mutate {
+		m(&c)
+	}
+	inbox, err := middleware.NewInbox(c)
+	require.NoError(t, err)
+	return inbox
+}
+
+// order is the test domain's event payload.
+type order struct {
+	ID     string `json:"order_id"`
+	Amount int    `json:"amount"`
+}
+
+func orderMessage(uuid string, o order) *message.Message {
+	payload, err := json.Marshal(o)
+	if err != nil {
+		panic(err)
+	}
+	return message.NewMessage(uuid, payload)
+}
+
+// chargeHandler charges the order through the inbox transaction and emits
+// a payment-completed message with a fresh UUID. It counts its runs.
+type chargeHandler struct {
+	s    *store
+	runs atomic.Int64
+	// before, if set, runs after the charge is written, inside the same
+	// transaction, and can fail the run.
+	before func(msg *message.Message, tx *sql.Tx) error
+}
+
+func (h *chargeHandler) Handle(msg *message.Message) (_ []*message.Message, err error) {
+	h.runs.Add(1)
+	tx, ok := middleware.TxFromContext(msg.Context())
+	if !ok {
+		// Without the inbox (the Deduplicator comparison) the handler
+		// commits its own transaction, as a plain handler would.
+		if tx, err = h.s.db.BeginTx(msg.Context(), nil); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				_ = tx.Rollback()
+				return
+			}
+			err = tx.Commit()
+		}()
+	}
+	var o order
+	if err := json.Unmarshal(msg.Payload, &o); err != nil {
+		return nil, err
+	}
+	if _, err := tx.ExecContext(msg.Context(), h.s.q(`INSERT INTO `+h.s.charges+` (order_id, amount) VALUES (?, ?)`), o.ID, o.Amount); err != nil {
+		return nil, err
+	}
+	if h.before != nil {
+		if err := h.before(msg, tx); err != nil {
+			return nil, err
+		}
+	}
+	out := message.NewMessage(watermill.NewUUID(), []byte(`{"order_id":"`+o.ID+`","status":"paid"}`))
+	out.Metadata.Set("order_id", o.ID)
+	return []*message.Message{out}, nil
+}
+
+func randomName(prefix string) string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
