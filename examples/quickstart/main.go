@@ -1,0 +1,363 @@
+// Command quickstart plays a small order → payment flow through a Watermill
+// router with the inbox middleware, on SQLite and an in-process GoChannel:
+// no services needed.
+//
+//	go run ./examples/quickstart
+//
+// The producer re-sends some orders (duplicates on the wire), one handler
+// run fails and is redelivered, and one delivery "crashes" after its
+// transaction committed but before the broker saw the ack. The summary
+// shows every order charged exactly once and every payment event
+// delivered with a stable UUID, so the downstream receipts consumer —
+// another inbox — sends one receipt per payment.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+func main() {
+	dir, err := os.MkdirTemp("", "quickstart-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(dir)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := run(ctx, filepath.Join(dir, "quickstart.db"), os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(1)
+	}
+}
+
+// OrderPlaced is the event the billing consumer handles.
+type OrderPlaced struct {
+	OrderID  string `json:"order_id"`
+	Customer string `json:"customer"`
+	Amount   int    `json:"amount_cents"`
+}
+
+// PaymentCompleted is the event billing emits for each charged order.
+type PaymentCompleted struct {
+	OrderID  string `json:"order_id"`
+	Customer string `json:"customer"`
+	Amount   int    `json:"amount_cents"`
+}
+
+var orders = []OrderPlaced{
+	{"order-1", "alice", 1200}, {"order-2", "bob", 550}, {"order-3", "carol", 9900},
+	{"order-4", "alice", 300}, {"order-5", "bob", 4200}, {"order-6", "carol", 100},
+	{"order-7", "alice", 2500}, {"order-8", "bob", 800}, {"order-9", "carol", 650},
+	{"order-10", "alice", 75},
+}
+
+// What goes wrong on the way.
+var (
+	resentByProducer = map[string]bool{"order-2": true, "order-5": true, "order-9": true}
+	failsOnce        = "order-4" // the card network times out on the first try
+	crashesBeforeAck = "order-7" // committed, then the process dies before acking
+)
+
+// Summary is what the quickstart counted.
+type Summary struct {
+	Orders, Published int
+
+	BillingDeliveries int // deliveries the billing handler's inbox saw
+	Charged           int // handler runs that committed
+	Failed            int // handler runs that failed and were redelivered
+	Crashed           int // deliveries "lost" after commit, before the ack
+	Duplicates        int // deliveries acknowledged without running the handler
+	Replayed          int // payment events republished by those duplicates
+
+	PaymentEvents   int // payment events delivered downstream (replays included)
+	ReceiptsSent    int
+	ReceiptsSkipped int
+
+	// ChargedCents and ChargeCount are per customer, read from the database.
+	ChargedCents map[string]int
+	ChargeCount  map[string]int
+}
+
+func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
+	db, err := sqlite.Open(dbPath)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer db.Close()
+	repo, err := sqlite.NewRepository(db, sqlite.Config{})
+	if err != nil {
+		return Summary{}, err
+	}
+	if err := repo.Migrate(ctx); err != nil {
+		return Summary{}, err
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE charges (order_id TEXT NOT NULL, customer TEXT NOT NULL, amount_cents INTEGER NOT NULL)`); err != nil {
+		return Summary{}, err
+	}
+
+	logger := watermill.NopLogger{}
+	pubSub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, logger)
+	defer pubSub.Close()
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		return Summary{}, err
+	}
+
+	// One inbox per consumer. Both share the SQLite table; their keys are
+	// scoped by consumer name.
+	billingInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing"})
+	if err != nil {
+		return Summary{}, err
+	}
+	receiptsInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "receipts"})
+	if err != nil {
+		return Summary{}, err
+	}
+
+	var (
+		s                          = Summary{Orders: len(orders)}
+		mu                         sync.Mutex
+		billingAcked, receiptAcked atomic.Int64
+		failed, crashed            = map[string]bool{}, map[string]bool{}
+	)
+
+	billing := router.AddHandler("billing", "orders", pubSub, "payments", pubSub,
+		func(msg *message.Message) ([]*message.Message, error) {
+			var o OrderPlaced
+			if err := json.Unmarshal(msg.Payload, &o); err != nil {
+				return nil, err
+			}
+			if ran, ok := msg.Context().Value(ranKey{}).(*bool); ok {
+				*ran = true
+			}
+			mu.Lock()
+			fail := o.OrderID == failsOnce && !failed[o.OrderID]
+			failed[o.OrderID] = true
+			mu.Unlock()
+
+			// The charge is written in the inbox transaction: it commits
+			// with the marker or not at all.
+			tx, _ := middleware.TxFromContext(msg.Context())
+			if _, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, customer, amount_cents) VALUES (?, ?, ?)`,
+				o.OrderID, o.Customer, o.Amount); err != nil {
+				return nil, err
+			}
+			if fail {
+				return nil, errors.New("card network timeout") // rolls the charge back; the broker redelivers
+			}
+			payload, _ := json.Marshal(PaymentCompleted(o))
+			return []*message.Message{message.NewMessage(watermill.NewUUID(), payload)}, nil
+		})
+	billing.AddMiddleware(
+		// Outermost: counts what the broker sees.
+		func(h message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				out, err := h(msg)
+				if err == nil {
+					billingAcked.Add(1)
+				}
+				return out, err
+			}
+		},
+		// A crash after the inbox committed but before the ack: the router
+		// neither publishes the payment nor acks the order.
+		func(h message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				out, err := h(msg)
+				if err != nil {
+					return nil, err
+				}
+				var o OrderPlaced
+				_ = json.Unmarshal(msg.Payload, &o)
+				mu.Lock()
+				defer mu.Unlock()
+				if o.OrderID == crashesBeforeAck && !crashed[o.OrderID] {
+					crashed[o.OrderID] = true
+					s.Crashed++
+					return nil, errors.New("process crashed before ack")
+				}
+				return out, nil
+			}
+		},
+		// Classifies each delivery by what the inbox did with it.
+		func(h message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				ran := new(bool)
+				ctx := msg.Context()
+				msg.SetContext(context.WithValue(ctx, ranKey{}, ran))
+				out, err := h(msg)
+				msg.SetContext(ctx)
+				mu.Lock()
+				defer mu.Unlock()
+				s.BillingDeliveries++
+				switch {
+				case err != nil && *ran:
+					s.Failed++
+				case err != nil:
+					return nil, err
+				case *ran:
+					s.Charged++
+				default:
+					s.Duplicates++
+					s.Replayed += len(out)
+				}
+				return out, err
+			}
+		},
+		billingInbox.Middleware,
+	)
+
+	receipts := router.AddNoPublisherHandler("receipts", "payments", pubSub, func(msg *message.Message) error {
+		mu.Lock()
+		s.ReceiptsSent++ // runs only for payments not seen before
+		mu.Unlock()
+		return nil
+	})
+	receipts.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil {
+				receiptAcked.Add(1)
+			}
+			return out, err
+		}
+	}, receiptsInbox.Middleware)
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(runCtx) }()
+	select {
+	case <-router.Running():
+	case err := <-routerDone:
+		return Summary{}, err
+	}
+
+	// The producer: each order once, some twice (a retry after a lost
+	// publish confirmation keeps the message UUID).
+	for i, o := range orders {
+		payload, _ := json.Marshal(o)
+		uuid := fmt.Sprintf("00000000-0000-4000-8000-%012d", i+1)
+		copies := 1
+		if resentByProducer[o.OrderID] {
+			copies = 2
+		}
+		for range copies {
+			if err := pubSub.Publish("orders", message.NewMessage(uuid, payload)); err != nil {
+				return Summary{}, err
+			}
+			s.Published++
+		}
+	}
+
+	// Every published order is acked once in the end, and every ack
+	// publishes one payment event.
+	if err := waitUntil(ctx, func() bool {
+		return billingAcked.Load() == int64(s.Published) && receiptAcked.Load() == int64(s.Published)
+	}); err != nil {
+		return Summary{}, fmt.Errorf("waiting for the flow to settle: %w", err)
+	}
+	stop()
+	if err := <-routerDone; err != nil {
+		return Summary{}, err
+	}
+
+	s.PaymentEvents = int(receiptAcked.Load())
+	s.ReceiptsSkipped = s.PaymentEvents - s.ReceiptsSent
+	if s.ChargedCents, s.ChargeCount, err = chargesByCustomer(ctx, db); err != nil {
+		return Summary{}, err
+	}
+	printSummary(w, s)
+	return s, nil
+}
+
+// ranKey marks, in a delivery's context, whether the billing handler ran.
+type ranKey struct{}
+
+func waitUntil(ctx context.Context, cond func() bool) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+func chargesByCustomer(ctx context.Context, db *sql.DB) (cents, count map[string]int, err error) {
+	rows, err := db.QueryContext(ctx, `SELECT customer, SUM(amount_cents), COUNT(*) FROM charges GROUP BY customer`)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	cents, count = map[string]int{}, map[string]int{}
+	for rows.Next() {
+		var c string
+		var sum, n int
+		if err := rows.Scan(&c, &sum, &n); err != nil {
+			return nil, nil, err
+		}
+		cents[c], count[c] = sum, n
+	}
+	return cents, count, rows.Err()
+}
+
+func printSummary(w io.Writer, s Summary) {
+	fmt.Fprintf(w, "%d orders published as %d messages (%d re-sent by the producer)\n\n", s.Orders, s.Published, s.Published-s.Orders)
+	fmt.Fprintf(w, "billing    %2d deliveries\n", s.BillingDeliveries)
+	fmt.Fprintf(w, "           %2d processed (charged)\n", s.Charged)
+	fmt.Fprintf(w, "           %2d failed, rolled back and redelivered\n", s.Failed)
+	fmt.Fprintf(w, "           %2d crashed after commit, before ack\n", s.Crashed)
+	fmt.Fprintf(w, "           %2d duplicates acknowledged without charging\n", s.Duplicates)
+	fmt.Fprintf(w, "           %2d payment events replayed with their original UUIDs\n", s.Replayed)
+	fmt.Fprintf(w, "receipts   %2d payment events delivered\n", s.PaymentEvents)
+	fmt.Fprintf(w, "           %2d receipts sent, %d duplicates skipped\n\n", s.ReceiptsSent, s.ReceiptsSkipped)
+
+	want := map[string]int{}
+	wantCount := map[string]int{}
+	for _, o := range orders {
+		want[o.Customer] += o.Amount
+		wantCount[o.Customer]++
+	}
+	customers := make([]string, 0, len(want))
+	for c := range want {
+		customers = append(customers, c)
+	}
+	sort.Strings(customers)
+	ok := true
+	fmt.Fprintln(w, "customer   orders  charges  charged    expected")
+	for _, c := range customers {
+		fmt.Fprintf(w, "%-10s %6d  %7d  %8s  %9s\n", c, wantCount[c], s.ChargeCount[c], dollars(s.ChargedCents[c]), dollars(want[c]))
+		ok = ok && s.ChargedCents[c] == want[c] && s.ChargeCount[c] == wantCount[c]
+	}
+	if ok {
+		fmt.Fprintln(w, "\nevery order charged exactly once")
+	} else {
+		fmt.Fprintln(w, "\nMISMATCH: some order was charged more or less than once")
+	}
+}
+
+func dollars(cents int) string { return fmt.Sprintf("$%d.%02d", cents/100, cents%100) }
