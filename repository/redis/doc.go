@@ -1,0 +1,55 @@
+// Package redis is the Redis backend of the inbox, on go-redis v9. Redis
+// cannot join a SQL transaction, so it implements the two-phase contract
+// (repository.TwoPhase) plus repository.Reader and repository.Cleaner.
+//
+//	client := goredis.NewClient(&goredis.Options{Addr: "localhost:6379"})
+//	repo, err := redis.NewRepository(client, redis.Config{KeyPrefix: "billing-inbox:"})
+//	if err != nil { … }
+//	a, err := repo.Acquire(ctx, repository.AcquireParams{
+//		Consumer: "billing", Key: msg.UUID, PayloadHash: repository.HashPayload(msg.Payload),
+//		Owner: watermill.NewUUID(), Now: now,
+//		LeaseUntil: now.Add(30 * time.Second), ExpiresAt: now.Add(7 * 24 * time.Hour),
+//	})
+//
+// # Atomicity
+//
+// Every state change — acquire, reclaim, extend, complete, release — is one
+// Lua script (EVALSHA) that reads the record's fields, checks state, owner
+// and lease, and writes, all inside Redis's single-threaded execution: no
+// other command runs in between, so there is never a read in Go followed
+// by a write. Racing acquires or reclaims of one key are decided by which
+// script Redis runs first.
+//
+// # Key layout and Redis Cluster
+//
+// One Redis hash per record, at
+//
+//	<KeyPrefix>{<consumer>:<storage key>}
+//
+// where the storage key is repository.StorageKey(key) (long keys are
+// hashed) and ':', '{', '}' and '%' in the consumer are percent-escaped, so
+// two (consumer, key) pairs never share a Redis key. Each script touches
+// only its record's key, and the braces make that key's Cluster hash slot
+// depend only on the record's identity, not on the prefix: records spread
+// over the cluster, and any key a future version adds for the same record
+// lands in the same slot. The prefix may not contain braces. See
+// Repository.RecordKey.
+//
+// # Expiry and clocks
+//
+// Record expiry uses Redis TTL: Acquire sets PEXPIREAT to ExpiresAt, so
+// Redis deletes the record by itself, judged by the Redis server's clock.
+// DeleteExpired is a no-op that returns 0. Leases, in contrast, are judged
+// by the caller's clock: lease_until is stored as a field and compared
+// with the Now the caller passes to the script, as on every other backend.
+// Keep the clocks of consumers and the Redis server synchronized (NTP):
+// a skew between consumers shifts when a lease counts as expired, a skew
+// with the server shifts when records disappear — make retention much
+// longer than any plausible skew. The scripts also treat a record whose
+// expires_at is not after the caller's Now as absent, so expiry looks the
+// same from both clocks' side.
+//
+// Durability is Redis's: with asynchronous replication or without AOF
+// fsync, a failover or restart can lose recently written records, and a
+// lost record means a redelivery is processed again.
+package redis
