@@ -1,0 +1,24 @@
+GO ?= go
+STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
+
+.PHONY: test lint bench schema
+
+# The one test command: every package against the real services, with the
+# race detector. CI runs it through .ci/run.
+test:
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 9m ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@latest
+	$(STATICCHECK) ./...
+
+# Go benchmarks; the comparison harness joins them in later work.
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 9m ./...
+
+# Regenerate the shipped schema.sql files from the DDL Migrate runs.
+schema:
+	$(GO) run ./internal/cmd/gen-schema
