@@ -25,9 +25,9 @@ func TestConfigValidate(t *testing.T) {
 		mutate func(*middleware.Config)
 		want   string
 	}{
-		"no DB":              {func(c *middleware.Config) { c.DB = nil }, "DB is required"},
-		"no repository":      {func(c *middleware.Config) { c.Repository = nil }, "Repository is required"},
-		"no consumer":        {func(c *middleware.Config) { c.Consumer = "" }, "Consumer is required"},
+		"no DB":              {func(c *middleware.Config) { c.DB = nil }, "missing Config.DB"},
+		"no repository":      {func(c *middleware.Config) { c.Repository = nil }, "missing Config.Repository"},
+		"no consumer":        {func(c *middleware.Config) { c.Consumer = "" }, "missing Config.Consumer"},
 		"long consumer":      {func(c *middleware.Config) { c.Consumer = strings.Repeat("c", 256) }, "at most 255 bytes"},
 		"negative retention": {func(c *middleware.Config) { c.Retention = -time.Hour }, "Retention must be positive"},
 		"retention shorter than redelivery window": {func(c *middleware.Config) {

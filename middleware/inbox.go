@@ -67,24 +67,24 @@ func (c *Config) setDefaults() {
 func (c Config) Validate() error {
 	var errs []error
 	if c.DB == nil {
-		errs = append(errs, errors.New("DB is required"))
+		errs = append(errs, errors.New("missing Config.DB"))
 	}
 	if c.Repository == nil {
-		errs = append(errs, errors.New("Repository is required"))
+		errs = append(errs, errors.New("missing Config.Repository"))
 	}
 	if c.Consumer == "" {
-		errs = append(errs, errors.New("Consumer is required"))
+		errs = append(errs, errors.New("missing Config.Consumer"))
 	} else if len(c.Consumer) > repository.MaxConsumerLength {
-		errs = append(errs, fmt.Errorf("Consumer must be at most %d bytes", repository.MaxConsumerLength))
+		errs = append(errs, fmt.Errorf("config.Consumer must be at most %d bytes", repository.MaxConsumerLength))
 	}
 	if c.Retention <= 0 {
-		errs = append(errs, fmt.Errorf("Retention must be positive, got %s", c.Retention))
+		errs = append(errs, fmt.Errorf("config.Retention must be positive, got %s", c.Retention))
 	}
 	if c.RedeliveryWindow < 0 {
-		errs = append(errs, fmt.Errorf("RedeliveryWindow must not be negative, got %s", c.RedeliveryWindow))
+		errs = append(errs, fmt.Errorf("config.RedeliveryWindow must not be negative, got %s", c.RedeliveryWindow))
 	}
 	if c.Retention < c.RedeliveryWindow {
-		errs = append(errs, fmt.Errorf("Retention (%s) is shorter than RedeliveryWindow (%s): duplicates arriving after the marker expired would be processed again", c.Retention, c.RedeliveryWindow))
+		errs = append(errs, fmt.Errorf("config.Retention (%s) is shorter than RedeliveryWindow (%s): duplicates arriving after the marker expired would be processed again", c.Retention, c.RedeliveryWindow))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid inbox config: %w", err)

@@ -178,7 +178,7 @@ func TestRouterRedeliveryAfterHandlerErrorRunsAgain(t *testing.T) {
 		f := newFlow(t)
 		h := failFirstAttempt(s)
 		f.router.AddMiddleware(f.count, s.newInbox(t, "billing").Middleware)
-		f.router.AddNoPublisherHandler("billing", ordersTopic, f.pubSub, func(msg *message.Message) error {
+		f.router.AddConsumerHandler("billing", ordersTopic, f.pubSub, func(msg *message.Message) error {
 			_, err := h.Handle(msg)
 			return err
 		})
@@ -208,7 +208,7 @@ func TestWatermillDeduplicatorDropsRedeliveryAfterHandlerError(t *testing.T) {
 	h := failFirstAttempt(s)
 	dedup := &wmiddleware.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil }}
 	f.router.AddMiddleware(f.count, dedup.Middleware)
-	f.router.AddNoPublisherHandler("billing", ordersTopic, f.pubSub, func(msg *message.Message) error {
+	f.router.AddConsumerHandler("billing", ordersTopic, f.pubSub, func(msg *message.Message) error {
 		_, err := h.Handle(msg)
 		return err
 	})
@@ -284,7 +284,7 @@ func TestRouterConcurrentCopiesAcrossHandlers(t *testing.T) {
 		// hands each of them a copy of every message at the same time,
 		// like competing consumers holding redelivered copies.
 		for i := range handlers {
-			hd := f.router.AddNoPublisherHandler(fmt.Sprintf("billing-%d", i), ordersTopic, f.pubSub, func(msg *message.Message) error {
+			hd := f.router.AddConsumerHandler(fmt.Sprintf("billing-%d", i), ordersTopic, f.pubSub, func(msg *message.Message) error {
 				_, err := h.Handle(msg)
 				return err
 			})
@@ -315,7 +315,7 @@ func TestRouterPoisonQueueForPermanentErrors(t *testing.T) {
 		f.router.AddMiddleware(f.count, poison, s.newInbox(t, "billing", func(c *middleware.Config) {
 			c.Key = middleware.MetadataKey("idempotency_key")
 		}).Middleware)
-		f.router.AddNoPublisherHandler("billing", ordersTopic, f.pubSub, func(msg *message.Message) error {
+		f.router.AddConsumerHandler("billing", ordersTopic, f.pubSub, func(msg *message.Message) error {
 			_, err := h.Handle(msg)
 			return err
 		})

@@ -227,7 +227,7 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 		billingInbox.Middleware,
 	)
 
-	receipts := router.AddNoPublisherHandler("receipts", "payments", pubSub, func(msg *message.Message) error {
+	receipts := router.AddConsumerHandler("receipts", "payments", pubSub, func(msg *message.Message) error {
 		mu.Lock()
 		s.ReceiptsSent++ // runs only for payments not seen before
 		mu.Unlock()
