@@ -48,7 +48,7 @@ func forEachStore(t *testing.T, fn func(t *testing.T, s *store)) {
 	})
 }
 
-func newPostgresStore(t *testing.T) *store {
+func newPostgresStore(t testing.TB) *store {
 	db := testenv.Postgres(t)
 	s := &store{name: "postgres", db: db, inbox: randomName("inbox"), charges: randomName("charges"),
 		placeholder: func(n int) string { return fmt.Sprintf("$%d", n) }}
@@ -60,7 +60,7 @@ func newPostgresStore(t *testing.T) *store {
 	return s
 }
 
-func newSQLiteStore(t *testing.T) *store {
+func newSQLiteStore(t testing.TB) *store {
 	db := testenv.SQLite(t)
 	s := &store{name: "sqlite", db: db, inbox: randomName("inbox"), charges: randomName("charges"),
 		placeholder: func(int) string { return "?" }}
@@ -72,7 +72,7 @@ func newSQLiteStore(t *testing.T) *store {
 	return s
 }
 
-func (s *store) setup(t *testing.T) {
+func (s *store) setup(t testing.TB) {
 	_, err := s.db.Exec(`CREATE TABLE ` + s.charges + ` (order_id TEXT NOT NULL, amount INTEGER NOT NULL)`)
 	require.NoError(t, err)
 	// A constraint checked only at COMMIT, to make commits fail on demand.
@@ -133,7 +133,7 @@ func (s *store) failCommit(ctx context.Context, tx *sql.Tx) error {
 	return err
 }
 
-func (s *store) newInbox(t *testing.T, consumer string, mutate ...func(*middleware.Config)) *middleware.Inbox {
+func (s *store) newInbox(t testing.TB, consumer string, mutate ...func(*middleware.Config)) *middleware.Inbox {
 	t.Helper()
 	c := middleware.Config{DB: s.db, Repository: s.repo, Consumer: consumer, Logger: watermill.NopLogger{}}
 	for _, m := range mutate {
