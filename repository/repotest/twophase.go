@@ -435,6 +435,62 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Equal(t, 2, rec.Attempts, "attempts must be incremented exactly once")
 	})
 
+	t.Run("AcquireReleaseChurnKeepsOneHolder", func(t *testing.T) {
+		// Acquires race with releases of the same key, so an Acquire can
+		// collide with a record that is gone before it reads it; it must
+		// neither fail nor let two holders in.
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := context.Background()
+		const workers, rounds = 8, 40
+
+		var (
+			start    = make(chan struct{})
+			wg       sync.WaitGroup
+			inside   atomic.Int32
+			overlaps atomic.Int32
+			acquired atomic.Int32
+			failures = make([]error, workers)
+		)
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for i := range rounds {
+					p := acquireParams("billing", "order-1", fmt.Sprintf("owner-%d-%d", w, i))
+					a, err := f.tp.Acquire(ctx, p)
+					if err != nil {
+						failures[w] = err
+						return
+					}
+					if !a.Acquired {
+						continue
+					}
+					acquired.Add(1)
+					if inside.Add(1) != 1 {
+						overlaps.Add(1)
+					}
+					inside.Add(-1)
+					if err := f.tp.Release(ctx, repository.LeaseParams{Consumer: p.Consumer, Key: p.Key, Owner: p.Owner}); err != nil {
+						failures[w] = err
+						return
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+
+		for w, err := range failures {
+			require.NoError(t, err, "worker %d", w)
+		}
+		require.Zero(t, overlaps.Load(), "two owners held the key at once")
+		require.Positive(t, acquired.Load())
+		_, err := f.repo.Get(ctx, "billing", "order-1")
+		require.ErrorIs(t, err, repository.ErrNotFound, "every holder released")
+	})
+
 	t.Run("LongKeyIsHashedNotTruncated", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, b)

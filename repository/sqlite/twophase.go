@@ -10,7 +10,7 @@ import (
 
 // acquireAttempts bounds how often Acquire retries when the record it
 // collided with is gone before it can be read (released in between).
-const acquireAttempts = 5
+const acquireAttempts = 32
 
 // twoPhaseSQL holds the statements of the two-phase contract. Every state
 // change is one conditional statement fenced by state and owner; SQLite's
