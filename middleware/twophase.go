@@ -1,0 +1,324 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// ExpiredLeasePolicy decides what a delivery does when it finds the key
+// in progress under an expired lease: an earlier attempt started the
+// effect and stopped answering (crashed, hung, partitioned), so the effect
+// may have partly happened.
+type ExpiredLeasePolicy int
+
+const (
+	// Intervene fails the delivery with the permanent ErrNeedsIntervention
+	// and keeps the record for an operator, who checks the downstream
+	// system and then marks the record completed or releases it for a
+	// retry. The default: the safe choice for effects that are not
+	// idempotent downstream (a payment without an idempotency key).
+	Intervene ExpiredLeasePolicy = iota
+	// Reclaim takes the record over (exactly one racing delivery wins) and
+	// runs the handler again. Use it only when the effect is idempotent
+	// downstream, e.g. an API called with the propagated key as its
+	// Idempotency-Key.
+	Reclaim
+)
+
+func (p ExpiredLeasePolicy) String() string {
+	switch p {
+	case Intervene:
+		return "intervene"
+	case Reclaim:
+		return "reclaim"
+	default:
+		return fmt.Sprintf("ExpiredLeasePolicy(%d)", int(p))
+	}
+}
+
+// DefaultLease is the default lease of a two-phase claim.
+const DefaultLease = 30 * time.Second
+
+// TwoPhaseConfig configures a TwoPhaseInbox.
+type TwoPhaseConfig struct {
+	// Repository stores the records. Required.
+	Repository repository.TwoPhase
+	// Consumer names this consumer; keys are scoped by it. Required; at
+	// most 255 bytes.
+	Consumer string
+	// Key extracts the deduplication key. Default: UUIDKey.
+	Key KeyFunc
+	// Lease is how long a claim stays exclusive without being extended.
+	// Default: DefaultLease (30 s). Choose it well above the time one
+	// extension takes to reach the store, and below the broker's
+	// redelivery delay, so a crashed attempt is detected on redelivery.
+	Lease time.Duration
+	// ExtendEvery is how often the lease of a running handler is extended.
+	// Default: Lease/3. Must be shorter than Lease.
+	ExtendEvery time.Duration
+	// OnExpiredLease is the policy for an earlier attempt whose lease
+	// expired. Default: Intervene.
+	OnExpiredLease ExpiredLeasePolicy
+	// Retention is how long a completed key is remembered. Default:
+	// DefaultRetention (7 days).
+	Retention time.Duration
+	// RedeliveryWindow: as in Config; a shorter Retention is refused.
+	RedeliveryWindow time.Duration
+	// Logger receives the inbox's logs. Default: watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+	// Now returns the current time; leases are compared against it.
+	// Default: time.Now.
+	Now func() time.Time
+}
+
+func (c *TwoPhaseConfig) setDefaults() {
+	if c.Key == nil {
+		c.Key = UUIDKey
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.ExtendEvery == 0 {
+		c.ExtendEvery = c.Lease / 3
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports every problem with the configuration at once.
+func (c TwoPhaseConfig) Validate() error {
+	var errs []error
+	if c.Repository == nil {
+		errs = append(errs, errors.New("missing TwoPhaseConfig.Repository"))
+	}
+	if c.Consumer == "" {
+		errs = append(errs, errors.New("missing TwoPhaseConfig.Consumer"))
+	} else if len(c.Consumer) > repository.MaxConsumerLength {
+		errs = append(errs, fmt.Errorf("config.Consumer must be at most %d bytes", repository.MaxConsumerLength))
+	}
+	if c.Lease <= 0 {
+		errs = append(errs, fmt.Errorf("config.Lease must be positive, got %s", c.Lease))
+	}
+	if c.ExtendEvery <= 0 || c.ExtendEvery >= c.Lease {
+		errs = append(errs, fmt.Errorf("config.ExtendEvery must be positive and shorter than Lease (%s), got %s", c.Lease, c.ExtendEvery))
+	}
+	if c.OnExpiredLease != Intervene && c.OnExpiredLease != Reclaim {
+		errs = append(errs, fmt.Errorf("config.OnExpiredLease: unknown policy %s", c.OnExpiredLease))
+	}
+	if c.Retention <= c.Lease {
+		errs = append(errs, fmt.Errorf("config.Retention (%s) must be longer than Lease (%s)", c.Retention, c.Lease))
+	}
+	if c.RedeliveryWindow < 0 {
+		errs = append(errs, fmt.Errorf("config.RedeliveryWindow must not be negative, got %s", c.RedeliveryWindow))
+	}
+	if c.Retention < c.RedeliveryWindow {
+		errs = append(errs, fmt.Errorf("config.Retention (%s) is shorter than RedeliveryWindow (%s): duplicates arriving after the marker expired would be processed again", c.Retention, c.RedeliveryWindow))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid two-phase inbox config: %w", err)
+	}
+	return nil
+}
+
+// TwoPhaseInbox is the inbox for effects that cannot join a SQL
+// transaction — a payment API, an e-mail, a write to another store. It
+// claims the key in progress under a lease, runs the handler, then marks
+// the key completed with the handler's output:
+//
+//   - completed key, same payload: acknowledged without running the
+//     handler, output replayed with its original UUIDs;
+//   - completed key, other payload: ErrPayloadMismatch (permanent);
+//   - in progress under a live lease (another consumer is on it):
+//     ErrInProgress, transient — the broker redelivers later;
+//   - in progress under an expired lease: OnExpiredLease decides —
+//     Reclaim (exactly one racing delivery takes over and re-runs) or
+//     Intervene (ErrNeedsIntervention, permanent, record kept);
+//   - handler error or panic: the claim is released so a retry can run.
+//
+// While the handler runs, its lease is extended every ExtendEvery. If an
+// extension finds the lease taken over by a newer owner, the handler's
+// context (msg.Context()) is cancelled, and its completion is refused
+// with repository.ErrLeaseLost: an attempt that outlived its lease can
+// never overwrite the newer owner's record. The handler's effect is not
+// rolled back by anything — that is why the key is available through
+// KeyFromContext, to make the effect itself idempotent downstream.
+type TwoPhaseInbox struct {
+	config TwoPhaseConfig
+}
+
+// NewTwoPhaseInbox validates config and returns a TwoPhaseInbox.
+func NewTwoPhaseInbox(config TwoPhaseConfig) (*TwoPhaseInbox, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	return &TwoPhaseInbox{config: config}, nil
+}
+
+// Middleware wraps h; add it to a router or a single handler.
+func (i *TwoPhaseInbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		return i.handle(h, msg)
+	}
+}
+
+func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
+	c := i.config
+	fields := watermill.LogFields{
+		"consumer":       c.Consumer,
+		"message_uuid":   msg.UUID,
+		"correlation_id": wmiddleware.MessageCorrelationID(msg),
+	}
+	key, keyErr := c.Key(msg)
+	if keyErr != nil || key == "" {
+		if keyErr == nil {
+			keyErr = errors.New("key function returned an empty key")
+		}
+		err := fmt.Errorf("%w: consumer %q, message %s: %w", ErrNoKey, c.Consumer, msg.UUID, keyErr)
+		c.Logger.Error("Inbox: message has no deduplication key", err, fields)
+		return nil, err
+	}
+	fields["key"] = key
+
+	ctx := msg.Context()
+	hash := repository.HashPayload(msg.Payload)
+	owner := watermill.NewUUID()
+	now := c.Now()
+	fields["owner"] = owner
+
+	acq, err := c.Repository.Acquire(ctx, repository.AcquireParams{
+		Consumer:    c.Consumer,
+		Key:         key,
+		PayloadHash: hash,
+		Owner:       owner,
+		Now:         now,
+		LeaseUntil:  now.Add(c.Lease),
+		ExpiresAt:   now.Add(c.Retention),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: acquire key %q: %w", key, err)
+	}
+	if !acq.Acquired {
+		rec := acq.Existing
+		if !bytes.Equal(rec.PayloadHash, hash) {
+			err := fmt.Errorf("%w: consumer %q, key %q (first claimed at %s)", ErrPayloadMismatch, c.Consumer, key, rec.CreatedAt.Format(time.RFC3339))
+			c.Logger.Error("Inbox: key reused with a different payload", err, fields)
+			return nil, err
+		}
+		switch {
+		case rec.State == repository.StateCompleted:
+			out, err := decodeResult(rec.Result)
+			if err != nil {
+				return nil, fmt.Errorf("inbox: replay key %q: %w", key, err)
+			}
+			c.Logger.Info("Inbox: duplicate acknowledged without running the handler", fields.Add(watermill.LogFields{"replayed": len(out)}))
+			return out, nil
+		case rec.LeaseUntil.After(now):
+			c.Logger.Debug("Inbox: key in progress under a live lease, retry later", fields.Add(watermill.LogFields{"lease_owner": rec.LeaseOwner, "lease_until": rec.LeaseUntil}))
+			return nil, fmt.Errorf("%w: consumer %q, key %q is leased by %s until %s", ErrInProgress, c.Consumer, key, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
+		case c.OnExpiredLease == Intervene:
+			err := fmt.Errorf("%w: consumer %q, key %q: attempt %d by %s expired at %s", ErrNeedsIntervention, c.Consumer, key, rec.Attempts, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
+			c.Logger.Error("Inbox: earlier attempt expired mid-effect, needs intervention", err, fields)
+			return nil, err
+		}
+		if _, err := c.Repository.Reclaim(ctx, repository.ReclaimParams{
+			Consumer: c.Consumer, Key: key, PrevOwner: rec.LeaseOwner, Owner: owner,
+			Now: now, LeaseUntil: now.Add(c.Lease),
+		}); errors.Is(err, repository.ErrLeaseLost) {
+			// Another delivery reclaimed it first (or it completed): retry later.
+			return nil, fmt.Errorf("%w: consumer %q, key %q was reclaimed by another delivery: %w", ErrInProgress, c.Consumer, key, err)
+		} else if err != nil {
+			return nil, fmt.Errorf("inbox: reclaim key %q: %w", key, err)
+		}
+		c.Logger.Info("Inbox: reclaimed an expired lease, running the handler again", fields.Add(watermill.LogFields{"previous_owner": rec.LeaseOwner}))
+	}
+
+	lease := repository.LeaseParams{Consumer: c.Consumer, Key: key, Owner: owner}
+	out, panicked, err := i.runLeased(h, msg, key, lease, fields)
+	if err != nil || panicked != nil {
+		// The claim goes so that the redelivery can run.
+		if relErr := c.Repository.Release(context.WithoutCancel(ctx), lease); relErr != nil && !errors.Is(relErr, repository.ErrLeaseLost) {
+			c.Logger.Error("Inbox: could not release the claim after a failed handler; it frees when the lease expires", relErr, fields)
+		}
+		if panicked != nil {
+			panic(panicked) // for Recoverer or the process, as without the inbox
+		}
+		return nil, err
+	}
+
+	result, err := encodeResult(out)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: %w", err)
+	}
+	if err := c.Repository.Complete(context.WithoutCancel(ctx), repository.CompleteParams{
+		Consumer: c.Consumer, Key: key, Owner: owner, Result: result, Now: c.Now(),
+	}); err != nil {
+		c.Logger.Error("Inbox: could not complete the key after the handler ran", err, fields)
+		return nil, fmt.Errorf("inbox: complete key %q: %w", key, err)
+	}
+	c.Logger.Debug("Inbox: processed", fields.Add(watermill.LogFields{"produced": len(out)}))
+	return out, nil
+}
+
+// runLeased runs h while a goroutine extends the lease, and recovers a
+// panic of h so that the caller can release the claim before re-raising it.
+func (i *TwoPhaseInbox) runLeased(h message.HandlerFunc, msg *message.Message, key string, lease repository.LeaseParams, fields watermill.LogFields) (out []*message.Message, panicked any, err error) {
+	c := i.config
+	original := msg.Context()
+	ctx, cancel := context.WithCancelCause(original)
+	stopped := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(c.ExtendEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				lease.LeaseUntil = c.Now().Add(c.Lease)
+				err := c.Repository.Extend(context.WithoutCancel(ctx), lease)
+				if errors.Is(err, repository.ErrLeaseLost) {
+					c.Logger.Error("Inbox: lease lost while the handler runs; cancelling its context", err, fields)
+					cancel(fmt.Errorf("inbox: %w", err))
+					return
+				}
+				if err != nil {
+					c.Logger.Error("Inbox: could not extend the lease; retrying", err, fields)
+				}
+			}
+		}
+	}()
+	defer func() {
+		close(done)
+		<-stopped
+		cancel(nil)
+		msg.SetContext(original)
+	}()
+
+	msg.SetContext(withKey(ctx, key))
+	defer func() {
+		if p := recover(); p != nil {
+			out, panicked, err = nil, p, fmt.Errorf("inbox: handler panicked: %v", p)
+		}
+	}()
+	out, err = h(msg)
+	return out, nil, err
+}
