@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql" // registers the "mysql" driver
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
@@ -21,6 +22,8 @@ import (
 const (
 	PostgresEnv     = "POSTGRES_DSN"
 	PostgresDefault = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	MySQLEnv        = "MYSQL_DSN"
+	MySQLDefault    = "root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=UTC"
 )
 
 // CI reports whether the tests run in CI, where every service must be up.
@@ -55,6 +58,25 @@ func Postgres(t testing.TB) *sql.DB {
 	}
 	if err != nil {
 		Missing(t, "PostgreSQL ("+PostgresEnv+"="+PostgresDSN()+")", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// MySQLDSN returns the MySQL/MariaDB DSN (go-sql-driver/mysql format)
+// tests use.
+func MySQLDSN() string { return getenv(MySQLEnv, MySQLDefault) }
+
+// MySQL opens the test MySQL/MariaDB database (go-sql-driver/mysql) and
+// closes it when t ends.
+func MySQL(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", MySQLDSN())
+	if err == nil {
+		err = ping(db)
+	}
+	if err != nil {
+		Missing(t, "MySQL/MariaDB ("+MySQLEnv+"="+MySQLDSN()+")", err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	return db

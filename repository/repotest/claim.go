@@ -84,6 +84,26 @@ func runClaim(t *testing.T, b Backend) {
 		require.False(t, f.claim(t, claimParams("shipping", "order-1"), nil).Claimed)
 	})
 
+	t.Run("KeysAreCaseSensitive", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		require.True(t, f.claim(t, claimParams("billing", "Order-1"), []byte("upper")).Claimed)
+		require.True(t, f.claim(t, claimParams("billing", "order-1"), []byte("lower")).Claimed,
+			"keys differing only in case must be two records")
+		require.True(t, f.claim(t, claimParams("Billing", "order-1"), []byte("consumer")).Claimed,
+			"consumers differing only in case must be two records")
+
+		upper, err := f.repo.Get(t.Context(), "billing", "Order-1")
+		require.NoError(t, err)
+		require.Equal(t, "Order-1", upper.Key)
+		require.Equal(t, []byte("upper"), upper.Result)
+		lower, err := f.repo.Get(t.Context(), "billing", "order-1")
+		require.NoError(t, err)
+		require.Equal(t, "order-1", lower.Key)
+		require.Equal(t, []byte("lower"), lower.Result)
+		require.False(t, f.claim(t, claimParams("billing", "Order-1"), nil).Claimed)
+	})
+
 	t.Run("LongKeyIsHashedNotTruncated", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, b)

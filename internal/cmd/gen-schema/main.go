@@ -7,12 +7,14 @@ import (
 	"os"
 
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
 func main() {
 	for path, ddl := range map[string]string{
+		"repository/mysql/schema.sql":    mysql.SchemaDDL(repository.DefaultTableName),
 		"repository/postgres/schema.sql": postgres.SchemaDDL(repository.DefaultTableName),
 		"repository/sqlite/schema.sql":   sqlite.SchemaDDL(repository.DefaultTableName),
 	} {
