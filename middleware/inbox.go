@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"bytes"
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -9,7 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -46,6 +47,12 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.
 	Now func() time.Time
+	// Observer, if set, receives every delivery's outcome (see the metrics
+	// package). Default: nil.
+	Observer Observer
+	// TracerProvider creates the span of each delivery. Default: the
+	// global otel.GetTracerProvider() (a no-op unless one is installed).
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {
@@ -115,6 +122,7 @@ func (c Config) Validate() error {
 // first transaction ends. Inbox is safe for concurrent use.
 type Inbox struct {
 	config Config
+	obs    observability
 }
 
 // NewInbox validates config and returns an Inbox.
@@ -123,7 +131,10 @@ func NewInbox(config Config) (*Inbox, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &Inbox{config: config}, nil
+	return &Inbox{
+		config: config,
+		obs:    newObservability(config.Consumer, "transactional", config.Logger, config.Observer, config.TracerProvider),
+	}, nil
 }
 
 // Middleware wraps h; add it to a router or a single handler.
@@ -135,30 +146,20 @@ func (i *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
 	c := i.config
-	fields := watermill.LogFields{
-		"consumer":       c.Consumer,
-		"message_uuid":   msg.UUID,
-		"correlation_id": wmiddleware.MessageCorrelationID(msg),
-	}
+	obs, ctx := i.obs.begin(msg)
 
-	key, keyErr := c.Key(msg)
-	if keyErr != nil || key == "" {
-		if keyErr == nil {
-			keyErr = errors.New("key function returned an empty key")
-		}
-		err := fmt.Errorf("%w: consumer %q, message %s: %w", ErrNoKey, c.Consumer, msg.UUID, keyErr)
-		c.Logger.Error("Inbox: message has no deduplication key", err, fields)
-		return nil, err
+	key, err := extractKey(c.Key, c.Consumer, msg)
+	if err != nil {
+		return nil, obs.end(ctx, OutcomeNoKey, err, nil)
 	}
-	fields["key"] = key
+	obs.setKey(key)
 
-	ctx := msg.Context()
 	now := c.Now()
 	hash := repository.HashPayload(msg.Payload)
 
 	tx, err := c.DB.BeginTx(ctx, c.TxOptions)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: begin transaction: %w", err)
+		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: begin transaction: %w", err), nil)
 	}
 	committed := false
 	defer func() {
@@ -168,6 +169,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		}
 	}()
 
+	claimStart := time.Now()
 	claim, err := c.Repository.ClaimTx(ctx, tx, repository.ClaimParams{
 		Consumer:    c.Consumer,
 		Key:         key,
@@ -175,53 +177,77 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		Now:         now,
 		ExpiresAt:   now.Add(c.Retention),
 	})
+	obs.d.Claim = time.Since(claimStart)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: claim key %q: %w", key, err)
+		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: claim key %q: %w", key, err), nil)
 	}
 	if !claim.Claimed {
-		return i.duplicate(claim.Existing, hash, key, fields)
+		return replay(ctx, obs, claim.Existing, hash)
 	}
 
-	original := ctx
+	original := msg.Context()
 	msg.SetContext(withKey(withTx(ctx, tx), key))
 	out, err := h(msg)
 	msg.SetContext(original)
-	if err != nil {
-		c.Logger.Debug("Inbox: handler failed, rolled back", fields.Add(watermill.LogFields{"err": err}))
-		return nil, err
+	stale := errors.Is(err, ErrStaleVersion)
+	if err != nil && !stale {
+		return nil, obs.end(ctx, OutcomeFailed, err, nil)
 	}
 
+	i.obs.inject(ctx, out)
 	result, err := encodeResult(out)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: %w", err)
+		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: %w", err), nil)
 	}
 	if result != nil {
 		if err := c.Repository.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: c.Consumer, Key: key, Result: result}); err != nil {
-			return nil, fmt.Errorf("inbox: store result of key %q: %w", key, err)
+			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: store result of key %q: %w", key, err), nil)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("inbox: commit key %q: %w", key, err)
+		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: commit key %q: %w", key, err), nil)
 	}
 	committed = true
-	c.Logger.Debug("Inbox: processed", fields.Add(watermill.LogFields{"produced": len(out)}))
-	return out, nil
+	if stale {
+		// The marker commits too, so copies of the stale message are
+		// duplicates from now on.
+		return out, obs.end(ctx, OutcomeStaleVersion, nil, nil)
+	}
+	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": len(out)})
 }
 
-func (i *Inbox) duplicate(rec repository.Record, hash []byte, key string, fields watermill.LogFields) ([]*message.Message, error) {
-	c := i.config
+// extractKey runs the key function; no key is ErrNoKey.
+func extractKey(keyFunc KeyFunc, consumer string, msg *message.Message) (string, error) {
+	key, err := keyFunc(msg)
+	if err == nil && key == "" {
+		err = errors.New("key function returned an empty key")
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w: consumer %q, message %s: %w", ErrNoKey, consumer, msg.UUID, err)
+	}
+	return key, nil
+}
+
+// replay answers a duplicate: the stored output again when the payload
+// matches, ErrPayloadMismatch when it does not, ErrInProgress when the
+// record is not completed.
+func replay(ctx context.Context, obs *observation, rec repository.Record, hash []byte) ([]*message.Message, error) {
+	consumer, key := obs.d.Consumer, obs.d.Key
 	if !bytes.Equal(rec.PayloadHash, hash) {
-		err := fmt.Errorf("%w: consumer %q, key %q (first processed at %s)", ErrPayloadMismatch, c.Consumer, key, rec.CreatedAt.Format(time.RFC3339))
-		c.Logger.Error("Inbox: key reused with a different payload", err, fields)
-		return nil, err
+		err := fmt.Errorf("%w: consumer %q, key %q (first claimed at %s)", ErrPayloadMismatch, consumer, key, rec.CreatedAt.Format(time.RFC3339))
+		return nil, obs.end(ctx, OutcomePayloadMismatch, err, nil)
 	}
 	if rec.State != repository.StateCompleted {
-		return nil, fmt.Errorf("%w: consumer %q, key %q is %s", ErrInProgress, c.Consumer, key, rec.State)
+		err := fmt.Errorf("%w: consumer %q, key %q is %s", ErrInProgress, consumer, key, rec.State)
+		return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
 	}
 	out, err := decodeResult(rec.Result)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: replay key %q: %w", key, err)
+		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: replay key %q: %w", key, err), nil)
 	}
-	c.Logger.Info("Inbox: duplicate acknowledged without running the handler", fields.Add(watermill.LogFields{"replayed": len(out)}))
-	return out, nil
+	if len(out) == 0 {
+		return nil, obs.end(ctx, OutcomeDuplicate, nil, nil)
+	}
+	obs.d.Replayed = len(out)
+	return out, obs.end(ctx, OutcomeReplayed, nil, watermill.LogFields{"replayed": len(out)})
 }

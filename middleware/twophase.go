@@ -9,7 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -78,6 +78,11 @@ type TwoPhaseConfig struct {
 	// Now returns the current time; leases are compared against it.
 	// Default: time.Now.
 	Now func() time.Time
+	// Observer, if set, receives every delivery's outcome. Default: nil.
+	Observer Observer
+	// TracerProvider creates the span of each delivery. Default: the
+	// global otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 func (c *TwoPhaseConfig) setDefaults() {
@@ -160,6 +165,7 @@ func (c TwoPhaseConfig) Validate() error {
 // KeyFromContext, to make the effect itself idempotent downstream.
 type TwoPhaseInbox struct {
 	config TwoPhaseConfig
+	obs    observability
 }
 
 // NewTwoPhaseInbox validates config and returns a TwoPhaseInbox.
@@ -168,7 +174,10 @@ func NewTwoPhaseInbox(config TwoPhaseConfig) (*TwoPhaseInbox, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &TwoPhaseInbox{config: config}, nil
+	return &TwoPhaseInbox{
+		config: config,
+		obs:    newObservability(config.Consumer, "two-phase", config.Logger, config.Observer, config.TracerProvider),
+	}, nil
 }
 
 // Middleware wraps h; add it to a router or a single handler.
@@ -180,28 +189,19 @@ func (i *TwoPhaseInbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
 	c := i.config
-	fields := watermill.LogFields{
-		"consumer":       c.Consumer,
-		"message_uuid":   msg.UUID,
-		"correlation_id": wmiddleware.MessageCorrelationID(msg),
+	obs, ctx := i.obs.begin(msg)
+	key, err := extractKey(c.Key, c.Consumer, msg)
+	if err != nil {
+		return nil, obs.end(ctx, OutcomeNoKey, err, nil)
 	}
-	key, keyErr := c.Key(msg)
-	if keyErr != nil || key == "" {
-		if keyErr == nil {
-			keyErr = errors.New("key function returned an empty key")
-		}
-		err := fmt.Errorf("%w: consumer %q, message %s: %w", ErrNoKey, c.Consumer, msg.UUID, keyErr)
-		c.Logger.Error("Inbox: message has no deduplication key", err, fields)
-		return nil, err
-	}
-	fields["key"] = key
+	obs.setKey(key)
 
-	ctx := msg.Context()
 	hash := repository.HashPayload(msg.Payload)
 	owner := watermill.NewUUID()
 	now := c.Now()
-	fields["owner"] = owner
+	obs.fields["owner"] = owner
 
+	claimStart := time.Now()
 	acq, err := c.Repository.Acquire(ctx, repository.AcquireParams{
 		Consumer:    c.Consumer,
 		Key:         key,
@@ -211,77 +211,76 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 		LeaseUntil:  now.Add(c.Lease),
 		ExpiresAt:   now.Add(c.Retention),
 	})
+	obs.d.Claim = time.Since(claimStart)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: acquire key %q: %w", key, err)
+		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: acquire key %q: %w", key, err), nil)
 	}
 	if !acq.Acquired {
 		rec := acq.Existing
-		if !bytes.Equal(rec.PayloadHash, hash) {
-			err := fmt.Errorf("%w: consumer %q, key %q (first claimed at %s)", ErrPayloadMismatch, c.Consumer, key, rec.CreatedAt.Format(time.RFC3339))
-			c.Logger.Error("Inbox: key reused with a different payload", err, fields)
-			return nil, err
-		}
 		switch {
-		case rec.State == repository.StateCompleted:
-			out, err := decodeResult(rec.Result)
-			if err != nil {
-				return nil, fmt.Errorf("inbox: replay key %q: %w", key, err)
-			}
-			c.Logger.Info("Inbox: duplicate acknowledged without running the handler", fields.Add(watermill.LogFields{"replayed": len(out)}))
-			return out, nil
+		case !bytes.Equal(rec.PayloadHash, hash), rec.State == repository.StateCompleted:
+			return replay(ctx, obs, rec, hash)
 		case rec.LeaseUntil.After(now):
-			c.Logger.Debug("Inbox: key in progress under a live lease, retry later", fields.Add(watermill.LogFields{"lease_owner": rec.LeaseOwner, "lease_until": rec.LeaseUntil}))
-			return nil, fmt.Errorf("%w: consumer %q, key %q is leased by %s until %s", ErrInProgress, c.Consumer, key, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
+			err := fmt.Errorf("%w: consumer %q, key %q is leased by %s until %s", ErrInProgress, c.Consumer, key, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
+			return nil, obs.end(ctx, OutcomeLeaseBusy, err, watermill.LogFields{"lease_owner": rec.LeaseOwner})
 		case c.OnExpiredLease == Intervene:
 			err := fmt.Errorf("%w: consumer %q, key %q: attempt %d by %s expired at %s", ErrNeedsIntervention, c.Consumer, key, rec.Attempts, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
-			c.Logger.Error("Inbox: earlier attempt expired mid-effect, needs intervention", err, fields)
-			return nil, err
+			return nil, obs.end(ctx, OutcomeNeedsIntervention, err, nil)
 		}
 		if _, err := c.Repository.Reclaim(ctx, repository.ReclaimParams{
 			Consumer: c.Consumer, Key: key, PrevOwner: rec.LeaseOwner, Owner: owner,
 			Now: now, LeaseUntil: now.Add(c.Lease),
 		}); errors.Is(err, repository.ErrLeaseLost) {
 			// Another delivery reclaimed it first (or it completed): retry later.
-			return nil, fmt.Errorf("%w: consumer %q, key %q was reclaimed by another delivery: %w", ErrInProgress, c.Consumer, key, err)
+			err = fmt.Errorf("%w: consumer %q, key %q was reclaimed by another delivery: %w", ErrInProgress, c.Consumer, key, err)
+			return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
 		} else if err != nil {
-			return nil, fmt.Errorf("inbox: reclaim key %q: %w", key, err)
+			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: reclaim key %q: %w", key, err), nil)
 		}
-		c.Logger.Info("Inbox: reclaimed an expired lease, running the handler again", fields.Add(watermill.LogFields{"previous_owner": rec.LeaseOwner}))
+		c.Logger.Info("Inbox: reclaimed an expired lease, running the handler again", obs.fields.Add(watermill.LogFields{"previous_owner": rec.LeaseOwner}))
 	}
 
 	lease := repository.LeaseParams{Consumer: c.Consumer, Key: key, Owner: owner}
-	out, panicked, err := i.runLeased(h, msg, key, lease, fields)
-	if err != nil || panicked != nil {
+	out, panicked, err := i.runLeased(h, msg, ctx, key, lease, obs.fields)
+	stale := errors.Is(err, ErrStaleVersion)
+	if (err != nil && !stale) || panicked != nil {
 		// The claim goes so that the redelivery can run.
 		if relErr := c.Repository.Release(context.WithoutCancel(ctx), lease); relErr != nil && !errors.Is(relErr, repository.ErrLeaseLost) {
-			c.Logger.Error("Inbox: could not release the claim after a failed handler; it frees when the lease expires", relErr, fields)
+			c.Logger.Error("Inbox: could not release the claim after a failed handler; it frees when the lease expires", relErr, obs.fields)
 		}
+		_ = obs.end(ctx, OutcomeFailed, err, nil)
 		if panicked != nil {
 			panic(panicked) // for Recoverer or the process, as without the inbox
 		}
 		return nil, err
 	}
 
+	i.obs.inject(ctx, out)
 	result, err := encodeResult(out)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: %w", err)
+		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: %w", err), nil)
 	}
 	if err := c.Repository.Complete(context.WithoutCancel(ctx), repository.CompleteParams{
 		Consumer: c.Consumer, Key: key, Owner: owner, Result: result, Now: c.Now(),
 	}); err != nil {
-		c.Logger.Error("Inbox: could not complete the key after the handler ran", err, fields)
-		return nil, fmt.Errorf("inbox: complete key %q: %w", key, err)
+		// The effect happened but cannot be recorded: a newer owner holds the
+		// key (repository.ErrLeaseLost) or the store failed. The delivery is
+		// retried and meets whatever the store says then.
+		c.Logger.Error("Inbox: could not complete the key after the handler ran", err, obs.fields)
+		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: complete key %q: %w", key, err), nil)
 	}
-	c.Logger.Debug("Inbox: processed", fields.Add(watermill.LogFields{"produced": len(out)}))
-	return out, nil
+	if stale {
+		return out, obs.end(ctx, OutcomeStaleVersion, nil, nil)
+	}
+	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": len(out)})
 }
 
 // runLeased runs h while a goroutine extends the lease, and recovers a
 // panic of h so that the caller can release the claim before re-raising it.
-func (i *TwoPhaseInbox) runLeased(h message.HandlerFunc, msg *message.Message, key string, lease repository.LeaseParams, fields watermill.LogFields) (out []*message.Message, panicked any, err error) {
+func (i *TwoPhaseInbox) runLeased(h message.HandlerFunc, msg *message.Message, parent context.Context, key string, lease repository.LeaseParams, fields watermill.LogFields) (out []*message.Message, panicked any, err error) {
 	c := i.config
 	original := msg.Context()
-	ctx, cancel := context.WithCancelCause(original)
+	ctx, cancel := context.WithCancelCause(parent)
 	stopped := make(chan struct{})
 	done := make(chan struct{})
 	go func() {

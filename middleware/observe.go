@@ -1,0 +1,219 @@
+package middleware
+
+import (
+	"context"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Outcome is what an inbox did with one delivery.
+type Outcome string
+
+// The outcomes of a delivery, as reported to an Observer, logged and set
+// on the delivery's span.
+const (
+	// OutcomeProcessed: the handler ran and its effects committed.
+	OutcomeProcessed Outcome = "processed"
+	// OutcomeDuplicate: already processed; acknowledged without running the
+	// handler, with no stored output to replay.
+	OutcomeDuplicate Outcome = "duplicate"
+	// OutcomeReplayed: already processed; acknowledged without running the
+	// handler, and its stored output messages were returned again.
+	OutcomeReplayed Outcome = "replayed"
+	// OutcomePayloadMismatch: the key was processed with another payload
+	// (ErrPayloadMismatch).
+	OutcomePayloadMismatch Outcome = "payload_mismatch"
+	// OutcomeNoKey: the message had no deduplication key (ErrNoKey).
+	OutcomeNoKey Outcome = "no_key"
+	// OutcomeStaleVersion: the handler reported a stale version
+	// (ErrStaleVersion); acknowledged and skipped.
+	OutcomeStaleVersion Outcome = "stale_version"
+	// OutcomeLeaseBusy: another delivery holds the key (ErrInProgress);
+	// retried later.
+	OutcomeLeaseBusy Outcome = "lease_busy"
+	// OutcomeNeedsIntervention: an earlier attempt expired mid-effect
+	// (ErrNeedsIntervention).
+	OutcomeNeedsIntervention Outcome = "needs_intervention"
+	// OutcomeFailed: the handler, the store or the commit failed; nothing
+	// was committed and the delivery will be retried.
+	OutcomeFailed Outcome = "failed"
+)
+
+// Delivery describes one delivery as seen by an inbox.
+type Delivery struct {
+	Consumer      string
+	Key           string // empty for OutcomeNoKey
+	MessageUUID   string
+	CorrelationID string
+	Outcome       Outcome
+	// Err is the error returned to the router; nil when acknowledged.
+	Err error
+	// Replayed is how many stored output messages were returned again.
+	Replayed int
+	// Claim is how long claiming the key took (the conditional insert and,
+	// on a duplicate, reading the stored record).
+	Claim time.Duration
+	// Total is the delivery's whole time in the inbox: claim, handler and
+	// commit (or completion, in two-phase mode).
+	Total time.Duration
+}
+
+// Observer receives the outcome of every delivery, for metrics. It is
+// called synchronously after the delivery's transaction ended, so it must
+// be fast and safe for concurrent use. The metrics package provides a
+// Prometheus implementation.
+type Observer interface {
+	ObserveDelivery(ctx context.Context, d Delivery)
+}
+
+// instrumentationName names this library's tracer.
+const instrumentationName = "github.com/idemkit/watermill-idempotent/middleware"
+
+// metadataCarrier adapts message metadata to OpenTelemetry propagation.
+type metadataCarrier message.Metadata
+
+func (c metadataCarrier) Get(key string) string { return c[key] }
+func (c metadataCarrier) Set(key, value string) { c[key] = value }
+func (c metadataCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// observation follows one delivery: its span, timings, logs and observer
+// call.
+type observation struct {
+	d        Delivery
+	start    time.Time
+	span     trace.Span
+	logger   watermill.LoggerAdapter
+	observer Observer
+	fields   watermill.LogFields
+}
+
+// observability is the shared part of both inboxes' configuration.
+type observability struct {
+	consumer   string
+	mode       string
+	logger     watermill.LoggerAdapter
+	observer   Observer
+	tracer     trace.Tracer
+	propagator propagation.TextMapPropagator
+}
+
+func newObservability(consumer, mode string, logger watermill.LoggerAdapter, observer Observer, tp trace.TracerProvider) observability {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return observability{
+		consumer:   consumer,
+		mode:       mode,
+		logger:     logger,
+		observer:   observer,
+		tracer:     tp.Tracer(instrumentationName),
+		propagator: propagation.TraceContext{},
+	}
+}
+
+// begin starts the delivery's span as a child of the trace context the
+// message carries in its metadata (W3C traceparent), if any, and returns
+// the context the inbox works in.
+func (o observability) begin(msg *message.Message) (*observation, context.Context) {
+	ctx := msg.Context()
+	if parent := o.propagator.Extract(ctx, metadataCarrier(msg.Metadata)); trace.SpanContextFromContext(parent).IsValid() {
+		ctx = parent
+	}
+	ctx, span := o.tracer.Start(ctx, "inbox "+o.consumer,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("idempotency.consumer", o.consumer),
+			attribute.String("idempotency.mode", o.mode),
+			attribute.String("messaging.message.id", msg.UUID),
+		))
+	obs := &observation{
+		d: Delivery{
+			Consumer:      o.consumer,
+			MessageUUID:   msg.UUID,
+			CorrelationID: wmiddleware.MessageCorrelationID(msg),
+		},
+		start:    time.Now(),
+		span:     span,
+		logger:   o.logger,
+		observer: o.observer,
+		fields: watermill.LogFields{
+			"consumer":       o.consumer,
+			"message_uuid":   msg.UUID,
+			"correlation_id": wmiddleware.MessageCorrelationID(msg),
+		},
+	}
+	return obs, ctx
+}
+
+func (obs *observation) setKey(key string) {
+	obs.d.Key = key
+	obs.fields["key"] = key
+	obs.span.SetAttributes(attribute.String("idempotency.key", key))
+}
+
+// inject writes the delivery's trace context into outgoing messages that
+// do not carry one yet, so downstream consumers (and the outbox) continue
+// the trace.
+func (o observability) inject(ctx context.Context, msgs []*message.Message) {
+	for _, m := range msgs {
+		if m.Metadata == nil {
+			m.Metadata = message.Metadata{}
+		}
+		if m.Metadata.Get("traceparent") == "" {
+			o.propagator.Inject(ctx, metadataCarrier(m.Metadata))
+		}
+	}
+}
+
+// end records the outcome: span status and attributes, one log line at a
+// level fitting the outcome, and the observer call. It returns err.
+func (obs *observation) end(ctx context.Context, outcome Outcome, err error, extra watermill.LogFields) error {
+	obs.d.Outcome = outcome
+	obs.d.Err = err
+	obs.d.Total = time.Since(obs.start)
+
+	obs.span.SetAttributes(attribute.String("idempotency.outcome", string(outcome)))
+	if obs.d.Replayed > 0 {
+		obs.span.SetAttributes(attribute.Int("idempotency.replayed", obs.d.Replayed))
+	}
+	if err != nil {
+		obs.span.RecordError(err)
+		obs.span.SetStatus(codes.Error, string(outcome))
+	}
+	obs.span.End()
+
+	fields := obs.fields.Add(watermill.LogFields{"outcome": string(outcome)}).Add(extra)
+	switch outcome {
+	case OutcomeProcessed:
+		obs.logger.Debug("Inbox: processed", fields)
+	case OutcomeDuplicate, OutcomeReplayed:
+		obs.logger.Info("Inbox: duplicate acknowledged without running the handler", fields)
+	case OutcomeStaleVersion:
+		obs.logger.Info("Inbox: stale version acknowledged and skipped", fields)
+	case OutcomeLeaseBusy:
+		obs.logger.Info("Inbox: key in progress elsewhere, retry later", fields.Add(watermill.LogFields{"err": err}))
+	case OutcomeFailed:
+		// The router logs the handler's error too; this line adds the key.
+		obs.logger.Info("Inbox: delivery failed, nothing committed, will be retried", fields.Add(watermill.LogFields{"err": err}))
+	default: // no key, payload mismatch, needs intervention: permanent
+		obs.logger.Error("Inbox: delivery refused", err, fields)
+	}
+	if obs.observer != nil {
+		obs.observer.ObserveDelivery(ctx, obs.d)
+	}
+	return err
+}
