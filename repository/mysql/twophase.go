@@ -15,7 +15,7 @@ import (
 // record it collided with is gone before it can be read (released in
 // between), or when InnoDB picked its statement as a deadlock victim.
 // Each run is one atomic statement, so running it again is safe.
-const attempts = 5
+const attempts = 32
 
 // twoPhaseSQL holds the statements of the two-phase contract. Every state
 // change is one conditional statement fenced by state and owner, so the
