@@ -1,0 +1,75 @@
+package repository
+
+import (
+	"errors"
+	"sync"
+)
+
+// PostgreSQL SQLSTATE and SQLite extended result codes that mean a unique
+// constraint rejected a row.
+const (
+	sqlStateUniqueViolation    = "23505" // unique_violation, also raised for primary keys
+	sqliteConstraintPrimaryKey = 1555    // SQLITE_CONSTRAINT_PRIMARYKEY
+	sqliteConstraintUnique     = 2067    // SQLITE_CONSTRAINT_UNIQUE
+)
+
+var uniqueDetectors struct {
+	mu  sync.RWMutex
+	fns []func(error) bool
+}
+
+// RegisterUniqueViolation adds a detector that IsUniqueViolation consults
+// after its built-in checks. Driver packages whose error types cannot be
+// recognised through an interface call it from init: importing
+// repository/mysql registers MySQL/MariaDB errors 1062, 1586 and 1022.
+// A detector must recognise errors by code, never by message text, and
+// must be safe for concurrent use. RegisterUniqueViolation is safe to
+// call concurrently with IsUniqueViolation.
+func RegisterUniqueViolation(detector func(error) bool) {
+	if detector == nil {
+		return
+	}
+	uniqueDetectors.mu.Lock()
+	defer uniqueDetectors.mu.Unlock()
+	uniqueDetectors.fns = append(uniqueDetectors.fns, detector)
+}
+
+// IsUniqueViolation reports whether err, or any error it wraps, is a
+// unique-constraint (or primary-key) violation reported by the database,
+// recognised by error code, never by message text:
+//
+//   - PostgreSQL: SQLSTATE 23505, from any error with a SQLState() string
+//     method (pgx's *pgconn.PgError, lib/pq's *pq.Error);
+//   - SQLite: extended result codes SQLITE_CONSTRAINT_UNIQUE (2067) and
+//     SQLITE_CONSTRAINT_PRIMARYKEY (1555), from any error with a
+//     Code() int method (modernc.org/sqlite's *sqlite.Error);
+//   - MySQL/MariaDB: errors 1062 (ER_DUP_ENTRY), 1586
+//     (ER_DUP_ENTRY_WITH_KEY_NAME) and 1022 (ER_DUP_KEY), once
+//     repository/mysql is imported (it registers its detector, see
+//     RegisterUniqueViolation; a blank import is enough).
+//
+// Other constraint violations (NOT NULL, foreign key, check) are not
+// unique violations. A nil err is not one either.
+func IsUniqueViolation(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) && pg.SQLState() == sqlStateUniqueViolation {
+		return true
+	}
+	var lite interface{ Code() int }
+	if errors.As(err, &lite) {
+		if c := lite.Code(); c == sqliteConstraintUnique || c == sqliteConstraintPrimaryKey {
+			return true
+		}
+	}
+	uniqueDetectors.mu.RLock()
+	defer uniqueDetectors.mu.RUnlock()
+	for _, detect := range uniqueDetectors.fns {
+		if detect(err) {
+			return true
+		}
+	}
+	return false
+}
