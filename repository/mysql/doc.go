@@ -19,7 +19,7 @@
 //
 // Keys, consumers and lease owners are VARBINARY: compared byte for byte,
 // so "Order-1", "order-1" and "order-1 " are three keys (utf8mb4 collations
-// would fold case or accents, or ignore trailing spaces). Timestamps are
+// fold case or accents, or ignore trailing spaces). Timestamps are
 // DATETIME(6) in UTC. The repository writes and reads them in UTC itself,
 // so it does not depend on the DSN's parseTime or loc settings.
 //

@@ -113,9 +113,11 @@ ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`
 // repository.ValidateTableName).
 //
 // consumer, dedup_key and lease_owner are VARBINARY(255): byte-exact
-// comparison (case, accents and trailing spaces all count; every utf8mb4
-// collation either folds case or, like utf8mb4_bin, ignores trailing
-// spaces), and 255 bytes is exactly repository.MaxKeyLength.
+// comparison on every server (case, accents and trailing spaces all
+// count), and 255 bytes is exactly repository.MaxKeyLength. A utf8mb4
+// column would not do: the _ci collations fold case and accents,
+// utf8mb4_bin ignores trailing spaces (PAD SPACE), and the one exact
+// collation, utf8mb4_0900_bin, exists only on MySQL 8.
 func SchemaDDL(table string) string {
 	t, _ := repository.QuoteTableName(table, "`")
 	return "CREATE TABLE IF NOT EXISTS " + t + ` (
