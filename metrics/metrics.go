@@ -1,0 +1,134 @@
+// Package metrics exposes the inbox, janitor and outbox as Prometheus
+// metrics, registered on a registerer the caller supplies. Nothing is
+// registered globally: without a registerer there are no metrics.
+//
+//	reg := prometheus.NewRegistry()
+//	m, err := metrics.New(metrics.Config{Registerer: reg})
+//	if err != nil { … }
+//	inbox, err := middleware.NewInbox(middleware.Config{…, Observer: m})
+//	jan, err := janitor.NewJanitor(repo, janitor.Config{OnBatch: m.ObserveJanitorBatch})
+//	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+//
+// See docs/observability.md for the metric list and suggested alerts.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository/janitor"
+)
+
+// DefaultNamespace prefixes every metric name.
+const DefaultNamespace = "watermill_idempotent"
+
+// Config configures Metrics.
+type Config struct {
+	// Registerer receives the collectors. Required.
+	Registerer prometheus.Registerer
+	// Namespace prefixes metric names. Default: DefaultNamespace.
+	Namespace string
+	// LatencyBuckets are the histogram buckets, in seconds, of the claim
+	// and transaction latencies. Default: 0.5 ms to 10 s.
+	LatencyBuckets []float64
+}
+
+func (c *Config) setDefaults() {
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
+	}
+	if c.LatencyBuckets == nil {
+		c.LatencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+	}
+}
+
+// Validate reports whether the configuration is usable.
+func (c Config) Validate() error {
+	if c.Registerer == nil {
+		return errors.New("metrics: missing Config.Registerer")
+	}
+	return nil
+}
+
+// Metrics collects the library's metrics. It implements
+// middleware.Observer; its Observe… methods plug into the janitor's and
+// the relay's hooks. It is safe for concurrent use.
+type Metrics struct {
+	deliveries     *prometheus.CounterVec
+	claimSeconds   *prometheus.HistogramVec
+	txSeconds      *prometheus.HistogramVec
+	records        *prometheus.GaugeVec
+	janitorDeleted prometheus.Counter
+	janitorErrors  prometheus.Counter
+}
+
+// New creates the collectors and registers them on config.Registerer.
+func New(config Config) (*Metrics, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	ns := config.Namespace
+	m := &Metrics{
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "deliveries_total",
+			Help: "Deliveries handled by an inbox, by consumer and outcome (processed, duplicate, replayed, payload_mismatch, no_key, stale_version, lease_busy, needs_intervention, failed).",
+		}, []string{"consumer", "outcome"}),
+		claimSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "claim_duration_seconds",
+			Help:    "Time to claim a deduplication key (conditional insert, and reading the stored record on a duplicate).",
+			Buckets: config.LatencyBuckets,
+		}, []string{"consumer"}),
+		txSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "transaction_duration_seconds",
+			Help:    "Time a delivery spends in the inbox: claim, handler and commit (or completion in two-phase mode).",
+			Buckets: config.LatencyBuckets,
+		}, []string{"consumer", "outcome"}),
+		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "records",
+			Help: "Inbox records by consumer and state (in_progress: two-phase claims with a live lease; stale: in progress under an expired lease), as last sampled.",
+		}, []string{"consumer", "state"}),
+		janitorDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "janitor_deleted_records_total",
+			Help: "Expired inbox records deleted by the janitor.",
+		}),
+		janitorErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "janitor_errors_total",
+			Help: "Janitor batches that failed.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.deliveries, m.claimSeconds, m.txSeconds, m.records, m.janitorDeleted, m.janitorErrors} {
+		if err := config.Registerer.Register(c); err != nil {
+			return nil, fmt.Errorf("metrics: register: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// ObserveDelivery implements middleware.Observer.
+func (m *Metrics) ObserveDelivery(_ context.Context, d middleware.Delivery) {
+	m.deliveries.WithLabelValues(d.Consumer, string(d.Outcome)).Inc()
+	if d.Outcome != middleware.OutcomeNoKey {
+		m.claimSeconds.WithLabelValues(d.Consumer).Observe(d.Claim.Seconds())
+	}
+	m.txSeconds.WithLabelValues(d.Consumer, string(d.Outcome)).Observe(d.Total.Seconds())
+}
+
+// ObserveJanitorBatch counts a janitor batch; pass it as
+// janitor.Config.OnBatch.
+func (m *Metrics) ObserveJanitorBatch(b janitor.Batch) {
+	m.janitorDeleted.Add(float64(b.Deleted))
+	if b.Err != nil {
+		m.janitorErrors.Inc()
+	}
+}
+
+// SetRecords sets the sampled number of records of a consumer in a state
+// ("in_progress" or "stale").
+func (m *Metrics) SetRecords(consumer, state string, n int) {
+	m.records.WithLabelValues(consumer, state).Set(float64(n))
+}

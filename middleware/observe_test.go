@@ -1,0 +1,119 @@
+package middleware_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+)
+
+func TestInboxSpansAndLogs(t *testing.T) {
+	s := newSQLiteStore(t)
+	recorder := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	logs := watermill.NewCaptureLogger()
+
+	var handlerSpan trace.SpanContext
+	mw := s.newInbox(t, "billing", func(c *middleware.Config) {
+		c.TracerProvider = tp
+		c.Logger = logs
+	}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		handlerSpan = trace.SpanContextFromContext(msg.Context())
+		return []*message.Message{message.NewMessage("payment-1", []byte("paid"))}, nil
+	})
+
+	// The producer's span travels in the message metadata (W3C traceparent).
+	_, producer := tp.Tracer("test").Start(context.Background(), "publish order")
+	producer.End()
+	msg := message.NewMessage("order-1", []byte(`{"card":"4111-secret"}`))
+	propagation.TraceContext{}.Inject(trace.ContextWithSpan(context.Background(), producer), metadataCarrierForTest(msg.Metadata))
+	wmiddleware.SetCorrelationID("corr-42", msg)
+
+	out, err := mw(msg)
+	require.NoError(t, err)
+	dup := message.NewMessage("order-1", []byte(`{"card":"4111-secret"}`))
+	wmiddleware.SetCorrelationID("corr-42", dup)
+	_, err = mw(dup)
+	require.NoError(t, err)
+	_, err = mw(message.NewMessage("order-1", []byte("other")))
+	require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
+
+	spans := recorder.Ended()
+	var inbox []sdktrace.ReadOnlySpan
+	for _, sp := range spans {
+		if sp.Name() == "inbox billing" {
+			inbox = append(inbox, sp)
+		}
+	}
+	require.Len(t, inbox, 3)
+	first := inbox[0]
+	require.Equal(t, trace.SpanKindConsumer, first.SpanKind())
+	require.Equal(t, producer.SpanContext().TraceID(), first.SpanContext().TraceID(), "child of the incoming trace")
+	require.Equal(t, producer.SpanContext().SpanID(), first.Parent().SpanID())
+	require.Equal(t, first.SpanContext().SpanID(), handlerSpan.SpanID(), "the handler runs inside the inbox span")
+	attrs := attributes(first)
+	require.Equal(t, "billing", attrs["idempotency.consumer"])
+	require.Equal(t, "order-1", attrs["idempotency.key"])
+	require.Equal(t, "processed", attrs["idempotency.outcome"])
+	require.Equal(t, "transactional", attrs["idempotency.mode"])
+	require.Equal(t, "replayed", attributes(inbox[1])["idempotency.outcome"])
+	require.Equal(t, "payload_mismatch", attributes(inbox[2])["idempotency.outcome"])
+	require.Equal(t, codes.Error, inbox[2].Status().Code)
+
+	// The output continues the trace downstream.
+	outCtx := propagation.TraceContext{}.Extract(context.Background(), metadataCarrierForTest(out[0].Metadata))
+	require.Equal(t, producer.SpanContext().TraceID(), trace.SpanContextFromContext(outCtx).TraceID())
+
+	captured := logs.Captured()
+	require.True(t, hasLog(captured[watermill.DebugLogLevel], "Inbox: processed", "order-1", "corr-42"))
+	require.True(t, hasLog(captured[watermill.InfoLogLevel], "Inbox: duplicate acknowledged without running the handler", "order-1", "corr-42"))
+	require.True(t, hasLog(captured[watermill.ErrorLogLevel], "Inbox: delivery refused", "order-1", ""))
+	for _, level := range captured {
+		for _, m := range level {
+			require.NotContains(t, fmt.Sprint(m.Fields, m.Err), "4111-secret", "payloads are never logged")
+		}
+	}
+}
+
+func hasLog(msgs []watermill.CapturedMessage, text, key, correlation string) bool {
+	for _, m := range msgs {
+		if m.Msg == text && m.Fields["key"] == key && m.Fields["consumer"] == "billing" &&
+			m.Fields["message_uuid"] == "order-1" && m.Fields["correlation_id"] == correlation && m.Fields["outcome"] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func attributes(s sdktrace.ReadOnlySpan) map[attribute.Key]string {
+	out := map[attribute.Key]string{}
+	for _, kv := range s.Attributes() {
+		out[kv.Key] = kv.Value.String()
+	}
+	return out
+}
+
+type metadataCarrierForTest message.Metadata
+
+func (c metadataCarrierForTest) Get(key string) string { return c[key] }
+func (c metadataCarrierForTest) Set(key, value string) { c[key] = value }
+func (c metadataCarrierForTest) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
