@@ -11,7 +11,7 @@ import (
 // one-INSERT handler: a first delivery (claim + write + commit) and a
 // duplicate (claim conflict + read + rollback).
 func BenchmarkInbox(b *testing.B) {
-	for name, newStore := range map[string]func(testing.TB) *store{"postgres": newPostgresStore, "sqlite": newSQLiteStore} {
+	for name, newStore := range map[string]func(testing.TB) *store{"postgres": newPostgresStore, "sqlite": newSQLiteStore, "mysql": newMySQLStore} {
 		b.Run(name, func(b *testing.B) {
 			s := newStore(b)
 			h := &chargeHandler{s: s}

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
@@ -46,6 +47,22 @@ func forEachStore(t *testing.T, fn func(t *testing.T, s *store)) {
 		t.Parallel()
 		fn(t, newSQLiteStore(t))
 	})
+	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
+		fn(t, newMySQLStore(t))
+	})
+}
+
+func newMySQLStore(t testing.TB) *store {
+	db := testenv.MySQL(t)
+	s := &store{name: "mysql", db: db, inbox: randomName("inbox"), charges: randomName("charges"),
+		placeholder: func(int) string { return "?" }}
+	repo, err := mysql.NewRepository(db, mysql.Config{Table: s.inbox})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	s.repo = repo
+	s.setup(t)
+	return s
 }
 
 func newPostgresStore(t testing.TB) *store {
@@ -75,10 +92,14 @@ func newSQLiteStore(t testing.TB) *store {
 func (s *store) setup(t testing.TB) {
 	_, err := s.db.Exec(`CREATE TABLE ` + s.charges + ` (order_id TEXT NOT NULL, amount INTEGER NOT NULL)`)
 	require.NoError(t, err)
-	// A constraint checked only at COMMIT, to make commits fail on demand.
-	if s.name == "postgres" {
+	// A constraint checked only at COMMIT, to make commits fail on demand
+	// (InnoDB has none: failCommit kills the connection instead).
+	switch s.name {
+	case "mysql":
+		_, err = s.db.Exec(`CREATE TABLE ` + s.charges + `_commit_check (id TEXT)`)
+	case "postgres":
 		_, err = s.db.Exec(`CREATE TABLE ` + s.charges + `_commit_check (id TEXT, CONSTRAINT ` + s.charges + `_u UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)`)
-	} else {
+	default:
 		_, err = s.db.Exec(`CREATE TABLE ` + s.charges + `_parent (id TEXT PRIMARY KEY)`)
 		require.NoError(t, err)
 		_, err = s.db.Exec(`CREATE TABLE ` + s.charges + `_commit_check (id TEXT REFERENCES ` + s.charges + `_parent (id) DEFERRABLE INITIALLY DEFERRED)`)
@@ -123,8 +144,18 @@ func (s *store) totalCharges(t *testing.T) int {
 	return n
 }
 
-// failCommit makes the current transaction fail at COMMIT.
+// failCommit makes the current transaction fail at COMMIT: a deferred
+// constraint on PostgreSQL and SQLite; on MySQL the database goes away
+// under the transaction (its connection is killed).
 func (s *store) failCommit(ctx context.Context, tx *sql.Tx) error {
+	if s.name == "mysql" {
+		var id int64
+		if err := tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id); err != nil {
+			return err
+		}
+		_, err := s.db.ExecContext(ctx, fmt.Sprintf(`KILL CONNECTION %d`, id))
+		return err
+	}
 	if s.name == "postgres" {
 		_, err := tx.ExecContext(ctx, `INSERT INTO `+s.charges+`_commit_check (id) VALUES ('x'), ('x')`)
 		return err

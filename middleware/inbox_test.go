@@ -154,7 +154,13 @@ func TestInboxCommitFailureRollsBackAndRetrySucceeds(t *testing.T) {
 
 		_, err := mw(orderMessage("uuid-1", order{ID: "o-1", Amount: 10}))
 		require.Error(t, err)
-		require.Contains(t, err.Error(), "commit")
+		if s.name == "mysql" {
+			// The connection died under the transaction: the next statement
+			// (storing the result) fails before the commit is reached.
+			require.Contains(t, err.Error(), "invalid connection")
+		} else {
+			require.Contains(t, err.Error(), "commit")
+		}
 		require.False(t, middleware.IsPermanent(err))
 		require.Zero(t, s.chargesFor(t, "o-1"))
 		_, err = s.repo.Get(t.Context(), "billing", "uuid-1")

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
+	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/redis"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
@@ -42,6 +43,18 @@ func forEachLeaseStore(t *testing.T, fn func(t *testing.T, repo leaseRepo)) {
 			db := testenv.Postgres(t)
 			table := randomName("inbox")
 			repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
+			require.NoError(t, err)
+			require.NoError(t, repo.Migrate(t.Context()))
+			t.Cleanup(func() {
+				_, err := db.Exec(`DROP TABLE IF EXISTS ` + table)
+				require.NoError(t, err)
+			})
+			return repo
+		},
+		"mysql": func(t *testing.T) leaseRepo {
+			db := testenv.MySQL(t)
+			table := randomName("inbox")
+			repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
 			require.NoError(t, err)
 			require.NoError(t, repo.Migrate(t.Context()))
 			t.Cleanup(func() {
