@@ -18,7 +18,7 @@ func newOperatorSQL(t string) operatorSQL {
 	return operatorSQL{
 		list: `SELECT consumer, dedup_key, state, payload_hash, result, attempts, lease_owner, lease_until, created_at, completed_at, expires_at
 FROM ` + t + ` WHERE state = 'in_progress' AND lease_until <= $1 AND expires_at > $1 AND ($2 = '' OR consumer = $2)
-ORDER BY lease_until, consumer, dedup_key LIMIT $3`,
+ORDER BY lease_until, consumer COLLATE "C", dedup_key COLLATE "C" LIMIT $3`,
 		complete: `UPDATE ` + t + ` SET state = 'completed', result = $5, completed_at = $4` + fenced,
 		release:  `DELETE FROM ` + t + fenced,
 		exists:   `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = $1 AND dedup_key = $2 AND expires_at > $3`,

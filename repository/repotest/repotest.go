@@ -21,7 +21,7 @@
 // Every case runs in parallel on a table of its own with a random name, so
 // the suite can run against a shared server and re-run on a dirty database.
 // Cases are grouped by area: claim.go, concurrency.go, expiry.go,
-// identifiers.go, twophase.go.
+// identifiers.go, twophase.go, operator.go.
 package repotest
 
 import (
@@ -63,6 +63,9 @@ type Features struct {
 	// checks that expired records are gone and live ones kept without
 	// counting deletions.
 	ExpiryByTTL bool
+	// Operator: the backend implements repository.Operator (listing and
+	// resolving stuck two-phase records); requires TwoPhase.
+	Operator bool
 }
 
 // Backend describes the backend under test.
@@ -94,6 +97,9 @@ func Run(t *testing.T, b Backend) {
 	}
 	if b.Features.TwoPhase {
 		t.Run("TwoPhase", func(t *testing.T) { runTwoPhase(t, b) })
+	}
+	if b.Features.Operator {
+		t.Run("Operator", func(t *testing.T) { runOperator(t, b) })
 	}
 }
 

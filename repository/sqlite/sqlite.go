@@ -75,8 +75,9 @@ func (c Config) Validate() error {
 // repository.TwoPhase, repository.Reader and repository.Cleaner and is
 // safe for concurrent use.
 type Repository struct {
-	db  *sql.DB
-	ddl string
+	db    *sql.DB
+	table string // validated and quoted
+	ddl   string
 
 	claimSQL, selectSQL, saveSQL, deleteSQL string
 	tp                                      twoPhaseSQL
@@ -97,7 +98,7 @@ func NewRepository(db *sql.DB, config Config) (*Repository, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: %w", err)
 	}
-	r := &Repository{db: db, ddl: SchemaDDL(config.Table)}
+	r := &Repository{db: db, table: t, ddl: SchemaDDL(config.Table)}
 	r.claimSQL = `INSERT INTO ` + t + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
 VALUES (?, ?, 'completed', ?, 1, ?, ?, ?)
 ON CONFLICT (consumer, dedup_key) DO NOTHING`

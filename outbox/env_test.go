@@ -1,0 +1,293 @@
+package outbox_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// backend is one database with a fresh outbox table.
+type backend struct {
+	name    string
+	db      *sql.DB
+	dialect outbox.Dialect
+	table   string
+	outbox  *outbox.Outbox
+}
+
+// ph returns the n-th bind marker of the backend.
+func (b backend) ph(n int) string {
+	if b.dialect == outbox.PostgreSQL {
+		return "$" + strconv.Itoa(n)
+	}
+	return "?"
+}
+
+func (b backend) relayConfig() outbox.RelayConfig {
+	return outbox.RelayConfig{Dialect: b.dialect, Table: b.table, RetryInterval: 20 * time.Millisecond}
+}
+
+func randomSuffix() string {
+	var buf [5]byte
+	_, _ = rand.Read(buf[:])
+	return hex.EncodeToString(buf[:])
+}
+
+// forEachBackend runs fn as a parallel subtest on PostgreSQL and MariaDB,
+// each with its own outbox table, dropped when the subtest ends.
+func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
+	t.Helper()
+	for _, name := range []string{"postgres", "mariadb"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := backend{name: name, table: "outbox_" + randomSuffix()}
+			if name == "postgres" {
+				b.db, b.dialect = testenv.Postgres(t), outbox.PostgreSQL
+			} else {
+				b.db, b.dialect = testenv.MySQL(t), outbox.MySQL
+			}
+			b.db.SetMaxOpenConns(20)
+			ob, err := outbox.New(outbox.Config{Dialect: b.dialect, Table: b.table})
+			require.NoError(t, err)
+			require.NoError(t, ob.Migrate(context.Background(), b.db))
+			b.outbox = ob
+			t.Cleanup(func() {
+				_, _ = b.db.Exec(`DROP TABLE ` + b.table)
+				if b.dialect == outbox.PostgreSQL {
+					_, _ = b.db.Exec(`DROP FUNCTION IF EXISTS ` + b.table + `_notify()`)
+				}
+			})
+			fn(t, b)
+		})
+	}
+}
+
+func (b backend) outboxRows(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.QueryRow(`SELECT COUNT(*) FROM `+b.table).Scan(&n))
+	return n
+}
+
+// write commits msgs to topic in one transaction.
+func (b backend) write(t testing.TB, topic string, msgs ...*message.Message) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	out := make([]outbox.Outgoing, len(msgs))
+	for i, m := range msgs {
+		out[i] = outbox.Outgoing{Topic: topic, Message: m}
+	}
+	require.NoError(t, b.outbox.WriteTx(ctx, tx, out...))
+	require.NoError(t, tx.Commit())
+}
+
+func newMessages(prefix string, n int) []*message.Message {
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(fmt.Sprintf("%s-%04d", prefix, i), []byte{0x0a, byte(i), 0x00, 0xff, byte(i >> 8)})
+		msgs[i].Metadata.Set("seq", strconv.Itoa(i))
+	}
+	return msgs
+}
+
+// delivery is one message as a subscriber received it.
+type delivery struct {
+	topic string
+	msg   *message.Message
+}
+
+// recorder keeps every delivery, in order, and wakes waiters on change.
+type recorder struct {
+	mu      sync.Mutex
+	all     []delivery
+	count   map[string]int
+	changed chan struct{}
+}
+
+func newRecorder() *recorder {
+	return &recorder{count: map[string]int{}, changed: make(chan struct{})}
+}
+
+func (r *recorder) add(topic string, m *message.Message) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.all = append(r.all, delivery{topic, m})
+	r.count[m.UUID]++
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// stats returns deliveries, distinct UUIDs and duplicate deliveries.
+func (r *recorder) stats() (deliveries, distinct, duplicates int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.all), len(r.count), len(r.all) - len(r.count)
+}
+
+func (r *recorder) has(uuid string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.count[uuid] > 0
+}
+
+func (r *recorder) deliveries() []delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]delivery(nil), r.all...)
+}
+
+// waitDistinct waits until n distinct UUIDs arrived, failing after timeout.
+func (r *recorder) waitDistinct(t *testing.T, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		got, ch := len(r.count), r.changed
+		r.mu.Unlock()
+		if got >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			t.Fatalf("timed out after %s: %d of %d distinct messages delivered", timeout, got, n)
+		}
+	}
+}
+
+// sink is a GoChannel whose Publish returns only after the subscriber
+// recorded (and, with a consumer, processed) the message.
+type sink struct {
+	*gochannel.GoChannel
+	rec *recorder
+}
+
+// newSink subscribes to topics and passes each message to consume (if not
+// nil) before recording and acking it; consume errors nack the message.
+func newSink(t *testing.T, consume func(*message.Message) error, topics ...string) *sink {
+	t.Helper()
+	gc := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
+	s := &sink{GoChannel: gc, rec: newRecorder()}
+	var wg sync.WaitGroup
+	for _, topic := range topics {
+		ch, err := gc.Subscribe(context.Background(), topic)
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range ch {
+				if consume != nil {
+					if err := consume(m); err != nil {
+						m.Nack()
+						continue
+					}
+				}
+				s.rec.add(topic, m)
+				m.Ack()
+			}
+		}()
+	}
+	t.Cleanup(func() {
+		_ = gc.Close()
+		wg.Wait()
+	})
+	return s
+}
+
+// runRelay runs relay in the background until the test ends.
+func runRelay(t *testing.T, relay *outbox.Relay) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(context.Background()) }()
+	t.Cleanup(func() {
+		require.NoError(t, relay.Close())
+		require.NoError(t, <-done)
+	})
+}
+
+// consumerInbox is a downstream consumer with an inbox: its handler
+// records one effect row per processed message, in the inbox transaction,
+// in a table without a unique constraint, so a duplicate effect would show.
+type consumerInbox struct {
+	db      *sql.DB
+	effects string
+	ph      func(int) string
+	inbox   *middleware.Inbox
+}
+
+// newConsumerInbox puts the inbox on PostgreSQL for the postgres backend
+// and on SQLite otherwise.
+func newConsumerInbox(t *testing.T, b backend) *consumerInbox {
+	t.Helper()
+	ctx := context.Background()
+	c := &consumerInbox{effects: "effects_" + randomSuffix()}
+	var repo repository.Transactional
+	inboxTable := "inbox_" + randomSuffix()
+	if b.dialect == outbox.PostgreSQL {
+		c.db, c.ph = b.db, b.ph
+		r, err := postgres.NewRepository(b.db, postgres.Config{Table: inboxTable})
+		require.NoError(t, err)
+		require.NoError(t, r.Migrate(ctx))
+		repo = r
+		t.Cleanup(func() { _, _ = b.db.Exec(`DROP TABLE ` + inboxTable) })
+	} else {
+		c.db, c.ph = testenv.SQLite(t), func(int) string { return "?" }
+		r, err := sqlite.NewRepository(c.db, sqlite.Config{Table: inboxTable})
+		require.NoError(t, err)
+		require.NoError(t, r.Migrate(ctx))
+		repo = r
+	}
+	_, err := c.db.Exec(`CREATE TABLE ` + c.effects + ` (uuid VARCHAR(255) NOT NULL)`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = c.db.Exec(`DROP TABLE ` + c.effects) })
+	c.inbox, err = middleware.NewInbox(middleware.Config{DB: c.db, Repository: repo, Consumer: "outbox-test"})
+	require.NoError(t, err)
+	return c
+}
+
+func (c *consumerInbox) handler(msg *message.Message) ([]*message.Message, error) {
+	tx, ok := middleware.TxFromContext(msg.Context())
+	if !ok {
+		return nil, fmt.Errorf("no inbox transaction")
+	}
+	_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+c.effects+` (uuid) VALUES (`+c.ph(1)+`)`, msg.UUID)
+	return nil, err
+}
+
+// consume runs the handler behind the inbox.
+func (c *consumerInbox) consume(msg *message.Message) error {
+	_, err := c.inbox.Middleware(c.handler)(msg)
+	return err
+}
+
+func (c *consumerInbox) effectCount(t *testing.T) (rows, distinct int) {
+	t.Helper()
+	require.NoError(t, c.db.QueryRow(`SELECT COUNT(*), COUNT(DISTINCT uuid) FROM `+c.effects).Scan(&rows, &distinct))
+	return rows, distinct
+}

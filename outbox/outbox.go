@@ -1,0 +1,237 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// DefaultTableName is the outbox table used when Config.Table is empty.
+const DefaultTableName = "watermill_outbox"
+
+// Dialect selects the SQL flavour of the outbox table.
+type Dialect string
+
+const (
+	// PostgreSQL (10+; the shipped schema uses CREATE OR REPLACE TRIGGER,
+	// so Migrate needs 14+), used through database/sql with the pgx/v5
+	// stdlib driver.
+	PostgreSQL Dialect = "postgres"
+	// MySQL covers MySQL 8.0+ and MariaDB 10.6+ (the relay needs
+	// FOR UPDATE SKIP LOCKED), used with github.com/go-sql-driver/mysql.
+	MySQL Dialect = "mysql"
+)
+
+// Limits on the columns of the outbox table.
+const (
+	// MaxTopicLength is the longest destination topic the outbox stores.
+	MaxTopicLength = 255
+	// MaxUUIDLength is the longest message UUID the outbox stores.
+	MaxUUIDLength = 255
+)
+
+var (
+	// ErrInvalidTopic is returned for an empty destination topic, one
+	// longer than MaxTopicLength, or one with characters watermill-sql
+	// refuses (anything but letters, digits and - $ : . _).
+	ErrInvalidTopic = errors.New("outbox: invalid topic")
+	// ErrInvalidMessage is returned for a nil message or one whose UUID
+	// is empty or longer than MaxUUIDLength.
+	ErrInvalidMessage = errors.New("outbox: invalid message")
+)
+
+// The same rule watermill-sql's Publisher applies, so a message accepted
+// by WriteTx is also accepted by the Publisher returned by InTx.
+var disallowedTopicCharacters = regexp.MustCompile(`[^A-Za-z0-9\-\$\:\.\_]`)
+
+// Config configures an Outbox. The same values must be given to the
+// relay's RelayConfig so both sides use one table.
+type Config struct {
+	// Dialect is the database flavour. Required.
+	Dialect Dialect
+	// Table is the outbox table, optionally schema-qualified
+	// ("schema.table"). Default: DefaultTableName. Validated with
+	// repository.ValidateTableName, so it cannot carry SQL.
+	Table string
+}
+
+func (c *Config) setDefaults() {
+	if c.Table == "" {
+		c.Table = DefaultTableName
+	}
+}
+
+// Validate reports every problem with the configuration at once.
+func (c Config) Validate() error {
+	var errs []error
+	switch c.Dialect {
+	case PostgreSQL, MySQL:
+	case "":
+		errs = append(errs, errors.New("missing Config.Dialect (outbox.PostgreSQL or outbox.MySQL)"))
+	default:
+		errs = append(errs, fmt.Errorf("unknown Config.Dialect %q (want outbox.PostgreSQL or outbox.MySQL)", c.Dialect))
+	}
+	if err := repository.ValidateTableName(c.Table); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid outbox config: %w", err)
+	}
+	return nil
+}
+
+// Outgoing is one message bound for a destination topic, the unit
+// WriteTx stores.
+type Outgoing struct {
+	// Topic is the topic the relay publishes Message to.
+	Topic string
+	// Message is stored with its UUID, metadata and payload unchanged.
+	Message *message.Message
+}
+
+// Outbox writes messages into the outbox table inside the caller's
+// transaction. It holds no connection and no goroutine; it is safe for
+// concurrent use, and one value can serve every transaction of a process.
+type Outbox struct {
+	config  Config
+	dialect dialect
+	adapter schemaAdapter
+}
+
+// New validates config and returns an Outbox. It does not touch the
+// database: create the table up front with Migrate, or apply the shipped
+// SQL (PostgresSchemaSQL, MySQLSchemaSQL) with your migration tool.
+func New(config Config) (*Outbox, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	d := newDialect(config.Dialect, config.Table)
+	return &Outbox{config: config, dialect: d, adapter: schemaAdapter{d: d}}, nil
+}
+
+// Config returns the validated configuration with defaults applied.
+func (o *Outbox) Config() Config { return o.config }
+
+// SchemaDDL returns the statements Migrate runs for this outbox's table.
+func (o *Outbox) SchemaDDL() string { return o.dialect.ddl }
+
+// Migrate creates the outbox table (and, on PostgreSQL, the trigger that
+// sends NOTIFY on commit) if it does not exist. It is idempotent, runs in
+// its own transaction on PostgreSQL and is serialized across processes by
+// an advisory lock (PostgreSQL) or a named lock (MySQL). Never run it
+// inside a business transaction: DDL commits implicitly on MySQL.
+func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
+	if db == nil {
+		return errors.New("outbox: migrate: db is nil")
+	}
+	if err := o.dialect.migrate(ctx, db); err != nil {
+		return fmt.Errorf("outbox: migrate %s: %w", o.config.Table, err)
+	}
+	return nil
+}
+
+// InTx returns a Watermill publisher that inserts every published message
+// into the outbox through tx: the rows commit or roll back with tx. It is
+// watermill-sql's Publisher over tx with this package's schema adapter
+// (payload stored as bytes, destination topic in its own column, UUID and
+// metadata kept). Publish(topic, msgs...) writes all msgs in one INSERT;
+// it does not honour a context beyond tx's own. The publisher must not be
+// used after tx ends; Close is optional.
+//
+// A nil tx gives a publisher whose Publish always fails.
+func (o *Outbox) InTx(tx *sql.Tx) message.Publisher {
+	p, err := NewPublisher(tx, o.config, nil)
+	if err != nil {
+		return failingPublisher{err}
+	}
+	return p
+}
+
+// NewPublisher is InTx for callers without an Outbox value: it returns
+// watermill-sql's Publisher writing into the outbox table described by
+// config through tx. logger may be nil (watermill.NopLogger).
+func NewPublisher(tx *sql.Tx, config Config, logger watermill.LoggerAdapter) (message.Publisher, error) {
+	if tx == nil {
+		return nil, errors.New("outbox: tx is nil")
+	}
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	p, err := wsql.NewPublisher(tx, wsql.PublisherConfig{
+		SchemaAdapter: schemaAdapter{d: newDialect(config.Dialect, config.Table)},
+		// Never: DDL inside the caller's transaction would commit it on MySQL.
+		AutoInitializeSchema: false,
+	}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	return p, nil
+}
+
+// WriteTx inserts msgs into the outbox through tx, so they are published
+// by the relay if and only if tx commits. Each message keeps its UUID,
+// metadata and payload (any bytes) and is published to its own Topic;
+// messages of one call are published in the order given. Rows are written
+// with multi-row INSERTs of up to 1000 messages.
+//
+// It validates every message before writing any (ErrInvalidTopic,
+// ErrInvalidMessage). On an error tx may hold part of the rows: roll it
+// back. WriteTx is what the inbox middleware calls to store a handler's
+// output inside the inbox transaction.
+func (o *Outbox) WriteTx(ctx context.Context, tx *sql.Tx, msgs ...Outgoing) error {
+	if tx == nil {
+		return errors.New("outbox: tx is nil")
+	}
+	for _, m := range msgs {
+		if err := validateOutgoing(m.Topic, m.Message); err != nil {
+			return err
+		}
+	}
+	for start := 0; start < len(msgs); start += maxRowsPerInsert {
+		end := min(start+maxRowsPerInsert, len(msgs))
+		q, err := o.dialect.insertQuery(msgs[start:end])
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, q.Query, q.Args...); err != nil {
+			return fmt.Errorf("outbox: insert %d messages: %w", end-start, err)
+		}
+	}
+	return nil
+}
+
+func validateOutgoing(topic string, msg *message.Message) error {
+	switch {
+	case topic == "":
+		return fmt.Errorf("%w: empty", ErrInvalidTopic)
+	case len(topic) > MaxTopicLength:
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidTopic, len(topic), MaxTopicLength)
+	case disallowedTopicCharacters.MatchString(topic):
+		return fmt.Errorf("%w: %q has characters matching %s", ErrInvalidTopic, topic, disallowedTopicCharacters)
+	case msg == nil:
+		return fmt.Errorf("%w: nil message", ErrInvalidMessage)
+	case msg.UUID == "":
+		return fmt.Errorf("%w: empty UUID", ErrInvalidMessage)
+	case len(msg.UUID) > MaxUUIDLength:
+		return fmt.Errorf("%w: UUID of %d bytes, at most %d", ErrInvalidMessage, len(msg.UUID), MaxUUIDLength)
+	}
+	return nil
+}
+
+type failingPublisher struct{ err error }
+
+func (p failingPublisher) Publish(string, ...*message.Message) error { return p.err }
+func (p failingPublisher) Close() error                              { return nil }

@@ -1,0 +1,6 @@
+CREATE TABLE IF NOT EXISTS `watermill_versions` (
+    consumer VARBINARY(255) NOT NULL,
+    entity   VARBINARY(255) NOT NULL,
+    version  BIGINT         NOT NULL,
+    PRIMARY KEY (consumer, entity)
+) ENGINE=InnoDB;

@@ -1,0 +1,166 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// scanBatch is the COUNT hint of each SCAN and the size of each pipeline
+// of HGETALLs in ListStuck.
+const scanBatch = 500
+
+// globEscaper escapes the characters SCAN's MATCH treats as a pattern.
+var globEscaper = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
+
+// resolveScript resolves a stuck record. KEYS[1] = the record's hash.
+// ARGV: 1 expected owner, 2 now (µs), 3 action ("complete" or "release"),
+// 4 result, 5 "1" if a result is given. Returns -1 when the record is
+// missing or expired, 0 when it is not in progress under an expired lease
+// of the expected owner, 1 when resolved.
+var resolveScript = goredis.NewScript(`
+local h = redis.call('HMGET', KEYS[1], 'state', 'lease_owner', 'lease_until', 'expires_at')
+local now = tonumber(ARGV[2])
+if not h[4] or tonumber(h[4]) <= now then
+	return -1
+end
+if h[1] ~= 'in_progress' or h[2] ~= ARGV[1] or tonumber(h[3]) > now then
+	return 0
+end
+if ARGV[3] == 'release' then
+	redis.call('DEL', KEYS[1])
+	return 1
+end
+redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', ARGV[2])
+if ARGV[5] == '1' then
+	redis.call('HSET', KEYS[1], 'result', ARGV[4])
+else
+	redis.call('HDEL', KEYS[1], 'result')
+end
+return 1
+`)
+
+// storedRecordKey is RecordKey for a key that is already in its stored
+// form (Record.Key): it is not hashed again.
+func (r *Repository) storedRecordKey(consumer, storedKey string) string {
+	return r.prefix + "{" + consumerEscaper.Replace(consumer) + ":" + storedKey + "}"
+}
+
+// ListStuck implements repository.Operator by walking the key space under
+// the prefix (narrowed to one consumer when ListStuckParams.Consumer is
+// set) with SCAN and reading each record with pipelined HGETALLs, then
+// sorting the stuck ones by lease. Its cost grows with the number of
+// records under the prefix, not with the number of stuck ones: it is meant
+// for an operator tool, not the hot path. SCAN does not block the server,
+// but its view is not a snapshot: records written during the walk may be
+// missed or seen. On Redis Cluster, pass a client that scans every master
+// (go-redis's ClusterClient SCAN covers only one node; iterate with
+// ForEachMaster and a Repository per node client).
+func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams) ([]repository.Record, error) {
+	p, err := repository.ValidateListStuck(p)
+	if err != nil {
+		return nil, err
+	}
+	match := globEscaper.Replace(r.prefix) + "{*"
+	if p.Consumer != "" {
+		match = globEscaper.Replace(r.prefix+"{"+consumerEscaper.Replace(p.Consumer)+":") + "*"
+	}
+	now := p.Now.UTC()
+	var recs []repository.Record
+	iter := r.client.Scan(ctx, 0, match, scanBatch).Iterator()
+	batch := make([]string, 0, scanBatch)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		cmds, err := r.client.Pipelined(ctx, func(pipe goredis.Pipeliner) error {
+			for _, k := range batch {
+				pipe.HGetAll(ctx, k)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for i, cmd := range cmds {
+			m, err := cmd.(*goredis.MapStringStringCmd).Result()
+			if err != nil {
+				return fmt.Errorf("%s: %w", batch[i], err)
+			}
+			if len(m) == 0 { // deleted since the SCAN saw it
+				continue
+			}
+			rec, err := recordFromMap(m)
+			if err != nil {
+				return fmt.Errorf("%s: %w", batch[i], err)
+			}
+			if rec.State == repository.StateInProgress && !rec.LeaseUntil.After(now) && rec.ExpiresAt.After(now) &&
+				(p.Consumer == "" || rec.Consumer == p.Consumer) {
+				recs = append(recs, rec)
+			}
+		}
+		batch = batch[:0]
+		return nil
+	}
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == scanBatch {
+			if err := flush(); err != nil {
+				return nil, fmt.Errorf("redis: list stuck: %w", err)
+			}
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("redis: list stuck: %w", err)
+	}
+	if err := flush(); err != nil {
+		return nil, fmt.Errorf("redis: list stuck: %w", err)
+	}
+	slices.SortFunc(recs, func(a, b repository.Record) int {
+		if c := a.LeaseUntil.Compare(b.LeaseUntil); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Consumer, b.Consumer); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	if len(recs) > p.Limit {
+		recs = recs[:p.Limit]
+	}
+	return recs, nil
+}
+
+// Resolve implements repository.Operator with one Lua script that checks
+// state, owner, lease expiry and record expiry and then completes (keeping
+// the record's TTL) or deletes the record.
+func (r *Repository) Resolve(ctx context.Context, p repository.ResolveParams) error {
+	if err := repository.ValidateResolve(p); err != nil {
+		return err
+	}
+	action := "complete"
+	if p.Action == repository.ResolveRelease {
+		action = "release"
+	}
+	n, err := resolveScript.Run(ctx, r.client, []string{r.storedRecordKey(p.Consumer, p.Key)},
+		p.ExpectedOwner, micros(p.Now), action, p.Result, flag(p.Result)).Int64()
+	if err != nil {
+		return fmt.Errorf("redis: resolve (%s): %w", p.Action, err)
+	}
+	switch n {
+	case 1:
+		return nil
+	case -1:
+		return fmt.Errorf("redis: resolve (%s) %q/%q: %w", p.Action, p.Consumer, p.Key, repository.ErrNotFound)
+	default:
+		return fmt.Errorf("redis: resolve (%s) %q/%q: the record is no longer in progress under an expired lease of %q: %w",
+			p.Action, p.Consumer, p.Key, p.ExpectedOwner, repository.ErrLeaseLost)
+	}
+}
+
+var _ repository.Operator = (*Repository)(nil)

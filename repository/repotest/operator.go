@@ -1,0 +1,352 @@
+package repotest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/stretchr/testify/require"
+)
+
+func runOperator(t *testing.T, b Backend) {
+	require.True(t, b.Features.TwoPhase, "%s: Features.Operator requires Features.TwoPhase", b.Name)
+
+	t.Run("ListStuckListsOnlyExpiredLeases", func(t *testing.T) {
+		t.Parallel()
+		f, op := newOperatorFixture(t, b)
+		now := time.Now().UTC().Truncate(time.Microsecond)
+		acquire := func(consumer, key, owner string, lease, expires time.Duration) {
+			p := acquireParams(consumer, key, owner)
+			p.Now, p.LeaseUntil, p.ExpiresAt = now, now.Add(lease), now.Add(expires)
+			require.True(t, f.acquire(t, p).Acquired)
+		}
+		acquire("billing", "stuck-2", "owner-2", 2*time.Minute, 24*time.Hour)
+		acquire("billing", "stuck-1", "owner-1", time.Minute, 24*time.Hour)
+		acquire("billing", "live", "owner-live", time.Hour, 24*time.Hour)
+		acquire("billing", "expired", "owner-x", time.Minute, 3*time.Minute)
+		acquire("billing", "done", "owner-done", time.Minute, 24*time.Hour)
+		require.NoError(t, f.tp.Complete(t.Context(), repository.CompleteParams{Consumer: "billing", Key: "done", Owner: "owner-done", Now: now}))
+		acquire("shipping", "stuck-3", "owner-3", 90*time.Second, 24*time.Hour)
+		// Consumers that a naive prefix or glob match would confuse.
+		acquire("billing:eu", "stuck-4", "owner-4", time.Minute, 24*time.Hour)
+		acquire("bill*", "stuck-5", "owner-5", time.Minute, 24*time.Hour)
+
+		at := now.Add(5 * time.Minute)
+		recs := listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: at})
+		require.Equal(t, []string{"billing/stuck-1", "billing/stuck-2"}, ids(recs))
+		require.Equal(t, repository.StateInProgress, recs[0].State)
+		require.Equal(t, "owner-1", recs[0].LeaseOwner)
+		require.Equal(t, 1, recs[0].Attempts)
+		requireTime(t, now.Add(time.Minute), recs[0].LeaseUntil, "LeaseUntil")
+		require.Equal(t, repository.HashPayload([]byte("stuck-1")), recs[0].PayloadHash)
+
+		all := listStuck(t, op, repository.ListStuckParams{Now: at})
+		require.Equal(t, []string{"bill*/stuck-5", "billing/stuck-1", "billing:eu/stuck-4", "shipping/stuck-3", "billing/stuck-2"}, ids(all),
+			"every consumer, oldest lease first, then by consumer and key")
+		require.Equal(t, []string{"bill*/stuck-5"}, ids(listStuck(t, op, repository.ListStuckParams{Consumer: "bill*", Now: at})))
+		require.Equal(t, []string{"billing:eu/stuck-4"}, ids(listStuck(t, op, repository.ListStuckParams{Consumer: "billing:eu", Now: at})))
+		require.Equal(t, []string{"bill*/stuck-5", "billing/stuck-1"}, ids(listStuck(t, op, repository.ListStuckParams{Now: at, Limit: 2})))
+
+		// A lease is stuck from its deadline on, not before.
+		require.Equal(t, []string{"billing/expired", "billing/stuck-1"}, ids(listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: now.Add(time.Minute)})),
+			"before its ExpiresAt an expired lease is stuck")
+		require.Empty(t, listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: now.Add(time.Minute - time.Microsecond)}))
+		require.Empty(t, listStuck(t, op, repository.ListStuckParams{Consumer: "nobody", Now: at}))
+	})
+
+	t.Run("ResolveCompleteMakesLaterDeliveriesDuplicates", func(t *testing.T) {
+		t.Parallel()
+		f, op := newOperatorFixture(t, b)
+		ctx := t.Context()
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		at := p.LeaseUntil.Add(time.Minute)
+		stuck := listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: at})
+		require.Len(t, stuck, 1)
+
+		result := []byte{0, 'o', 'k', 0xff}
+		require.NoError(t, op.Resolve(ctx, repository.ResolveParams{
+			Consumer: "billing", Key: stuck[0].Key, ExpectedOwner: stuck[0].LeaseOwner,
+			Action: repository.ResolveComplete, Result: result, Now: at,
+		}))
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, repository.StateCompleted, rec.State)
+		require.Equal(t, result, rec.Result)
+		requireTime(t, at, rec.CompletedAt, "CompletedAt")
+		require.Equal(t, 1, rec.Attempts)
+		require.Empty(t, listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: at}))
+
+		next := acquireParams("billing", "order-1", "owner-b")
+		next.Now, next.LeaseUntil = at, at.Add(leaseLength)
+		a := f.acquire(t, next)
+		require.False(t, a.Acquired)
+		require.Equal(t, repository.StateCompleted, a.Existing.State)
+		require.Equal(t, result, a.Existing.Result)
+
+		for _, action := range []repository.ResolveAction{repository.ResolveComplete, repository.ResolveRelease} {
+			err := op.Resolve(ctx, repository.ResolveParams{
+				Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: action, Now: at,
+			})
+			require.ErrorIs(t, err, repository.ErrLeaseLost, "a completed record cannot be resolved again (%s)", action)
+		}
+		require.Equal(t, result, f.get(t, "billing", "order-1").Result)
+	})
+
+	t.Run("ResolveCompleteWithoutResultStoresNil", func(t *testing.T) {
+		t.Parallel()
+		f, op := newOperatorFixture(t, b)
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		require.NoError(t, op.Resolve(t.Context(), repository.ResolveParams{
+			Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveComplete, Now: p.LeaseUntil,
+		}))
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, repository.StateCompleted, rec.State)
+		require.Nil(t, rec.Result)
+	})
+
+	t.Run("ResolveReleaseLetsTheNextDeliveryRun", func(t *testing.T) {
+		t.Parallel()
+		f, op := newOperatorFixture(t, b)
+		ctx := t.Context()
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		at := p.LeaseUntil.Add(time.Minute)
+		require.NoError(t, op.Resolve(ctx, repository.ResolveParams{
+			Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveRelease, Now: at,
+		}))
+		_, err := f.repo.Get(ctx, "billing", "order-1")
+		require.ErrorIs(t, err, repository.ErrNotFound)
+
+		next := acquireParams("billing", "order-1", "owner-b")
+		next.Now, next.LeaseUntil = at, at.Add(leaseLength)
+		require.True(t, f.acquire(t, next).Acquired, "after a release the next delivery claims afresh")
+
+		err = op.Resolve(ctx, repository.ResolveParams{
+			Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveRelease, Now: at,
+		})
+		require.ErrorIs(t, err, repository.ErrLeaseLost, "a second release by the stale owner must not delete the new claim")
+		require.Equal(t, "owner-b", f.get(t, "billing", "order-1").LeaseOwner)
+	})
+
+	t.Run("ResolveIsFencedByOwnerAndLease", func(t *testing.T) {
+		t.Parallel()
+		f, op := newOperatorFixture(t, b)
+		ctx := t.Context()
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		resolve := func(owner string, action repository.ResolveAction, now time.Time) error {
+			return op.Resolve(ctx, repository.ResolveParams{
+				Consumer: "billing", Key: "order-1", ExpectedOwner: owner, Action: action, Result: []byte("operator"), Now: now,
+			})
+		}
+		for _, action := range []repository.ResolveAction{repository.ResolveComplete, repository.ResolveRelease} {
+			require.ErrorIs(t, resolve("owner-a", action, p.LeaseUntil.Add(-time.Microsecond)), repository.ErrLeaseLost,
+				"a live lease is being worked on (%s)", action)
+			require.ErrorIs(t, resolve("owner-z", action, p.LeaseUntil), repository.ErrLeaseLost, "wrong owner (%s)", action)
+		}
+
+		// The operator saw owner-a; meanwhile a redelivery reclaimed it.
+		at := p.LeaseUntil.Add(time.Minute)
+		_, err := f.tp.Reclaim(ctx, repository.ReclaimParams{
+			Consumer: "billing", Key: "order-1", PrevOwner: "owner-a", Owner: "owner-b", Now: at, LeaseUntil: at.Add(leaseLength),
+		})
+		require.NoError(t, err)
+		for _, action := range []repository.ResolveAction{repository.ResolveComplete, repository.ResolveRelease} {
+			require.ErrorIs(t, resolve("owner-a", action, at.Add(2*leaseLength)), repository.ErrLeaseLost,
+				"an operator must never overwrite a reclaimed record (%s)", action)
+		}
+		rec := f.get(t, "billing", "order-1")
+		require.Equal(t, repository.StateInProgress, rec.State)
+		require.Equal(t, "owner-b", rec.LeaseOwner)
+		require.Nil(t, rec.Result)
+		require.Equal(t, 2, rec.Attempts)
+
+		for _, action := range []repository.ResolveAction{repository.ResolveComplete, repository.ResolveRelease} {
+			err := op.Resolve(ctx, repository.ResolveParams{
+				Consumer: "billing", Key: "no-such-key", ExpectedOwner: "owner-a", Action: action, Now: at,
+			})
+			require.ErrorIs(t, err, repository.ErrNotFound, "%s", action)
+			err = op.Resolve(ctx, repository.ResolveParams{
+				Consumer: "shipping", Key: "order-1", ExpectedOwner: "owner-b", Action: action, Now: at.Add(2 * leaseLength),
+			})
+			require.ErrorIs(t, err, repository.ErrNotFound, "keys are scoped by consumer (%s)", action)
+		}
+	})
+
+	t.Run("ResolveOfExpiredRecordIsNotFound", func(t *testing.T) {
+		t.Parallel()
+		f, op := newOperatorFixture(t, b)
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		err := op.Resolve(t.Context(), repository.ResolveParams{
+			Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveComplete, Now: p.ExpiresAt,
+		})
+		require.ErrorIs(t, err, repository.ErrNotFound, "a record past its ExpiresAt is gone for every backend")
+		require.Empty(t, listStuck(t, op, repository.ListStuckParams{Now: p.ExpiresAt}))
+	})
+
+	t.Run("LongKeyIsResolvedByItsStoredKey", func(t *testing.T) {
+		t.Parallel()
+		f, op := newOperatorFixture(t, b)
+		long := strings.Repeat("k", repository.MaxKeyLength+1)
+		p := acquireParams("billing", long, "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		at := p.LeaseUntil
+		stuck := listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: at})
+		require.Len(t, stuck, 1)
+		require.Equal(t, repository.StorageKey(long), stuck[0].Key)
+
+		err := op.Resolve(t.Context(), repository.ResolveParams{
+			Consumer: "billing", Key: long, ExpectedOwner: "owner-a", Action: repository.ResolveComplete, Now: at,
+		})
+		require.ErrorIs(t, err, repository.ErrInvalidParams, "an original long key is not a stored key")
+		require.NoError(t, op.Resolve(t.Context(), repository.ResolveParams{
+			Consumer: "billing", Key: stuck[0].Key, ExpectedOwner: "owner-a", Action: repository.ResolveComplete, Now: at,
+		}))
+		require.Equal(t, repository.StateCompleted, f.get(t, "billing", long).State)
+	})
+
+	t.Run("ResolveRacingReclaimsHasOneWinner", func(t *testing.T) {
+		t.Parallel()
+		f, op := newOperatorFixture(t, b)
+		ctx := t.Context()
+		const keys, racers = 10, 4 // per key: racers reclaims, racers completes, racers releases
+		base := acquireParams("billing", "k", "owner-a")
+		at := base.LeaseUntil.Add(time.Minute)
+		for k := range keys {
+			p := base
+			p.Key = fmt.Sprintf("order-%d", k)
+			p.PayloadHash = repository.HashPayload([]byte(p.Key))
+			require.True(t, f.acquire(t, p).Acquired)
+		}
+		type win struct{ who string }
+		wins := make([][]win, keys)
+		var (
+			mu    sync.Mutex
+			wg    sync.WaitGroup
+			start = make(chan struct{})
+			errs  []error
+		)
+		record := func(k int, who string, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				wins[k] = append(wins[k], win{who})
+			case !isLeaseLostOrNotFound(err):
+				errs = append(errs, err)
+			}
+		}
+		for k := range keys {
+			key := fmt.Sprintf("order-%d", k)
+			for i := range racers {
+				wg.Add(3)
+				go func() {
+					defer wg.Done()
+					<-start
+					_, err := f.tp.Reclaim(ctx, repository.ReclaimParams{
+						Consumer: "billing", Key: key, PrevOwner: "owner-a", Owner: fmt.Sprintf("reclaimer-%d", i),
+						Now: at, LeaseUntil: at.Add(leaseLength),
+					})
+					record(k, "reclaim", err)
+				}()
+				for _, action := range []repository.ResolveAction{repository.ResolveComplete, repository.ResolveRelease} {
+					go func() {
+						defer wg.Done()
+						<-start
+						err := op.Resolve(ctx, repository.ResolveParams{
+							Consumer: "billing", Key: key, ExpectedOwner: "owner-a", Action: action,
+							Result: []byte("operator"), Now: at,
+						})
+						record(k, action.String(), err)
+					}()
+				}
+			}
+		}
+		close(start)
+		wg.Wait()
+		require.Empty(t, errs)
+		for k := range keys {
+			key := fmt.Sprintf("order-%d", k)
+			require.Len(t, wins[k], 1, "%s: exactly one of the reclaims and resolutions may win, got %v", key, wins[k])
+			rec, err := f.repo.Get(ctx, "billing", key)
+			switch wins[k][0].who {
+			case "reclaim":
+				require.NoError(t, err)
+				require.Equal(t, repository.StateInProgress, rec.State)
+				require.True(t, strings.HasPrefix(rec.LeaseOwner, "reclaimer-"), rec.LeaseOwner)
+			case "complete":
+				require.NoError(t, err)
+				require.Equal(t, repository.StateCompleted, rec.State)
+				require.Equal(t, []byte("operator"), rec.Result)
+			case "release":
+				require.ErrorIs(t, err, repository.ErrNotFound)
+			}
+		}
+	})
+
+	t.Run("InvalidParamsAreRefused", func(t *testing.T) {
+		t.Parallel()
+		f, op := newOperatorFixture(t, b)
+		ctx := t.Context()
+		now := time.Now()
+		for name, p := range map[string]repository.ListStuckParams{
+			"no now":         {Consumer: "billing"},
+			"negative limit": {Now: now, Limit: -1},
+			"long consumer":  {Now: now, Consumer: strings.Repeat("c", repository.MaxConsumerLength+1)},
+		} {
+			_, err := op.ListStuck(ctx, p)
+			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
+		}
+		valid := repository.ResolveParams{Consumer: "billing", Key: "k", ExpectedOwner: "o", Action: repository.ResolveRelease, Now: now}
+		for name, mutate := range map[string]func(*repository.ResolveParams){
+			"no consumer":    func(p *repository.ResolveParams) { p.Consumer = "" },
+			"no key":         func(p *repository.ResolveParams) { p.Key = "" },
+			"no owner":       func(p *repository.ResolveParams) { p.ExpectedOwner = "" },
+			"no action":      func(p *repository.ResolveParams) { p.Action = 0 },
+			"unknown action": func(p *repository.ResolveParams) { p.Action = 7 },
+			"no now":         func(p *repository.ResolveParams) { p.Now = time.Time{} },
+			"long key":       func(p *repository.ResolveParams) { p.Key = strings.Repeat("k", repository.MaxKeyLength+1) },
+		} {
+			p := valid
+			mutate(&p)
+			require.ErrorIs(t, op.Resolve(ctx, p), repository.ErrInvalidParams, name)
+		}
+		_, err := f.repo.Get(ctx, "billing", "k")
+		require.ErrorIs(t, err, repository.ErrNotFound)
+	})
+}
+
+func newOperatorFixture(t *testing.T, b Backend) (*fixture, repository.Operator) {
+	t.Helper()
+	f := newFixture(t, b)
+	op, ok := f.repo.(repository.Operator)
+	require.True(t, ok, "%s declares Features.Operator but %T does not implement repository.Operator", b.Name, f.repo)
+	return f, op
+}
+
+func listStuck(t *testing.T, op repository.Operator, p repository.ListStuckParams) []repository.Record {
+	t.Helper()
+	recs, err := op.ListStuck(context.Background(), p)
+	require.NoError(t, err)
+	return recs
+}
+
+// ids returns "consumer/key" of each record, in order.
+func ids(recs []repository.Record) []string {
+	out := make([]string, len(recs))
+	for i, r := range recs {
+		out[i] = r.Consumer + "/" + r.Key
+	}
+	return out
+}
+
+func isLeaseLostOrNotFound(err error) bool {
+	return errors.Is(err, repository.ErrLeaseLost) || errors.Is(err, repository.ErrNotFound)
+}
