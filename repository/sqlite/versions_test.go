@@ -1,0 +1,40 @@
+package sqlite_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/repotest"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+func TestVersionGuardConformance(t *testing.T) {
+	db := testenv.SQLite(t)
+	repotest.RunVersionGuard(t, repotest.VersionBackend{
+		Name: "sqlite",
+		DB:   db,
+		New: func(t *testing.T, table string) (repotest.VersionStore, error) {
+			s, err := sqlite.NewVersionStore(db, sqlite.VersionConfig{Table: table})
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() {
+				_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+table+`"`)
+				require.NoError(t, err)
+			})
+			if err := s.Migrate(t.Context()); err != nil {
+				return nil, err
+			}
+			return s, s.Migrate(t.Context()) // idempotent
+		},
+	})
+}
+
+func TestVersionsSchemaFileMatchesMigrate(t *testing.T) {
+	require.Equal(t, sqlite.VersionsSchemaDDL(repository.DefaultVersionsTableName), sqlite.VersionsSchemaSQL,
+		"versions.sql is stale: regenerate it with `go run ./internal/cmd/gen-schema`")
+}
