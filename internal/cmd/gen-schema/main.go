@@ -14,9 +14,12 @@ import (
 
 func main() {
 	for path, ddl := range map[string]string{
-		"repository/mysql/schema.sql":    mysql.SchemaDDL(repository.DefaultTableName),
-		"repository/postgres/schema.sql": postgres.SchemaDDL(repository.DefaultTableName),
-		"repository/sqlite/schema.sql":   sqlite.SchemaDDL(repository.DefaultTableName),
+		"repository/mysql/schema.sql":      mysql.SchemaDDL(repository.DefaultTableName),
+		"repository/postgres/schema.sql":   postgres.SchemaDDL(repository.DefaultTableName),
+		"repository/sqlite/schema.sql":     sqlite.SchemaDDL(repository.DefaultTableName),
+		"repository/mysql/versions.sql":    mysql.VersionsSchemaDDL(repository.DefaultVersionsTableName),
+		"repository/postgres/versions.sql": postgres.VersionsSchemaDDL(repository.DefaultVersionsTableName),
+		"repository/sqlite/versions.sql":   sqlite.VersionsSchemaDDL(repository.DefaultVersionsTableName),
 	} {
 		if err := os.WriteFile(path, []byte(ddl), 0o644); err != nil {
 			log.Fatal(err)
