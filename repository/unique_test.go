@@ -1,0 +1,90 @@
+package repository_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/repository"
+	_ "github.com/idemkit/watermill-idempotent/repository/mysql" // registers MySQL's unique-violation numbers
+)
+
+// TestIsUniqueViolation provokes real constraint violations on each
+// database and checks that only unique and primary-key violations are
+// recognised.
+func TestIsUniqueViolation(t *testing.T) {
+	for _, db := range []struct {
+		name        string
+		open        func(testing.TB) *sql.DB
+		placeholder func(int) string
+	}{
+		{"postgres", testenv.Postgres, func(n int) string { return fmt.Sprintf("$%d", n) }},
+		{"mysql", testenv.MySQL, func(int) string { return "?" }},
+		{"sqlite", testenv.SQLite, func(int) string { return "?" }},
+	} {
+		t.Run(db.name, func(t *testing.T) {
+			t.Parallel()
+			conn := db.open(t)
+			suffix := strings.ReplaceAll(t.Name(), "/", "_")
+			parent, child := "uniq_parent_"+suffix, "uniq_child_"+suffix
+			exec := func(query string, args ...any) error {
+				for i := range args {
+					query = strings.Replace(query, "?", db.placeholder(i+1), 1)
+				}
+				_, err := conn.ExecContext(context.Background(), query, args...)
+				return err
+			}
+			require.NoError(t, exec(`CREATE TABLE `+parent+` (id VARCHAR(64) PRIMARY KEY)`))
+			t.Cleanup(func() { require.NoError(t, exec(`DROP TABLE IF EXISTS `+parent)) })
+			require.NoError(t, exec(`CREATE TABLE `+child+` (
+				id        VARCHAR(64) PRIMARY KEY,
+				email     VARCHAR(64) NOT NULL UNIQUE,
+				parent_id VARCHAR(64) REFERENCES `+parent+` (id),
+				CHECK (email <> 'forbidden')
+			)`))
+			t.Cleanup(func() { require.NoError(t, exec(`DROP TABLE IF EXISTS `+child)) })
+			require.NoError(t, exec(`INSERT INTO `+parent+` (id) VALUES (?)`, "p1"))
+			require.NoError(t, exec(`INSERT INTO `+child+` (id, email, parent_id) VALUES (?, ?, ?)`, "c1", "a@example.com", "p1"))
+
+			for _, c := range []struct {
+				name   string
+				err    error
+				unique bool
+			}{
+				{"primary key", exec(`INSERT INTO `+child+` (id, email) VALUES (?, ?)`, "c1", "b@example.com"), true},
+				{"unique column", exec(`INSERT INTO `+child+` (id, email) VALUES (?, ?)`, "c2", "a@example.com"), true},
+				{"no-op update", exec(`UPDATE `+child+` SET email = ? WHERE id = ?`, "a@example.com", "c1"), false},
+				{"not null", exec(`INSERT INTO `+child+` (id, email) VALUES (?, NULL)`, "c3"), false},
+				{"foreign key", exec(`INSERT INTO `+child+` (id, email, parent_id) VALUES (?, ?, ?)`, "c4", "d@example.com", "no-such-parent"), false},
+				{"check", exec(`INSERT INTO `+child+` (id, email) VALUES (?, ?)`, "c5", "forbidden"), false},
+				{"syntax", exec(`INSERT INTO nowhere_`+suffix+` VALUES (1)`), false},
+			} {
+				if c.name == "no-op update" {
+					// Setting a row's email to its own value is no violation.
+					require.NoError(t, c.err, c.name)
+					continue
+				}
+				require.Error(t, c.err, c.name)
+				require.Equal(t, c.unique, repository.IsUniqueViolation(c.err), "%s: %v", c.name, c.err)
+				require.Equal(t, c.unique, repository.IsUniqueViolation(fmt.Errorf("handler: %w", c.err)), "%s wrapped", c.name)
+				require.Equal(t, c.unique, repository.IsUniqueViolation(errors.Join(errors.New("other"), c.err)), "%s joined", c.name)
+			}
+			require.NoError(t, exec(`INSERT INTO `+child+` (id, email) VALUES (?, ?)`, "c6", "e@example.com"))
+			err := exec(`UPDATE `+child+` SET email = ? WHERE id = ?`, "a@example.com", "c6")
+			require.True(t, repository.IsUniqueViolation(err), "a unique violation by UPDATE: %v", err)
+		})
+	}
+}
+
+func TestIsUniqueViolationOfNonDatabaseErrors(t *testing.T) {
+	require.False(t, repository.IsUniqueViolation(nil))
+	require.False(t, repository.IsUniqueViolation(errors.New("duplicate key value violates unique constraint")),
+		"message text is never trusted")
+	require.False(t, repository.IsUniqueViolation(sql.ErrNoRows))
+}
