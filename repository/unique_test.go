@@ -63,7 +63,7 @@ func TestIsUniqueViolation(t *testing.T) {
 				{"not null", exec(`INSERT INTO `+child+` (id, email) VALUES (?, NULL)`, "c3"), false},
 				{"foreign key", exec(`INSERT INTO `+child+` (id, email, parent_id) VALUES (?, ?, ?)`, "c4", "d@example.com", "no-such-parent"), false},
 				{"check", exec(`INSERT INTO `+child+` (id, email) VALUES (?, ?)`, "c5", "forbidden"), false},
-				{"syntax", exec(`INSERT INTO nowhere_`+suffix+` VALUES (1)`), false},
+				{"syntax", exec(`INSERT INTO nowhere_` + suffix + ` VALUES (1)`), false},
 			} {
 				if c.name == "no-op update" {
 					// Setting a row's email to its own value is no violation.
