@@ -59,8 +59,11 @@ type Config struct {
 	// BatchSize is the most records one statement deletes, which bounds
 	// how long it holds its locks. Default: DefaultBatchSize (1000).
 	BatchSize int
-	// Pause is the wait between two batches of one pass, so that claims
-	// interleave with a large cleanup. Default: DefaultPause (10 ms).
+	// Pause is the least wait between two batches of one pass, so that
+	// claims interleave with a large cleanup. The janitor also waits at
+	// least as long as the previous batch took, so it holds the table (on
+	// SQLite: the database's only write lock) at most half of the time
+	// while it drains a backlog. Default: DefaultPause (10 ms).
 	Pause time.Duration
 	// Now returns the current time; a pass deletes the records that
 	// expired before the time Now returns when the pass starts. Default:
@@ -326,10 +329,11 @@ func (j *Janitor) drain(ctx context.Context, before time.Time) (deleted, batches
 		}
 		start := time.Now()
 		n, err := j.cleaner.DeleteExpired(ctx, before, j.config.BatchSize)
+		took := time.Since(start)
 		deleted += n
 		batches++
 		if j.config.OnBatch != nil {
-			j.config.OnBatch(Batch{Deleted: n, Duration: time.Since(start), Before: before, Err: err})
+			j.config.OnBatch(Batch{Deleted: n, Duration: took, Before: before, Err: err})
 		}
 		if err != nil {
 			return deleted, batches, fmt.Errorf("janitor: delete expired records: %w", err)
@@ -337,7 +341,12 @@ func (j *Janitor) drain(ctx context.Context, before time.Time) (deleted, batches
 		if n < j.config.BatchSize {
 			return deleted, batches, nil
 		}
-		if err := wait(ctx, j.config.Pause); err != nil {
+		// Waiting as long as the batch took bounds the janitor's share of
+		// the database to half, whatever the backend and its load: claims
+		// that queued behind a slow batch get at least as long to run.
+		// SQLite waiters poll for the lock (sleeping up to 100 ms between
+		// tries), so a gap shorter than a batch is easily missed there.
+		if err := wait(ctx, max(j.config.Pause, took)); err != nil {
 			return deleted, batches, fmt.Errorf("janitor: %w", err)
 		}
 	}
