@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
+	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
@@ -117,6 +118,30 @@ SELECT ?1, ?2 || n, 'completed', 1, ?3, ?3, ?4 FROM s`,
 			return err
 		},
 		countSQL: `SELECT COUNT(*) FROM "` + table + `" WHERE consumer = ?`,
+	})
+}
+
+func TestJanitor100kMariaDB(t *testing.T) {
+	db := testenv.MySQL(t)
+	table := uniqueTable(t)
+	repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
+	require.NoError(t, err)
+	dropOnCleanup(t, db, "`"+table+"`")
+	require.NoError(t, repo.Migrate(t.Context()))
+
+	runBulkCleanup(t, bulkTarget{
+		db:   db,
+		repo: repo,
+		// seq_1_to_N is MariaDB's Sequence engine (MySQL 8 would need a
+		// recursive CTE and a raised cte_max_recursion_depth).
+		seed: func(ctx context.Context, consumer, prefix string, n int, createdAt, expiresAt time.Time) error {
+			_, err := db.ExecContext(ctx, fmt.Sprintf("INSERT INTO `"+table+"`"+`
+	(consumer, dedup_key, state, attempts, created_at, completed_at, expires_at)
+SELECT ?, CONCAT(?, seq), 'completed', 1, ?, ?, ? FROM seq_1_to_%d`, n),
+				consumer, prefix, createdAt.UTC(), createdAt.UTC(), expiresAt.UTC())
+			return err
+		},
+		countSQL: "SELECT COUNT(*) FROM `" + table + "` WHERE consumer = ?",
 	})
 }
 
