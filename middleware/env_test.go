@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"slices"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
@@ -36,33 +37,21 @@ type store struct {
 	placeholder func(n int) string
 }
 
-// forEachStore runs fn as a parallel subtest per backend, each on fresh
-// tables.
-func forEachStore(t *testing.T, fn func(t *testing.T, s *store)) {
-	t.Run("postgres", func(t *testing.T) {
-		t.Parallel()
-		fn(t, newPostgresStore(t))
-	})
-	t.Run("sqlite", func(t *testing.T) {
-		t.Parallel()
-		fn(t, newSQLiteStore(t))
-	})
-	t.Run("mysql", func(t *testing.T) {
-		t.Parallel()
-		fn(t, newMySQLStore(t))
-	})
-}
-
-func newMySQLStore(t testing.TB) *store {
-	db := testenv.MySQL(t)
-	s := &store{name: "mysql", db: db, inbox: randomName("inbox"), charges: randomName("charges"),
-		placeholder: func(int) string { return "?" }}
-	repo, err := mysql.NewRepository(db, mysql.Config{Table: s.inbox})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(t.Context()))
-	s.repo = repo
-	s.setup(t)
-	return s
+// forEachStore runs fn as a parallel subtest per backend (or per named
+// backend), each on fresh tables.
+func forEachStore(t *testing.T, fn func(t *testing.T, s *store), only ...string) {
+	for _, b := range []struct {
+		name string
+		open func(testing.TB) *store
+	}{{"postgres", newPostgresStore}, {"sqlite", newSQLiteStore}, {"mysql", newMySQLStore}} {
+		if len(only) > 0 && !slices.Contains(only, b.name) {
+			continue
+		}
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, b.open(t))
+		})
+	}
 }
 
 func newPostgresStore(t testing.TB) *store {

@@ -53,6 +53,22 @@ type Config struct {
 	// TracerProvider creates the span of each delivery. Default: the
 	// global otel.GetTracerProvider() (a no-op unless one is installed).
 	TracerProvider trace.TracerProvider
+	// Outputs, if set, receives the messages the handler returns, inside
+	// the inbox transaction — typically a transactional outbox (see
+	// outbox.Outbox.Outputs) — instead of the router publishing them after
+	// the commit. Each output first gets the deterministic UUID
+	// OutputUUID(Consumer, key, position), so a re-run writes the same
+	// UUIDs. The middleware then returns no messages to the router, and
+	// duplicates replay nothing: the outputs committed with the marker.
+	// Default: nil (outputs go back to the router and are stored for
+	// replay).
+	Outputs OutputWriter
+}
+
+// OutputWriter stores a handler's output messages inside the inbox
+// transaction, so they are published if and only if it commits.
+type OutputWriter interface {
+	WriteOutputs(ctx context.Context, tx *sql.Tx, msgs []*message.Message) error
 }
 
 func (c *Config) setDefaults() {
@@ -195,6 +211,18 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	}
 
 	i.obs.inject(ctx, out)
+	produced := len(out)
+	if c.Outputs != nil && produced > 0 {
+		for pos, m := range out {
+			m.UUID = OutputUUID(c.Consumer, key, pos)
+		}
+		if err := c.Outputs.WriteOutputs(ctx, tx, out); err != nil {
+			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: write %d outputs of key %q: %w", produced, key, err), nil)
+		}
+		// They commit with the marker and the relay publishes them: nothing
+		// for the router to publish, nothing to replay.
+		out = nil
+	}
 	result, err := encodeResult(out)
 	if err != nil {
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: %w", err), nil)
@@ -213,7 +241,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		// duplicates from now on.
 		return out, obs.end(ctx, OutcomeStaleVersion, nil, nil)
 	}
-	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": len(out)})
+	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": produced})
 }
 
 // extractKey runs the key function; no key is ErrNoKey.

@@ -1,0 +1,123 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// ErrNaturalDuplicate is returned by a handler that detected by itself
+// that its business row already exists — for example an
+// INSERT … ON CONFLICT DO NOTHING that affected no row, which on
+// PostgreSQL avoids aborting the transaction. NaturalKey acknowledges it
+// as a duplicate, like a unique violation.
+var ErrNaturalDuplicate = errors.New("business row already exists")
+
+// NaturalKeyConfig configures a NaturalKey.
+type NaturalKeyConfig struct {
+	// Consumer names the handler in logs and in the Delivery given to the
+	// Observer. Default: "" (none).
+	Consumer string
+	// IsDuplicate reports whether a handler error means "this message was
+	// already applied". Default: repository.IsUniqueViolation (PostgreSQL,
+	// SQLite, and MySQL/MariaDB once repository/mysql is imported), or'ed
+	// with errors.Is(err, ErrNaturalDuplicate).
+	IsDuplicate func(error) bool
+	// Observer receives each delivery's outcome: OutcomeProcessed,
+	// OutcomeDuplicate or OutcomeFailed. Default: nil (none).
+	Observer Observer
+	// Logger receives one line per duplicate. Default: watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// NaturalKey is a router middleware for handlers whose business row is
+// itself the deduplication marker: the row has a unique (or primary) key
+// derived from the message — an order id, a payment id — so a second
+// application fails on the constraint. No inbox table is involved.
+//
+// When the handler returns an error that IsDuplicate recognises (by
+// driver error code, never message text; wrapped errors count), NaturalKey
+// acknowledges the delivery as a duplicate: it returns no messages and no
+// error. Every other error is returned unchanged, so it is retried.
+//
+// The handler must own its transaction: do the unique insert, the rest of
+// the writes and the commit in one transaction, and on error roll it back
+// and return the error wrapped with %w. On PostgreSQL a failed statement
+// aborts the whole transaction, so nothing after the violating insert can
+// run in it: put the insert first, use a savepoint, or use
+// INSERT … ON CONFLICT DO NOTHING and return ErrNaturalDuplicate when it
+// affected no row.
+//
+// What it cannot do, compared with the Inbox: it does not replay the
+// first delivery's output messages (publish them through the outbox in
+// the same transaction instead), and it cannot tell a redelivery from a
+// different message that reuses the key (no payload comparison).
+//
+// Inside the transactional Inbox (TxFromContext finds a transaction) a
+// duplicate is not acknowledged: the inbox's transaction may be aborted
+// (PostgreSQL) and committing it would fail on every redelivery. Place
+// NaturalKey outside the Inbox instead — the Inbox then rolls back and
+// NaturalKey acknowledges — or rely on the Inbox's own marker.
+//
+// NaturalKey is safe for concurrent use.
+type NaturalKey struct {
+	config NaturalKeyConfig
+}
+
+// NewNaturalKey returns a NaturalKey with config's defaults applied.
+func NewNaturalKey(config NaturalKeyConfig) *NaturalKey {
+	if config.IsDuplicate == nil {
+		config.IsDuplicate = func(err error) bool {
+			return errors.Is(err, ErrNaturalDuplicate) || repository.IsUniqueViolation(err)
+		}
+	}
+	if config.Logger == nil {
+		config.Logger = watermill.NopLogger{}
+	}
+	return &NaturalKey{config: config}
+}
+
+// Middleware wraps h; add it to a router or a single handler.
+func (n *NaturalKey) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		start := time.Now()
+		ctx := msg.Context()
+		out, err := h(msg)
+		outcome := OutcomeProcessed
+		switch {
+		case err == nil:
+		case !n.config.IsDuplicate(err):
+			outcome = OutcomeFailed
+		default:
+			if _, inInbox := TxFromContext(ctx); inInbox {
+				err = fmt.Errorf("natural key: a duplicate inside the inbox transaction cannot be acknowledged (place NaturalKey outside the Inbox): %w", err)
+				outcome = OutcomeFailed
+				break
+			}
+			n.config.Logger.Info("NaturalKey: business row exists, duplicate acknowledged", watermill.LogFields{
+				"consumer":       n.config.Consumer,
+				"message_uuid":   msg.UUID,
+				"correlation_id": wmiddleware.MessageCorrelationID(msg),
+				"err":            err,
+			})
+			out, err, outcome = nil, nil, OutcomeDuplicate
+		}
+		if n.config.Observer != nil {
+			n.config.Observer.ObserveDelivery(ctx, Delivery{
+				Consumer:      n.config.Consumer,
+				MessageUUID:   msg.UUID,
+				CorrelationID: wmiddleware.MessageCorrelationID(msg),
+				Outcome:       outcome,
+				Err:           err,
+				Total:         time.Since(start),
+			})
+		}
+		return out, err
+	}
+}

@@ -1,0 +1,111 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// ErrNoTransaction is returned by VersionGuard.ApplyIfNewer when the
+// context carries no inbox transaction (the handler does not run inside
+// the transactional Inbox). Use ApplyIfNewerTx with your own transaction.
+var ErrNoTransaction = errors.New("no inbox transaction in context")
+
+// VersionGuardConfig configures a VersionGuard.
+type VersionGuardConfig struct {
+	// Guard stores the last applied version per (consumer, entity), in the
+	// same database as the inbox (postgres.VersionStore,
+	// mysql.VersionStore, sqlite.VersionStore). Required.
+	Guard repository.VersionGuard
+	// Consumer scopes the entities; use the Inbox's Consumer. Required; at
+	// most 255 bytes.
+	Consumer string
+}
+
+// Validate reports every problem with the configuration at once.
+func (c VersionGuardConfig) Validate() error {
+	var errs []error
+	if c.Guard == nil {
+		errs = append(errs, errors.New("missing VersionGuardConfig.Guard"))
+	}
+	if c.Consumer == "" {
+		errs = append(errs, errors.New("missing VersionGuardConfig.Consumer"))
+	} else if len(c.Consumer) > repository.MaxConsumerLength {
+		errs = append(errs, fmt.Errorf("config.Consumer must be at most %d bytes", repository.MaxConsumerLength))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid version guard config: %w", err)
+	}
+	return nil
+}
+
+// VersionGuard rejects stale messages for consumers that depend on order.
+// A handler calls ApplyIfNewer with the entity and version the message
+// carries before it writes anything:
+//
+//	func (h *handler) Handle(msg *message.Message) ([]*message.Message, error) {
+//		ev := decode(msg)
+//		if err := h.versions.ApplyIfNewer(msg.Context(), ev.OrderID, ev.Version); err != nil {
+//			return nil, err // ErrStaleVersion: the Inbox acknowledges and skips
+//		}
+//		tx, _ := middleware.TxFromContext(msg.Context())
+//		_, err := tx.ExecContext(msg.Context(), "UPDATE orders SET status = $1 WHERE id = $2", ev.Status, ev.OrderID)
+//		return nil, err
+//	}
+//
+// The version is recorded in the inbox transaction, so it commits or rolls
+// back together with the handler's writes. The Inbox acknowledges a
+// handler error wrapping ErrStaleVersion, commits and reports
+// OutcomeStaleVersion to its Observer (the stale counter) — so the
+// handler must return at once: whatever it wrote before would commit.
+// The consumer is bound once here rather than read from the context, so
+// handlers only pass what the message says.
+//
+// VersionGuard is safe for concurrent use.
+type VersionGuard struct {
+	config VersionGuardConfig
+}
+
+// NewVersionGuard validates config and returns a VersionGuard.
+func NewVersionGuard(config VersionGuardConfig) (*VersionGuard, error) {
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	return &VersionGuard{config: config}, nil
+}
+
+// ApplyIfNewer records version as the last applied version of entity in
+// the inbox transaction found in ctx (pass msg.Context()). It returns nil
+// when the version is newer than every version applied before — go on and
+// apply the message — and an error wrapping ErrStaleVersion when an equal
+// or newer one was already applied; nothing is written then. Concurrent
+// deliveries for one entity wait for each other's transactions, so
+// applied messages take effect in version order. It returns
+// ErrNoTransaction outside the transactional Inbox, and a wrapped
+// storage error (the transaction must then be rolled back: return it).
+func (g *VersionGuard) ApplyIfNewer(ctx context.Context, entity string, version int64) error {
+	tx, ok := TxFromContext(ctx)
+	if !ok {
+		return fmt.Errorf("version guard: entity %q: %w", entity, ErrNoTransaction)
+	}
+	return g.ApplyIfNewerTx(ctx, tx, entity, version)
+}
+
+// ApplyIfNewerTx is ApplyIfNewer in a transaction of the caller's, for
+// handlers that manage their own (with the TwoPhaseInbox, or no inbox at
+// all). The caller commits or rolls back; on ErrStaleVersion it should
+// roll back and acknowledge the message.
+func (g *VersionGuard) ApplyIfNewerTx(ctx context.Context, tx repository.Querier, entity string, version int64) error {
+	applied, err := g.config.Guard.AdvanceTx(ctx, tx, repository.AdvanceParams{
+		Consumer: g.config.Consumer, Entity: entity, Version: version,
+	})
+	if err != nil {
+		return fmt.Errorf("version guard: %w", err)
+	}
+	if !applied {
+		return fmt.Errorf("%w: consumer %q, entity %q, version %d is not newer than the applied one", ErrStaleVersion, g.config.Consumer, entity, version)
+	}
+	return nil
+}

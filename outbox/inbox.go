@@ -1,0 +1,39 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+)
+
+// Outputs returns a middleware.OutputWriter that stores an inbox handler's
+// output messages in this outbox, bound for topic, inside the inbox
+// transaction:
+//
+//	inbox, _ := middleware.NewInbox(middleware.Config{
+//		DB: db, Repository: repo, Consumer: "billing",
+//		Outputs: ob.Outputs("payments"),
+//	})
+//
+// The business writes, the inbox marker and the outbox rows then commit or
+// roll back together, and the relay publishes the outputs with the
+// deterministic UUIDs the inbox gave them (middleware.OutputUUID).
+func (o *Outbox) Outputs(topic string) middleware.OutputWriter {
+	return outputs{outbox: o, topic: topic}
+}
+
+type outputs struct {
+	outbox *Outbox
+	topic  string
+}
+
+func (w outputs) WriteOutputs(ctx context.Context, tx *sql.Tx, msgs []*message.Message) error {
+	out := make([]Outgoing, len(msgs))
+	for i, m := range msgs {
+		out[i] = Outgoing{Topic: w.topic, Message: m}
+	}
+	return w.outbox.WriteTx(ctx, tx, out...)
+}
