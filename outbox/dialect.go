@@ -66,8 +66,10 @@ func newDialect(kind Dialect, table string) dialect {
 	case MySQL:
 		d.table, _ = repository.QuoteTableName(table, "`")
 		d.ddl = mysqlDDL(d.table)
+		// FORCE INDEX: a table scan with a sort would lock every row, not
+		// just the batch.
 		d.selectSQL = "SELECT `id`, `topic`, `uuid`, `payload`, `metadata` FROM " + d.table +
-			" ORDER BY `id` LIMIT ? FOR UPDATE SKIP LOCKED"
+			" FORCE INDEX (PRIMARY) ORDER BY `id` LIMIT ? FOR UPDATE SKIP LOCKED"
 	}
 	return d
 }
@@ -189,11 +191,23 @@ func (d dialect) deleteQuery(ids []int64) (string, []any) {
 	if d.kind == PostgreSQL {
 		return `DELETE FROM ` + d.table + ` WHERE id = ANY($1)`, []any{ids}
 	}
-	args := make([]any, len(ids))
+	// Not "WHERE id IN (…)": InnoDB often plans that as a table scan, and
+	// a scanning DELETE waits on every row it reads — rows claimed by
+	// other relays (deadlocks) and uncommitted rows of writers (a stall
+	// until the late transaction ends). Driving the join from the id list
+	// makes every row access a primary-key lookup of a row this
+	// transaction already holds.
+	var b strings.Builder
+	b.WriteByte('[')
 	for i, id := range ids {
-		args[i] = id
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(id, 10))
 	}
-	return "DELETE FROM " + d.table + " WHERE `id` IN (" + strings.TrimSuffix(strings.Repeat("?,", len(ids)), ",") + ")", args
+	b.WriteByte(']')
+	return "DELETE o FROM JSON_TABLE(?, '$[*]' COLUMNS (`id` BIGINT PATH '$')) AS k STRAIGHT_JOIN " + d.table +
+		" AS o ON o.`id` = k.`id`", []any{b.String()}
 }
 
 // schemaAdapter lets watermill-sql's Publisher write into the outbox

@@ -29,6 +29,11 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// testLogger writes the relay's errors into the test's output.
+func testLogger(t *testing.T) watermill.LoggerAdapter {
+	return watermill.NewStdLoggerWithOut(t.Output(), false, false)
+}
+
 // backend is one database with a fresh outbox table.
 type backend struct {
 	name    string
@@ -90,6 +95,22 @@ func (b backend) outboxRows(t *testing.T) int {
 	var n int
 	require.NoError(t, b.db.QueryRow(`SELECT COUNT(*) FROM `+b.table).Scan(&n))
 	return n
+}
+
+// waitEmpty polls until the relay has acknowledged every row: a message
+// is recorded before the relay's commit, so "all delivered" does not yet
+// mean "outbox empty".
+func (b backend) waitEmpty(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for b.outboxRows(t) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("outbox still holds %d rows after %s", b.outboxRows(t), timeout)
+		}
+		<-tick.C
+	}
 }
 
 // write commits msgs to topic in one transaction.
