@@ -2,12 +2,12 @@ package middleware_test
 
 import (
 	"context"
-	"slices"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -228,4 +228,16 @@ func randomName(prefix string) string {
 		panic(err)
 	}
 	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+func newMySQLStore(t testing.TB) *store {
+	db := testenv.MySQL(t)
+	s := &store{name: "mysql", db: db, inbox: randomName("inbox"), charges: randomName("charges"),
+		placeholder: func(int) string { return "?" }}
+	repo, err := mysql.NewRepository(db, mysql.Config{Table: s.inbox})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	s.repo = repo
+	s.setup(t)
+	return s
 }
