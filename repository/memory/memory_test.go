@@ -67,3 +67,13 @@ func TestAcquireReplacesExpiredRecord(t *testing.T) {
 	require.Equal(t, "second", rec.LeaseOwner)
 	require.Equal(t, repository.StateInProgress, rec.State)
 }
+
+func BenchmarkRepository(b *testing.B) {
+	repotest.Bench(b, repotest.BenchBackend{
+		Name:     "memory",
+		Features: repotest.Features{TwoPhase: true, NoSQLTable: true},
+		New: func(testing.TB, string) (repotest.Repository, error) {
+			return memory.NewRepository(), nil
+		},
+	})
+}

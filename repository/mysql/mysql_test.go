@@ -493,3 +493,23 @@ func randomSuffix() string {
 	}
 	return hex.EncodeToString(b[:])
 }
+
+func BenchmarkRepository(b *testing.B) {
+	db := testenv.MySQL(b)
+	repotest.Bench(b, repotest.BenchBackend{
+		Name:     "mysql",
+		DB:       db,
+		Features: repotest.Features{Transactional: true, TwoPhase: true},
+		New: func(tb testing.TB, table string) (repotest.Repository, error) {
+			repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
+			if err != nil {
+				return nil, err
+			}
+			tb.Cleanup(func() {
+				_, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+table+"`")
+				require.NoError(tb, err)
+			})
+			return repo, repo.Migrate(context.Background())
+		},
+	})
+}

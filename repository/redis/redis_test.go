@@ -134,3 +134,16 @@ func TestServerErrorsAreWrapped(t *testing.T) {
 	_, err = repo.Get(t.Context(), "c", "k")
 	require.ErrorIs(t, err, goredis.ErrClosed)
 }
+
+func BenchmarkRepository(b *testing.B) {
+	client := testenv.Redis(b)
+	repotest.Bench(b, repotest.BenchBackend{
+		Name:     "redis",
+		Features: repotest.Features{TwoPhase: true, NoSQLTable: true, ExpiryByTTL: true},
+		New: func(tb testing.TB, table string) (repotest.Repository, error) {
+			prefix := "watermill-idempotent-bench:" + table + ":"
+			testenv.DeleteRedisKeysOnCleanup(tb, client, prefix)
+			return redis.NewRepository(client, redis.Config{KeyPrefix: prefix})
+		},
+	})
+}

@@ -34,3 +34,23 @@ func TestSchemaFileMatchesMigrate(t *testing.T) {
 	require.Equal(t, sqlite.SchemaDDL(repository.DefaultTableName), sqlite.SchemaSQL,
 		"schema.sql is stale: regenerate it with `go run ./internal/cmd/gen-schema`")
 }
+
+func BenchmarkRepository(b *testing.B) {
+	db := testenv.SQLite(b)
+	repotest.Bench(b, repotest.BenchBackend{
+		Name:     "sqlite",
+		DB:       db,
+		Features: repotest.Features{Transactional: true, TwoPhase: true},
+		New: func(tb testing.TB, table string) (repotest.Repository, error) {
+			repo, err := sqlite.NewRepository(db, sqlite.Config{Table: table})
+			if err != nil {
+				return nil, err
+			}
+			tb.Cleanup(func() {
+				_, err := db.Exec(`DROP TABLE IF EXISTS "` + table + `"`)
+				require.NoError(tb, err)
+			})
+			return repo, repo.Migrate(tb.Context())
+		},
+	})
+}
