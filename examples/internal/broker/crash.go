@@ -1,0 +1,48 @@
+package broker
+
+import (
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Crash is fault injection for the examples and their tests: a service
+// never calls it. It makes the broker see what it sees when the process
+// owning sub dies while holding an unacknowledged delivery, so the
+// redelivery that follows is the broker's own:
+//
+//   - amqp: the subscriber's connection is closed without acking.
+//     RabbitMQ requeues the delivery and redelivers it, flagged
+//     redelivered, to a competing consumer or to this one once it has
+//     reconnected (watermill-amqp reconnects on its own, like a restarted
+//     process). The subscriber survives.
+//   - kafka: the consumer-group member leaves without committing the
+//     delivery's offset. The group rebalances and the partition's next
+//     owner consumes it again from the last committed offset. The
+//     subscriber is gone: its router stops, and a replacement instance has
+//     to join the group.
+//   - gochannel: there is no connection to lose; the caller's nack makes
+//     GoChannel resend. The subscriber survives.
+//
+// Call it from the handler that holds the delivery, then return an error.
+func Crash(sub message.Subscriber) (survives bool, err error) {
+	switch s := sub.(type) {
+	case *amqp.Subscriber:
+		if err := s.Connection().Close(); err != nil {
+			return true, fmt.Errorf("amqp crash: closing the connection: %w", err)
+		}
+		return true, nil
+	case *kafka.Subscriber:
+		// Close returns once the member has left the group; the held
+		// message was never marked, so its offset is not committed.
+		if err := s.Close(); err != nil {
+			return false, fmt.Errorf("kafka crash: %w", err)
+		}
+		return false, nil
+	case *goChannelSubscriber:
+		return true, nil
+	}
+	return true, fmt.Errorf("crash: unsupported subscriber %T", sub)
+}

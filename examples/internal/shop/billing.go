@@ -1,0 +1,142 @@
+// Package shop is the small domain shared by the RabbitMQ and Kafka
+// examples: an order-placed event charges a customer and emits
+// payment-completed, and a downstream receipts service consumes that.
+//
+// The handlers (Billing.Handle, Receipts.Handle) are ordinary Watermill
+// handlers. They write through the inbox transaction
+// (middleware.TxFromContext), so a charge commits together with the
+// "already processed" marker, and they do not know which broker delivers
+// to them: Run wires them to whatever broker.Open returned.
+//
+//	billing := &shop.Billing{Consumer: "billing", Store: store, PaymentsTopic: "payments", Outbox: ob}
+//	router.AddHandler("billing", "orders", sub, "payments", pub, billing.Handle)
+//	router.AddMiddleware(poisonQueue, inbox.Middleware)
+//
+// Run plays the whole scenario — competing consumers, producer retries,
+// failures, crashes before ack, poison messages — and returns the Ledger.
+package shop
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/outbox"
+)
+
+// OrderPlaced is published by the orders service for every order.
+type OrderPlaced struct {
+	OrderID  string `json:"order_id"`
+	Customer string `json:"customer"`
+	Amount   int    `json:"amount_cents"`
+}
+
+// PaymentCompleted is emitted by billing once it charged an order.
+type PaymentCompleted struct {
+	OrderID  string `json:"order_id"`
+	Customer string `json:"customer"`
+	Amount   int    `json:"amount_cents"`
+}
+
+// ErrCardDeclined is the transient failure the fault injection returns:
+// the charge rolls back and the broker redelivers the order.
+var ErrCardDeclined = errors.New("card network timeout")
+
+// Billing charges customers for placed orders and emits PaymentCompleted.
+type Billing struct {
+	// Consumer is the inbox consumer name; the payment UUID is derived from
+	// it and the order's deduplication key.
+	Consumer string
+	// Store holds the charges table.
+	Store *Store
+	// PaymentsTopic is where PaymentCompleted goes.
+	PaymentsTopic string
+	// Outbox, when set, receives PaymentCompleted inside the inbox
+	// transaction and a relay publishes it; the handler then returns no
+	// messages. When nil, the handler returns the message and the router
+	// publishes it after the commit (the inbox replays it to duplicates).
+	Outbox *outbox.Outbox
+	// FailOnce, when set, is asked before each charge commits; true makes
+	// this attempt fail (fault injection).
+	FailOnce func(OrderPlaced) bool
+}
+
+// Handle is the billing handler. It must run inside an inbox: it charges
+// through the inbox transaction, so the charge, the marker and (with an
+// outbox) the payment event commit together or not at all.
+func (b *Billing) Handle(msg *message.Message) ([]*message.Message, error) {
+	ctx := msg.Context()
+	var o OrderPlaced
+	if err := json.Unmarshal(msg.Payload, &o); err != nil {
+		return nil, fmt.Errorf("decoding order %s: %w", msg.UUID, err)
+	}
+	tx, ok := middleware.TxFromContext(ctx)
+	if !ok {
+		return nil, errors.New("billing must run inside the inbox middleware")
+	}
+	markRan(ctx)
+	if err := b.Store.Charge(ctx, tx, o); err != nil {
+		return nil, err
+	}
+	if b.FailOnce != nil && b.FailOnce(o) {
+		return nil, fmt.Errorf("charging order %s: %w", o.OrderID, ErrCardDeclined) // rolls the charge back
+	}
+
+	// The payment's UUID is a function of the order's key: a re-run after
+	// a rollback produces the same UUID, so downstream dedupes it.
+	key, _ := middleware.KeyFromContext(ctx)
+	payload, err := json.Marshal(PaymentCompleted(o))
+	if err != nil {
+		return nil, err
+	}
+	payment := message.NewMessage(middleware.OutputUUID(b.Consumer, key, 0), payload)
+	wmiddleware.SetCorrelationID(wmiddleware.MessageCorrelationID(msg), payment)
+
+	if b.Outbox != nil {
+		if err := b.Outbox.WriteTx(ctx, tx, outbox.Outgoing{Topic: b.PaymentsTopic, Message: payment}); err != nil {
+			return nil, fmt.Errorf("writing payment of %s to the outbox: %w", o.OrderID, err)
+		}
+		return nil, nil
+	}
+	return []*message.Message{payment}, nil
+}
+
+// Receipts is the downstream consumer of PaymentCompleted: it records one
+// receipt per payment.
+type Receipts struct {
+	Store *Store
+}
+
+// Handle records a receipt in the inbox transaction.
+func (r *Receipts) Handle(msg *message.Message) error {
+	ctx := msg.Context()
+	var p PaymentCompleted
+	if err := json.Unmarshal(msg.Payload, &p); err != nil {
+		return fmt.Errorf("decoding payment %s: %w", msg.UUID, err)
+	}
+	tx, ok := middleware.TxFromContext(ctx)
+	if !ok {
+		return errors.New("receipts must run inside the inbox middleware")
+	}
+	return r.Store.Receipt(ctx, tx, msg.UUID, p)
+}
+
+// ranKey marks, in a delivery's context, that the billing handler ran for
+// it (the inbox claimed it), as opposed to a duplicate.
+type ranKey struct{}
+
+func withRanFlag(ctx context.Context) (context.Context, *bool) {
+	ran := new(bool)
+	return context.WithValue(ctx, ranKey{}, ran), ran
+}
+
+func markRan(ctx context.Context) {
+	if ran, ok := ctx.Value(ranKey{}).(*bool); ok {
+		*ran = true
+	}
+}

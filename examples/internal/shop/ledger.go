@@ -1,0 +1,193 @@
+package shop
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+)
+
+// Outcomes counts an inbox's deliveries by outcome.
+type Outcomes map[middleware.Outcome]int
+
+// Total is the number of deliveries the inbox saw.
+func (o Outcomes) Total() int {
+	n := 0
+	for _, c := range o {
+		n += c
+	}
+	return n
+}
+
+// Duplicates is the number of deliveries acknowledged without running the
+// handler, with or without a replay of stored output.
+func (o Outcomes) Duplicates() int {
+	return o[middleware.OutcomeDuplicate] + o[middleware.OutcomeReplayed]
+}
+
+// Ledger is what a Run counted and what the database holds at the end.
+type Ledger struct {
+	Run, Broker, Database string
+	Instances             int  // billing instances competing for the orders
+	ViaOutbox             bool // payments went through the outbox and its relay
+
+	Orders      int // orders placed
+	Published   int // order messages published, re-sends and bad ones included
+	BadMessages int // deliberately bad messages among them
+
+	Billing  Outcomes // billing inbox outcomes, every delivery
+	Failures int      // injected failures (rolled back, redelivered)
+	Crashes  int      // injected crashes after commit, before ack
+	Restarts int      // instances replaced after a crash took them down (Kafka)
+
+	PaymentsPublished int // payment messages published (relay or router)
+	PaymentsDelivered int // payment deliveries the receipts inbox acknowledged
+	Receipts          Outcomes
+	Poisoned          []string // UUIDs that reached the poison queue
+	OutboxBacklog     int      // rows left in the outbox
+
+	Expected      map[string]CustomerTotals // per customer, from the orders
+	Charged       map[string]CustomerTotals // per customer, from the charges table
+	ChargedOrders int                       // distinct orders in the charges table
+	DoubleCharged int                       // orders with more than one charge
+	ReceiptRows   int
+	ReceiptOrders int
+
+	Elapsed time.Duration
+}
+
+// Resent is the number of order messages the producer published again.
+func (l *Ledger) Resent() int { return l.Published - l.Orders - l.BadMessages }
+
+// ChargedOnce reports whether every order was charged exactly once with
+// its amount.
+func (l *Ledger) ChargedOnce() bool {
+	if l.ChargedOrders != l.Orders || l.DoubleCharged != 0 || len(l.Charged) != len(l.Expected) {
+		return false
+	}
+	for c, want := range l.Expected {
+		if l.Charged[c] != want {
+			return false
+		}
+	}
+	return true
+}
+
+// PaymentsComplete reports whether every order's payment reached the
+// receipts service and produced one receipt.
+func (l *Ledger) PaymentsComplete() bool {
+	return l.Receipts[middleware.OutcomeProcessed] == l.Orders && l.ReceiptRows == l.Orders && l.ReceiptOrders == l.Orders
+}
+
+// PoisonOnlyBad reports whether the poison queue holds exactly the
+// deliberately bad messages: one without a key, one reusing a key.
+func (l *Ledger) PoisonOnlyBad() bool {
+	return len(l.Poisoned) == l.BadMessages &&
+		l.Billing[middleware.OutcomeNoKey] == 1 && l.Billing[middleware.OutcomePayloadMismatch] == 1
+}
+
+// ExactlyOnce reports whether the run shows effectively-once effects.
+func (l *Ledger) ExactlyOnce() bool {
+	return l.ChargedOnce() && l.PaymentsComplete() && l.PoisonOnlyBad()
+}
+
+// Print writes the ledger summary.
+func (l *Ledger) Print(w io.Writer) {
+	via := "router output (replayed to duplicates)"
+	if l.ViaOutbox {
+		via = "transactional outbox + relay"
+	}
+	fmt.Fprintf(w, "run %s: broker %s, database %s, %d competing billing instances, payments via %s\n\n",
+		l.Run, l.Broker, l.Database, l.Instances, via)
+	fmt.Fprintf(w, "producer  %3d orders published as %d messages: %d re-sent after a lost confirmation, %d deliberately bad\n",
+		l.Orders, l.Published, l.Resent(), l.BadMessages)
+	b := l.Billing
+	fmt.Fprintf(w, "billing   %3d deliveries\n", b.Total())
+	fmt.Fprintf(w, "          %3d processed: charged, payment emitted\n", b[middleware.OutcomeProcessed])
+	fmt.Fprintf(w, "          %3d failed, rolled back and redelivered\n", b[middleware.OutcomeFailed])
+	fmt.Fprintf(w, "          %3d crashed after commit, before ack; redelivered by the broker (%d instances replaced)\n", l.Crashes, l.Restarts)
+	fmt.Fprintf(w, "          %3d duplicates acknowledged without charging (%d replayed their payment)\n", b.Duplicates(), b[middleware.OutcomeReplayed])
+	fmt.Fprintf(w, "          %3d without a key, %d reusing a key for other content: poison queue\n", b[middleware.OutcomeNoKey], b[middleware.OutcomePayloadMismatch])
+	fmt.Fprintf(w, "payments  %3d published, %d delivered to receipts (%d left in the outbox)\n", l.PaymentsPublished, l.PaymentsDelivered, l.OutboxBacklog)
+	fmt.Fprintf(w, "receipts  %3d processed, %d duplicates skipped; %d receipts for %d orders\n",
+		l.Receipts[middleware.OutcomeProcessed], l.Receipts.Duplicates(), l.ReceiptRows, l.ReceiptOrders)
+	fmt.Fprintf(w, "poison    %3d messages\n\n", len(l.Poisoned))
+
+	names := make([]string, 0, len(l.Expected))
+	for c := range l.Expected {
+		names = append(names, c)
+	}
+	sort.Strings(names)
+	fmt.Fprintln(w, "customer   orders  charges     charged    expected")
+	for _, c := range names {
+		fmt.Fprintf(w, "%-10s %6d  %7d  %10s  %10s\n", c, l.Expected[c].Charges, l.Charged[c].Charges, dollars(l.Charged[c].Cents), dollars(l.Expected[c].Cents))
+	}
+	fmt.Fprintln(w)
+	if l.ExactlyOnce() {
+		fmt.Fprintf(w, "every order charged exactly once, every payment delivered downstream, only the deliberate messages poisoned (%s)\n",
+			l.Elapsed.Round(10*time.Millisecond))
+		return
+	}
+	if !l.ChargedOnce() {
+		fmt.Fprintf(w, "MISMATCH: %d of %d orders charged, %d more than once\n", l.ChargedOrders, l.Orders, l.DoubleCharged)
+	}
+	if !l.PaymentsComplete() {
+		fmt.Fprintf(w, "MISMATCH: %d receipts for %d orders, expected one per order\n", l.ReceiptRows, l.ReceiptOrders)
+	}
+	if !l.PoisonOnlyBad() {
+		fmt.Fprintf(w, "MISMATCH: %d messages poisoned, expected the %d deliberate ones\n", len(l.Poisoned), l.BadMessages)
+	}
+}
+
+func dollars(cents int) string { return fmt.Sprintf("$%d.%02d", cents/100, cents%100) }
+
+// outcomeCounter is an inbox Observer counting outcomes per consumer and
+// passing every delivery on to next (metrics), if set.
+type outcomeCounter struct {
+	next middleware.Observer
+
+	mu     sync.Mutex
+	counts map[string]Outcomes
+}
+
+func newOutcomeCounter(next middleware.Observer) *outcomeCounter {
+	return &outcomeCounter{next: next, counts: map[string]Outcomes{}}
+}
+
+func (c *outcomeCounter) ObserveDelivery(ctx context.Context, d middleware.Delivery) {
+	c.mu.Lock()
+	if c.counts[d.Consumer] == nil {
+		c.counts[d.Consumer] = Outcomes{}
+	}
+	c.counts[d.Consumer][d.Outcome]++
+	c.mu.Unlock()
+	if c.next != nil {
+		c.next.ObserveDelivery(ctx, d)
+	}
+}
+
+func (c *outcomeCounter) get(consumer string, o middleware.Outcome) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.counts[consumer][o]
+}
+
+func (c *outcomeCounter) total(consumer string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.counts[consumer].Total()
+}
+
+func (c *outcomeCounter) snapshot(consumer string) Outcomes {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := Outcomes{}
+	for k, v := range c.counts[consumer] {
+		out[k] = v
+	}
+	return out
+}
