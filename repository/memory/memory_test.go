@@ -13,7 +13,7 @@ import (
 func TestConformance(t *testing.T) {
 	repotest.Run(t, repotest.Backend{
 		Name:     "memory",
-		Features: repotest.Features{TwoPhase: true, NoSQLTable: true, Operator: true},
+		Features: repotest.Features{TwoPhase: true, NoSQLTable: true, Operator: true, Stats: true},
 		New: func(*testing.T, string) (repotest.Repository, error) {
 			return memory.NewRepository(), nil
 		},

@@ -25,7 +25,7 @@ func TestConformance(t *testing.T) {
 	repotest.Run(t, repotest.Backend{
 		Name:     "mysql",
 		DB:       db,
-		Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true},
+		Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true, Stats: true},
 		New: func(t *testing.T, table string) (repotest.Repository, error) {
 			repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
 			if err != nil {

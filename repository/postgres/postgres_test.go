@@ -16,7 +16,7 @@ func TestConformance(t *testing.T) {
 	repotest.Run(t, repotest.Backend{
 		Name:     "postgres",
 		DB:       db,
-		Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true},
+		Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true, Stats: true},
 		New: func(t *testing.T, table string) (repotest.Repository, error) {
 			repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
 			if err != nil {

@@ -20,7 +20,7 @@ func TestConformance(t *testing.T) {
 	client := testenv.Redis(t)
 	repotest.Run(t, repotest.Backend{
 		Name:     "redis",
-		Features: repotest.Features{TwoPhase: true, NoSQLTable: true, ExpiryByTTL: true, Operator: true},
+		Features: repotest.Features{TwoPhase: true, NoSQLTable: true, ExpiryByTTL: true, Operator: true, Stats: true},
 		New: func(t *testing.T, table string) (repotest.Repository, error) {
 			// The suite's random table name namespaces the case's keys.
 			prefix := "watermill-idempotent-test:" + table + ":"

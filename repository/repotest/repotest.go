@@ -21,7 +21,7 @@
 // Every case runs in parallel on a table of its own with a random name, so
 // the suite can run against a shared server and re-run on a dirty database.
 // Cases are grouped by area: claim.go, concurrency.go, expiry.go,
-// identifiers.go, twophase.go, operator.go.
+// identifiers.go, twophase.go, operator.go, stats.go.
 package repotest
 
 import (
@@ -66,6 +66,10 @@ type Features struct {
 	// Operator: the backend implements repository.Operator (listing and
 	// resolving stuck two-phase records); requires TwoPhase.
 	Operator bool
+	// Stats: the backend implements repository.Stats (counting records
+	// by consumer and state); requires TwoPhase, whose calls seed the
+	// records.
+	Stats bool
 }
 
 // Backend describes the backend under test.
@@ -100,6 +104,9 @@ func Run(t *testing.T, b Backend) {
 	}
 	if b.Features.Operator {
 		t.Run("Operator", func(t *testing.T) { runOperator(t, b) })
+	}
+	if b.Features.Stats {
+		t.Run("Stats", func(t *testing.T) { runStats(t, b) })
 	}
 }
 

@@ -15,7 +15,7 @@ func TestConformance(t *testing.T) {
 	repotest.Run(t, repotest.Backend{
 		Name:     "sqlite",
 		DB:       db,
-		Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true},
+		Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true, Stats: true},
 		New: func(t *testing.T, table string) (repotest.Repository, error) {
 			repo, err := sqlite.NewRepository(db, sqlite.Config{Table: table})
 			if err != nil {

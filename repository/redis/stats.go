@@ -1,0 +1,118 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// CountRecords implements repository.Stats by walking the key space under
+// the prefix with SCAN (COUNT scanBatch) and reading four fields of each
+// record (consumer, state, lease_until, expires_at) with pipelined HMGETs,
+// one round trip per batch. Its cost grows with the number of records
+// under the prefix — about two round trips per 500 records, and the
+// server's SCAN work over the whole database: run it at janitor
+// intervals, not per message. SCAN does not block the server, but the
+// walk is not a snapshot: a record written or deleted during it may be
+// counted or not. It counts one node: on Redis Cluster, go-redis's
+// ClusterClient SCAN covers only one node, so sample each master with a
+// Repository over its own client (ForEachMaster) and add the counts.
+func (r *Repository) CountRecords(ctx context.Context, now time.Time) ([]repository.RecordCount, error) {
+	if err := repository.ValidateCountRecords(now); err != nil {
+		return nil, err
+	}
+	us := micros(now)
+	byConsumer := make(map[string]*repository.RecordCount)
+	batch := make([]string, 0, scanBatch)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		cmds, err := r.client.Pipelined(ctx, func(pipe goredis.Pipeliner) error {
+			for _, k := range batch {
+				pipe.HMGet(ctx, k, "consumer", "state", "lease_until", "expires_at")
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for i, cmd := range cmds {
+			v, err := cmd.(*goredis.SliceCmd).Result()
+			if err != nil {
+				return fmt.Errorf("%s: %w", batch[i], err)
+			}
+			consumer, ok := v[0].(string)
+			if !ok { // deleted since the SCAN saw it
+				continue
+			}
+			state, _ := v[1].(string)
+			leaseUntil, err := microsField(v[2])
+			if err != nil {
+				return fmt.Errorf("%s: malformed record: lease_until: %w", batch[i], err)
+			}
+			expiresAt, err := microsField(v[3])
+			if err != nil {
+				return fmt.Errorf("%s: malformed record: expires_at: %w", batch[i], err)
+			}
+			if expiresAt <= us { // the TTL is due: the scripts treat it as absent
+				continue
+			}
+			c := byConsumer[consumer]
+			if c == nil {
+				c = &repository.RecordCount{Consumer: consumer}
+				byConsumer[consumer] = c
+			}
+			switch {
+			case repository.State(state) == repository.StateCompleted:
+				c.Completed++
+			case leaseUntil > us:
+				c.InProgress++
+			default:
+				c.Stale++
+			}
+		}
+		batch = batch[:0]
+		return nil
+	}
+	iter := r.client.Scan(ctx, 0, globEscaper.Replace(r.prefix)+"{*", scanBatch).Iterator()
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == scanBatch {
+			if err := flush(); err != nil {
+				return nil, fmt.Errorf("redis: count records: %w", err)
+			}
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("redis: count records: %w", err)
+	}
+	if err := flush(); err != nil {
+		return nil, fmt.Errorf("redis: count records: %w", err)
+	}
+	counts := make([]repository.RecordCount, 0, len(byConsumer))
+	for _, c := range byConsumer {
+		counts = append(counts, *c)
+	}
+	slices.SortFunc(counts, func(a, b repository.RecordCount) int { return strings.Compare(a.Consumer, b.Consumer) })
+	return counts, nil
+}
+
+// microsField parses a timestamp field read by HMGET; a missing field
+// reads as 0.
+func microsField(v any) (int64, error) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, nil
+	}
+	return strconv.ParseInt(s, 10, 64)
+}
+
+var _ repository.Stats = (*Repository)(nil)
