@@ -18,6 +18,15 @@
 // instead of waiting behind it. Backends that expire records by themselves
 // (Redis TTL) need no janitor.
 //
+// With Config.OnSample set, every pass ends by counting the live records
+// per consumer and state through [repository.Stats] — the source of the
+// in-progress and stale record gauges:
+//
+//	j, err := janitor.NewJanitor(repo, janitor.Config{
+//		OnBatch:  m.ObserveJanitorBatch,  // m: *metrics.Metrics
+//		OnSample: m.ObserveRecordCounts,
+//	}, logger)
+//
 // It lives in its own package rather than in repository so that the
 // storage contracts stay free of Watermill, goroutines and timers.
 package janitor

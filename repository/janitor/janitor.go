@@ -73,6 +73,20 @@ type Config struct {
 	// running the pass. It must not block. It is the extension point for
 	// metrics.
 	OnBatch func(Batch)
+	// OnSample, if set, is called after every pass (also a failed one,
+	// not one stopped by its context or Close) with the store's live
+	// records per consumer and state: repository.Stats.CountRecords at
+	// the time Now returns once the pass is done, which OnSample receives
+	// too. It is called from the goroutine running the pass and must not
+	// block. It is the hook for the record gauges: pass the
+	// ObserveRecordCounts method of metrics.Metrics. The cleaner must implement
+	// repository.Stats (every backend in this module does; run a janitor
+	// over Redis just for this, its cleanup is a no-op) — NewJanitor
+	// refuses one that does not. A sample reads the whole store once per
+	// pass (see repository.Stats). A failed sample is logged at Error
+	// level and skipped; it never fails the pass. Default: nil, no
+	// sampling.
+	OnSample func(now time.Time, counts []repository.RecordCount)
 }
 
 func (c *Config) setDefaults() {
@@ -114,6 +128,7 @@ func (c Config) Validate() error {
 // may clean the same table at once.
 type Janitor struct {
 	cleaner repository.Cleaner
+	stats   repository.Stats // the cleaner, when Config.OnSample is set
 	config  Config
 	logger  watermill.LoggerAdapter
 
@@ -128,7 +143,8 @@ type Janitor struct {
 
 // NewJanitor returns a Janitor that deletes expired records through
 // cleaner. It starts nothing: call Run, RunOnce or RouterPlugin. A nil
-// logger becomes watermill.NopLogger.
+// logger becomes watermill.NopLogger. With Config.OnSample set, cleaner
+// must also implement repository.Stats.
 func NewJanitor(cleaner repository.Cleaner, config Config, logger watermill.LoggerAdapter) (*Janitor, error) {
 	if cleaner == nil {
 		return nil, errors.New("janitor: cleaner is nil")
@@ -137,12 +153,20 @@ func NewJanitor(cleaner repository.Cleaner, config Config, logger watermill.Logg
 	if err := config.Validate(); err != nil {
 		return nil, fmt.Errorf("janitor: invalid config: %w", err)
 	}
+	var stats repository.Stats
+	if config.OnSample != nil {
+		var ok bool
+		if stats, ok = cleaner.(repository.Stats); !ok {
+			return nil, fmt.Errorf("janitor: Config.OnSample is set but %T does not implement repository.Stats", cleaner)
+		}
+	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
 	closed, closeFn := context.WithCancel(context.Background())
 	return &Janitor{
 		cleaner: cleaner,
+		stats:   stats,
 		config:  config,
 		logger:  logger,
 		closed:  closed,
@@ -157,7 +181,8 @@ func NewJanitor(cleaner repository.Cleaner, config Config, logger watermill.Logg
 // deleted, also on error. It stops early, with ctx's error, when ctx is
 // done or Close is called. A failed batch ends the pass; the records it
 // did not delete are still there for the next one. The pass is logged as
-// Run logs it: Info with counts and duration, Error on failure.
+// Run logs it: Info with counts and duration, Error on failure. Like every
+// pass, it ends with a sample for Config.OnSample when that is set.
 func (j *Janitor) RunOnce(ctx context.Context) (int, error) {
 	if err := j.enter(false); err != nil {
 		return 0, err
@@ -299,7 +324,9 @@ func (j *Janitor) loop(ctx context.Context) {
 
 // pass deletes expired records batch by batch and logs the outcome: Info
 // with the counts when it removed something, Error when a batch failed.
+// Then it samples the records for Config.OnSample.
 func (j *Janitor) pass(ctx context.Context) (int, error) {
+	defer j.sample(ctx)
 	start := time.Now()
 	before := j.config.Now()
 	deleted, batches, err := j.drain(ctx, before)
@@ -349,6 +376,25 @@ func (j *Janitor) drain(ctx context.Context, before time.Time) (deleted, batches
 		if err := wait(ctx, max(j.config.Pause, took)); err != nil {
 			return deleted, batches, fmt.Errorf("janitor: %w", err)
 		}
+	}
+}
+
+// sample calls Config.OnSample with the records counted now, unless it is
+// unset or ctx is done. A failed count is logged, not returned: the gauges
+// keep their last values until a sample succeeds.
+func (j *Janitor) sample(ctx context.Context) {
+	if j.config.OnSample == nil || ctx.Err() != nil {
+		return
+	}
+	now := j.config.Now()
+	counts, err := j.stats.CountRecords(ctx, now)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		j.logger.Debug("Inbox janitor sample stopped", watermill.LogFields{"now": now})
+	case err != nil:
+		j.logger.Error("Inbox janitor could not sample records", err, watermill.LogFields{"now": now})
+	default:
+		j.config.OnSample(now, counts)
 	}
 }
 
