@@ -1,0 +1,382 @@
+// Command bench measures what the inbox costs, side by side with the bare
+// handler, Watermill's own options and the database's limit, on this
+// machine, in one run. See docs/benchmarks.md.
+//
+//	go run ./bench                 # default: 2,000 messages per run, concurrency 1, 4, 16
+//	go run ./bench -n 20000        # a larger run
+//	go run ./bench -soak           # 1,000,000 messages through B with the janitor running
+//
+// Every message goes through a Watermill router (GoChannel). Scenarios:
+//
+//	A  bare handler: one INSERT in its own transaction (the floor)
+//	B  the same INSERT behind middleware.Inbox (transactional mode)
+//	C  B with every message delivered twice: the second pass (all duplicates)
+//	W  watermill-sql v3's subscriber, the handler writing through its transaction
+//	D  Watermill's Deduplicator (in-memory) around A's handler
+//	E  A and B on SQLite and MariaDB; the two-phase inbox on Redis around A's handler
+//	F  pgbench, one autocommit INSERT per transaction (the database's limit)
+//
+// Addresses come from POSTGRES_DSN, MYSQL_DSN and REDIS_ADDR with the
+// test suite's localhost defaults.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	_ "github.com/go-sql-driver/mysql" // registers "mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+)
+
+// row is one line of the table.
+type row struct {
+	id, label, backend string
+	c                  int
+	r                  result
+	err                error
+}
+
+type options struct {
+	n            int
+	concurrency  []int
+	only         map[string]bool
+	pgbench      string
+	cpuProfile   string
+	memProfile   string
+	soak         bool
+	soakN        int
+	soakC        int
+	soakExpired  int
+	soakInterval time.Duration
+}
+
+func main() {
+	var o options
+	var conc, only string
+	flag.IntVar(&o.n, "n", 2000, "messages per run")
+	flag.StringVar(&conc, "c", "1,4,16", "comma-separated handler concurrencies")
+	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,W,D,E,F); default all")
+	flag.StringVar(&o.pgbench, "pgbench", "/usr/bin/pgbench", "path of pgbench (scenario F); skipped if missing")
+	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile at the end to this file")
+	flag.BoolVar(&o.soak, "soak", false, "run the soak instead of the comparison")
+	flag.IntVar(&o.soakN, "soak-n", 1_000_000, "soak: messages through B")
+	flag.IntVar(&o.soakC, "soak-c", 4, "soak: handler concurrency")
+	flag.IntVar(&o.soakExpired, "soak-expired", 1_000_000, "soak: expired records seeded for the janitor to delete")
+	flag.DurationVar(&o.soakInterval, "soak-interval", 10*time.Second, "soak: report interval")
+	flag.Parse()
+	for _, s := range strings.Split(conc, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || c < 1 {
+			fatalf("bad -c %q", conc)
+		}
+		o.concurrency = append(o.concurrency, c)
+	}
+	if only != "" {
+		o.only = map[string]bool{}
+		for _, s := range strings.Split(only, ",") {
+			o.only[strings.ToUpper(strings.TrimSpace(s))] = true
+		}
+	}
+	if o.n < 1 {
+		fatalf("-n must be positive")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatalf("%v", err)
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
+	var err error
+	if o.soak {
+		err = runSoak(ctx, o, os.Stdout)
+	} else {
+		err = runComparison(ctx, o, os.Stdout)
+	}
+	if o.memProfile != "" {
+		if f, ferr := os.Create(o.memProfile); ferr == nil {
+			_ = pprof.Lookup("allocs").WriteTo(f, 0)
+			_ = f.Close()
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+	os.Exit(2)
+}
+
+func openDB(driver, dsn string) (*sql.DB, error) {
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// configurePool lets every handler goroutine hold a connection, and keeps
+// them: a pool that closes idle connections would measure reconnects.
+func configurePool(db *sql.DB, conc []int) {
+	m := slices.Max(conc) + 4
+	db.SetMaxOpenConns(m)
+	db.SetMaxIdleConns(m)
+}
+
+func runComparison(ctx context.Context, o options, w io.Writer) error {
+	want := func(id string) bool { return o.only == nil || o.only[id] }
+	fmt.Fprintf(w, "bench: %d messages per run, concurrency %v, GOMAXPROCS %d, %d CPUs, load average %s\n",
+		o.n, o.concurrency, runtime.GOMAXPROCS(0), runtime.NumCPU(), loadAverage())
+
+	pgDSN := testenv.PostgresDSN()
+	pgConn, err := openDB("pgx", pgDSN)
+	if err != nil {
+		return fmt.Errorf("PostgreSQL (%s=%s) is required: %w", testenv.PostgresEnv, pgDSN, err)
+	}
+	defer pgConn.Close()
+	configurePool(pgConn, o.concurrency)
+	pg := postgresDB(pgConn)
+
+	var notes []string
+	var my *database
+	if want("E") {
+		if db, err := openDB("mysql", testenv.MySQLDSN()); err != nil {
+			notes = append(notes, fmt.Sprintf("MariaDB skipped (%s=%s): %v", testenv.MySQLEnv, testenv.MySQLDSN(), err))
+		} else {
+			defer db.Close()
+			configurePool(db, o.concurrency)
+			my = mysqlDB(db)
+		}
+	}
+	var lite *database
+	if want("E") {
+		db, closeDB, err := openSQLite()
+		if err != nil {
+			return err
+		}
+		defer closeDB()
+		configurePool(db, o.concurrency)
+		lite = sqliteDB(db)
+	}
+	var rdb *goredis.Client
+	if want("E") {
+		rdb = goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(), PoolSize: slices.Max(o.concurrency) + 4})
+		defer rdb.Close()
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := rdb.Ping(pctx).Err(); err != nil {
+			notes = append(notes, fmt.Sprintf("Redis skipped (%s=%s): %v", testenv.RedisEnv, testenv.RedisAddr(), err))
+			rdb = nil
+		}
+		cancel()
+	}
+	pgbench := ""
+	if want("F") {
+		if _, err := os.Stat(o.pgbench); err != nil {
+			notes = append(notes, fmt.Sprintf("F skipped: pgbench not found at %s", o.pgbench))
+		} else {
+			pgbench = o.pgbench
+		}
+	}
+
+	type scenario struct {
+		id, label, backend string
+		run                func(c int) (result, error)
+	}
+	var dupBoth = map[int]result{}
+	var dupErr = map[int]error{}
+	scenarios := []scenario{
+		{"A", "A bare handler", "postgres", func(c int) (result, error) { return scenarioBare(ctx, pg, o.n, c) }},
+		{"B", "B inbox", "postgres", func(c int) (result, error) { return scenarioInbox(ctx, pg, o.n, c) }},
+		{"C", "C duplicates (2nd pass)", "postgres", func(c int) (result, error) {
+			dup, both, err := scenarioDuplicates(ctx, pg, o.n, c)
+			dupBoth[c], dupErr[c] = both, err
+			return dup, err
+		}},
+		{"C", "C both passes", "postgres", func(c int) (result, error) { return dupBoth[c], dupErr[c] }},
+		{"W", "W watermill-sql (batch 100)", "postgres", func(c int) (result, error) { return scenarioWatermillSQL(ctx, pg, o.n, c, 0) }},
+		{"W", "W1 watermill-sql (batch 1)", "postgres", func(c int) (result, error) { return scenarioWatermillSQL(ctx, pg, o.n, c, 1) }},
+		{"D", "D Deduplicator (memory)", "postgres", func(c int) (result, error) { return scenarioDeduplicator(ctx, pg, o.n, c) }},
+	}
+	if lite != nil {
+		scenarios = append(scenarios,
+			scenario{"E", "E bare handler", "sqlite", func(c int) (result, error) { return scenarioBare(ctx, lite, o.n, c) }},
+			scenario{"E", "E inbox", "sqlite", func(c int) (result, error) { return scenarioInbox(ctx, lite, o.n, c) }})
+	}
+	if my != nil {
+		scenarios = append(scenarios,
+			scenario{"E", "E bare handler", "mariadb", func(c int) (result, error) { return scenarioBare(ctx, my, o.n, c) }},
+			scenario{"E", "E inbox", "mariadb", func(c int) (result, error) { return scenarioInbox(ctx, my, o.n, c) }})
+	}
+	if rdb != nil {
+		scenarios = append(scenarios,
+			scenario{"E", "E two-phase inbox", "redis+pg", func(c int) (result, error) { return scenarioRedisTwoPhase(ctx, pg, rdb, o.n, c) }})
+	}
+	if pgbench != "" {
+		scenarios = append(scenarios,
+			scenario{"F", "F pgbench INSERT", "postgres", func(c int) (result, error) { return scenarioPgbench(ctx, pgbench, pgDSN, pg, o.n, c) }})
+	}
+
+	// Concurrency is the outer loop, so a change of background load during
+	// the run affects every scenario rather than one.
+	var rows []row
+	start := time.Now()
+	for _, c := range o.concurrency {
+		for _, s := range scenarios {
+			if !want(s.id) {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			r, err := s.run(c)
+			rows = append(rows, row{id: s.id, label: s.label, backend: s.backend, c: c, r: r, err: err})
+			status := "ok"
+			if err != nil {
+				status = "FAILED: " + err.Error()
+			}
+			fmt.Fprintf(os.Stderr, "  %-30s %-9s c=%-3d %8.0f msgs/s  %s\n", s.label, s.backend, c, safeRate(r), status)
+		}
+	}
+	took := time.Since(start)
+
+	slices.SortStableFunc(rows, func(a, b row) int {
+		ia := slices.IndexFunc(scenarios, func(s scenario) bool { return s.label == a.label && s.backend == a.backend })
+		ib := slices.IndexFunc(scenarios, func(s scenario) bool { return s.label == b.label && s.backend == b.backend })
+		if ia != ib {
+			return ia - ib
+		}
+		return a.c - b.c
+	})
+	printTable(w, rows)
+	printRatios(w, rows, o.concurrency)
+	self, children := peakRSS()
+	fmt.Fprintf(w, "\npeak RSS (getrusage maxrss): bench process %.1f MiB, pgbench %.1f MiB\n", mib(self), mib(children))
+	fmt.Fprintf(w, "took %s; load average at the end %s\n", took.Round(time.Second), loadAverage())
+	for _, n := range notes {
+		fmt.Fprintln(w, "note:", n)
+	}
+	var failed []error
+	for _, r := range rows {
+		if r.err != nil {
+			failed = append(failed, fmt.Errorf("%s %s c=%d: %w", r.label, r.backend, r.c, r.err))
+		}
+	}
+	return errors.Join(failed...)
+}
+
+func safeRate(r result) float64 {
+	if r.elapsed <= 0 {
+		return 0
+	}
+	return r.rate()
+}
+
+func printTable(w io.Writer, rows []row) {
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tbackend\tconc\tmsgs/s\tp50\tp99\t")
+	for _, r := range rows {
+		if r.err != nil {
+			fmt.Fprintf(tw, "%s\t%s\t%d\tfailed\t\t\t\n", r.label, r.backend, r.c)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%s\t\n", r.label, r.backend, r.c, r.r.rate(),
+			fmtDur(percentile(r.r.latencies, 50)), fmtDur(percentile(r.r.latencies, 99)))
+	}
+	_ = tw.Flush()
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d >= 10*time.Millisecond:
+		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.0fµs", float64(d)/float64(time.Microsecond))
+	}
+}
+
+// printRatios prints the throughput ratios the targets are stated in.
+func printRatios(w io.Writer, rows []row, conc []int) {
+	rate := func(label, backend string, c int) float64 {
+		for _, r := range rows {
+			if r.label == label && r.backend == backend && r.c == c && r.err == nil {
+				return r.r.rate()
+			}
+		}
+		return 0
+	}
+	type ratio struct{ name, target, num, numBackend, den, denBackend string }
+	ratios := []ratio{
+		{"B/A  inbox vs bare", "≥ 0.85", "B inbox", "postgres", "A bare handler", "postgres"},
+		{"B/W  inbox vs watermill-sql (batch 100)", "", "B inbox", "postgres", "W watermill-sql (batch 100)", "postgres"},
+		{"B/W1 inbox vs watermill-sql (batch 1)", "", "B inbox", "postgres", "W1 watermill-sql (batch 1)", "postgres"},
+		{"C/B  duplicate vs first delivery", "≥ 3", "C duplicates (2nd pass)", "postgres", "B inbox", "postgres"},
+		{"B/F  inbox vs pgbench", "≥ 0.7", "B inbox", "postgres", "F pgbench INSERT", "postgres"},
+		{"A/F  bare vs pgbench", "", "A bare handler", "postgres", "F pgbench INSERT", "postgres"},
+		{"B/D  inbox vs Deduplicator", "", "B inbox", "postgres", "D Deduplicator (memory)", "postgres"},
+		{"E/A  sqlite inbox vs sqlite bare", "", "E inbox", "sqlite", "E bare handler", "sqlite"},
+		{"E/A  mariadb inbox vs mariadb bare", "", "E inbox", "mariadb", "E bare handler", "mariadb"},
+		{"E/A  redis two-phase vs bare (pg)", "", "E two-phase inbox", "redis+pg", "A bare handler", "postgres"},
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "ratio\ttarget")
+	for _, c := range conc {
+		fmt.Fprintf(tw, "\tc=%d", c)
+	}
+	fmt.Fprintln(tw)
+	for _, q := range ratios {
+		var cells []string
+		any := false
+		for _, c := range conc {
+			num, den := rate(q.num, q.numBackend, c), rate(q.den, q.denBackend, c)
+			if num == 0 || den == 0 {
+				cells = append(cells, "-")
+				continue
+			}
+			any = true
+			cells = append(cells, fmt.Sprintf("%.2f", num/den))
+		}
+		if !any {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", q.name, q.target, strings.Join(cells, "\t"))
+	}
+	_ = tw.Flush()
+}

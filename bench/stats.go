@@ -1,0 +1,67 @@
+package main
+
+import (
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// percentile returns the p-th percentile (0 < p ≤ 100) of d, nearest rank.
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(float64(len(s))*p/100+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// peakRSS returns the peak resident set size of this process and of its
+// waited-for children (pgbench), in bytes (getrusage maxrss).
+func peakRSS() (self, children int64) {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		self = ru.Maxrss * 1024 // kilobytes on Linux
+	}
+	if syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru) == nil {
+		children = ru.Maxrss * 1024
+	}
+	return self, children
+}
+
+// currentRSS returns the resident set size now (/proc/self/statm), or 0
+// where that file does not exist.
+func currentRSS() int64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return pages * int64(os.Getpagesize())
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+// loadAverage returns /proc/loadavg's first three fields.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
