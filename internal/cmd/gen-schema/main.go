@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 
+	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -20,6 +21,8 @@ func main() {
 		"repository/mysql/versions.sql":    mysql.VersionsSchemaDDL(repository.DefaultVersionsTableName),
 		"repository/postgres/versions.sql": postgres.VersionsSchemaDDL(repository.DefaultVersionsTableName),
 		"repository/sqlite/versions.sql":   sqlite.VersionsSchemaDDL(repository.DefaultVersionsTableName),
+		"outbox/postgres.sql":              outbox.SchemaDDL(outbox.PostgreSQL, outbox.DefaultTableName),
+		"outbox/mysql.sql":                 outbox.SchemaDDL(outbox.MySQL, outbox.DefaultTableName),
 	} {
 		if err := os.WriteFile(path, []byte(ddl), 0o644); err != nil {
 			log.Fatal(err)
