@@ -6,7 +6,10 @@
 //	m, err := metrics.New(metrics.Config{Registerer: reg})
 //	if err != nil { … }
 //	inbox, err := middleware.NewInbox(middleware.Config{…, Observer: m})
-//	jan, err := janitor.NewJanitor(repo, janitor.Config{OnBatch: m.ObserveJanitorBatch})
+//	jan, err := janitor.NewJanitor(repo, janitor.Config{
+//		OnBatch:  m.ObserveJanitorBatch,
+//		OnSample: m.ObserveRecordCounts,
+//	}, logger)
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
 // See docs/observability.md for the metric list and suggested alerts.
@@ -16,10 +19,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 )
 
@@ -64,6 +70,12 @@ type Metrics struct {
 	records        *prometheus.GaugeVec
 	janitorDeleted prometheus.Counter
 	janitorErrors  prometheus.Counter
+
+	// sampleMu orders ObserveRecordCounts calls; it guards the fields
+	// below, the last sample applied.
+	sampleMu        sync.Mutex
+	sampledAt       time.Time
+	sampledConsumer map[string]bool
 }
 
 // New creates the collectors and registers them on config.Registerer.
@@ -90,7 +102,7 @@ func New(config Config) (*Metrics, error) {
 		}, []string{"consumer", "outcome"}),
 		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Name: "records",
-			Help: "Inbox records by consumer and state (in_progress: two-phase claims with a live lease; stale: in progress under an expired lease), as last sampled.",
+			Help: "Inbox records by consumer and state (in_progress: two-phase claims with a live lease; stale: in progress under an expired lease; completed: not yet expired), as last sampled.",
 		}, []string{"consumer", "state"}),
 		janitorDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "janitor_deleted_records_total",
@@ -128,7 +140,46 @@ func (m *Metrics) ObserveJanitorBatch(b janitor.Batch) {
 }
 
 // SetRecords sets the sampled number of records of a consumer in a state
-// ("in_progress" or "stale").
+// ("in_progress", "stale" or "completed"), for callers that count records
+// themselves; ObserveRecordCounts is the usual source.
 func (m *Metrics) SetRecords(consumer, state string, n int) {
 	m.records.WithLabelValues(consumer, state).Set(float64(n))
+}
+
+// The values of the records gauge's state label.
+const (
+	stateInProgress = "in_progress"
+	stateStale      = "stale"
+	stateCompleted  = "completed"
+)
+
+// ObserveRecordCounts sets the records gauge from a sample taken at now:
+// in_progress, stale and completed for every consumer in counts. A
+// consumer that was in the previous sample but is missing from this one
+// has no live records left, so its three series drop to 0 rather than
+// keep their last values. Each call replaces the previous sample, so feed
+// it from one source (one janitor per Metrics); a sample older than the
+// last one applied is ignored, so two passes finishing out of order do
+// not roll the gauges back. Pass it as janitor.Config.OnSample.
+func (m *Metrics) ObserveRecordCounts(now time.Time, counts []repository.RecordCount) {
+	m.sampleMu.Lock()
+	defer m.sampleMu.Unlock()
+	if now.Before(m.sampledAt) {
+		return
+	}
+	seen := make(map[string]bool, len(counts))
+	for _, c := range counts {
+		seen[c.Consumer] = true
+		m.records.WithLabelValues(c.Consumer, stateInProgress).Set(float64(c.InProgress))
+		m.records.WithLabelValues(c.Consumer, stateStale).Set(float64(c.Stale))
+		m.records.WithLabelValues(c.Consumer, stateCompleted).Set(float64(c.Completed))
+	}
+	for consumer := range m.sampledConsumer {
+		if !seen[consumer] {
+			for _, state := range []string{stateInProgress, stateStale, stateCompleted} {
+				m.records.WithLabelValues(consumer, state).Set(0)
+			}
+		}
+	}
+	m.sampledAt, m.sampledConsumer = now, seen
 }

@@ -153,7 +153,7 @@ custom_janitor_deleted_records_total 1017
 # HELP custom_janitor_errors_total Janitor batches that failed.
 # TYPE custom_janitor_errors_total counter
 custom_janitor_errors_total 1
-# HELP custom_records Inbox records by consumer and state (in_progress: two-phase claims with a live lease; stale: in progress under an expired lease), as last sampled.
+# HELP custom_records Inbox records by consumer and state (in_progress: two-phase claims with a live lease; stale: in progress under an expired lease; completed: not yet expired), as last sampled.
 # TYPE custom_records gauge
 custom_records{consumer="payments",state="stale"} 3
 `), "custom_janitor_deleted_records_total", "custom_janitor_errors_total", "custom_records"))
