@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
@@ -26,14 +28,42 @@ func newAMQPPublisher(config Config, logger watermill.LoggerAdapter) (*amqp.Publ
 	return amqp.NewPublisher(amqpConfig(config.AMQPURL, nil), logger)
 }
 
-func (b *Broker) newAMQPSubscriber(group string) (*amqp.Subscriber, error) {
-	return amqp.NewSubscriber(amqpConfig(b.config.AMQPURL, func(topic string) string {
+func (b *Broker) newAMQPSubscriber(group string) (*amqpSubscriber, error) {
+	config := amqpConfig(b.config.AMQPURL, func(topic string) string {
 		name := topic + "_" + group
 		b.mu.Lock()
 		b.queues[name] = struct{}{}
 		b.mu.Unlock()
 		return name
-	}), b.logger)
+	})
+	tracker := &channelTracker{Marshaler: config.Marshaler}
+	config.Marshaler = tracker
+	sub, err := amqp.NewSubscriber(config, b.logger)
+	if err != nil {
+		return nil, err
+	}
+	return &amqpSubscriber{Subscriber: sub, channels: tracker}, nil
+}
+
+// amqpSubscriber is watermill-amqp's subscriber plus what Crash needs.
+type amqpSubscriber struct {
+	*amqp.Subscriber
+	channels *channelTracker
+}
+
+// channelTracker remembers the AMQP channel of the latest delivery, so
+// Crash can close the channel that holds it. With prefetch 1 that
+// channel holds exactly one unacknowledged delivery.
+type channelTracker struct {
+	amqp.Marshaler
+	latest atomic.Pointer[amqp091.Channel]
+}
+
+func (t *channelTracker) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
+	if ch, ok := d.Acknowledger.(*amqp091.Channel); ok {
+		t.latest.Store(ch)
+	}
+	return t.Marshaler.Unmarshal(d)
 }
 
 // deleteAMQP deletes queues and the exchanges named after topics. A name

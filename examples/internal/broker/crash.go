@@ -1,9 +1,9 @@
 package broker
 
 import (
+	"errors"
 	"fmt"
 
-	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -13,11 +13,14 @@ import (
 // owning sub dies while holding an unacknowledged delivery, so the
 // redelivery that follows is the broker's own:
 //
-//   - amqp: the subscriber's connection is closed without acking.
-//     RabbitMQ requeues the delivery and redelivers it, flagged
+//   - amqp: the AMQP channel holding the delivery is closed without
+//     acking. RabbitMQ requeues the delivery and redelivers it, flagged
 //     redelivered, to a competing consumer or to this one once it has
-//     reconnected (watermill-amqp reconnects on its own, like a restarted
-//     process). The subscriber survives.
+//     opened a new channel (watermill-amqp does that on its own, like a
+//     restarted process). The subscriber survives. (Closing the whole
+//     connection would do the same for RabbitMQ, but watermill-amqp
+//     v2.1.3's connection-level reconnect has a data race the race
+//     detector reports; the channel-level recovery has none.)
 //   - kafka: the consumer-group member leaves without committing the
 //     delivery's offset. The group rebalances and the partition's next
 //     owner consumes it again from the last committed offset. The
@@ -29,9 +32,13 @@ import (
 // Call it from the handler that holds the delivery, then return an error.
 func Crash(sub message.Subscriber) (survives bool, err error) {
 	switch s := sub.(type) {
-	case *amqp.Subscriber:
-		if err := s.Connection().Close(); err != nil {
-			return true, fmt.Errorf("amqp crash: closing the connection: %w", err)
+	case *amqpSubscriber:
+		ch := s.channels.latest.Load()
+		if ch == nil {
+			return true, errors.New("amqp crash: no delivery received yet")
+		}
+		if err := ch.Close(); err != nil {
+			return true, fmt.Errorf("amqp crash: closing the channel: %w", err)
 		}
 		return true, nil
 	case *kafka.Subscriber:

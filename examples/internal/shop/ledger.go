@@ -124,6 +124,9 @@ func (l *Ledger) Print(w io.Writer) {
 	b := l.Billing
 	fmt.Fprintf(w, "billing   %3d deliveries\n", b.Total())
 	fmt.Fprintf(w, "          %3d processed: charged, payment emitted\n", b[middleware.OutcomeProcessed])
+	if n := l.ChargedOrders - b[middleware.OutcomeProcessed]; n > 0 {
+		fmt.Fprintf(w, "          %3d more committed although a dying instance saw its commit fail; the redelivery was a duplicate\n", n)
+	}
 	fmt.Fprintf(w, "          %3d failed, rolled back and redelivered (%d injected, %d interrupted by a crash)\n",
 		b[middleware.OutcomeFailed], l.Failures, b[middleware.OutcomeFailed]-l.Failures)
 	fmt.Fprintf(w, "          %3d crashed after commit, before ack; redelivered by the broker (%d instances replaced)\n", l.Crashes, l.Restarts)

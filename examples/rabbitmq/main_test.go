@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/examples/internal/broker"
+	"github.com/idemkit/watermill-idempotent/examples/internal/shop"
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
+)
+
+// TestRabbitMQ runs the example against the real RabbitMQ with the inbox
+// on PostgreSQL (payments through the outbox) and on SQLite (payments
+// through the router, replayed to duplicates). RabbitMQ gives each
+// consumer one unacknowledged delivery at a time (prefetch 1), so a crash
+// requeues exactly the delivery it held and every count is exact.
+func TestRabbitMQ(t *testing.T) {
+	url := testenv.AMQP(t)
+	testenv.Postgres(t)
+
+	for _, db := range []shop.Database{shop.Postgres, shop.SQLite} {
+		t.Run(string(db), func(t *testing.T) {
+			ms, err := shop.StartMetrics("127.0.0.1:0")
+			require.NoError(t, err)
+			defer ms.Close()
+
+			ctx, cancel := context.WithTimeout(t.Context(), 45*time.Second)
+			defer cancel()
+			start := time.Now()
+			l, err := shop.Run(ctx, shop.Config{
+				Broker:      broker.Config{Kind: broker.AMQP, AMQPURL: url},
+				Database:    db,
+				PostgresDSN: testenv.PostgresDSN(),
+				SQLitePath:  t.TempDir() + "/shop.db",
+				Observer:    ms.Metrics,
+			})
+			require.NoError(t, err)
+			var out bytes.Buffer
+			l.Print(&out)
+			t.Logf("%s in %s\n%s", db, time.Since(start).Round(time.Millisecond), out.String())
+
+			const orders, resent, bad, failures, crashes = 40, 10, 2, 4, 2
+			require.Equal(t, orders, l.Orders)
+			require.Equal(t, orders+resent+bad, l.Published, "a quarter of the orders re-sent, two bad messages")
+			require.Equal(t, resent, l.Resent())
+			require.GreaterOrEqual(t, float64(l.Resent())/float64(l.Orders), 0.2, "at least 20% duplicates on the wire")
+
+			b := l.Billing
+			require.Equal(t, orders+resent+bad+failures+crashes, b.Total(), "every publish, plus one redelivery per failure and per crash")
+			require.Equal(t, orders, b[middleware.OutcomeProcessed], "each order charged by one delivery")
+			require.Equal(t, failures, b[middleware.OutcomeFailed])
+			require.Equal(t, failures, l.Failures)
+			require.Equal(t, crashes, l.Crashes)
+			require.Zero(t, l.Restarts, "watermill-amqp reconnects a crashed subscriber")
+			require.Equal(t, resent+crashes, b.Duplicates(), "producer re-sends and crash redeliveries")
+			require.Equal(t, 1, b[middleware.OutcomeNoKey])
+			require.Equal(t, 1, b[middleware.OutcomePayloadMismatch])
+
+			require.Equal(t, orders, l.ChargedOrders)
+			require.Zero(t, l.DoubleCharged)
+			require.Equal(t, l.Expected, l.Charged)
+			require.True(t, l.ChargedOnce())
+
+			if db == shop.Postgres {
+				require.True(t, l.ViaOutbox)
+				require.Zero(t, b[middleware.OutcomeReplayed], "nothing to replay: payments left through the outbox")
+				require.Equal(t, orders, l.PaymentsPublished, "the relay publishes each committed payment once")
+				require.Zero(t, l.OutboxBacklog)
+			} else {
+				require.False(t, l.ViaOutbox)
+				require.Equal(t, resent+crashes, b[middleware.OutcomeReplayed], "every duplicate replays its payment")
+				require.Equal(t, orders-crashes+resent+crashes, l.PaymentsPublished, "crashed runs published nothing; replays publish again")
+			}
+			require.Equal(t, l.PaymentsPublished, l.PaymentsDelivered, "every payment event delivered downstream")
+			require.Equal(t, orders, l.Receipts[middleware.OutcomeProcessed])
+			require.Equal(t, l.PaymentsPublished-orders, l.Receipts.Duplicates())
+			require.Equal(t, orders, l.ReceiptRows)
+			require.Equal(t, orders, l.ReceiptOrders)
+
+			require.ElementsMatch(t, l.BadUUIDs, l.Poisoned, "the poison queue holds the two bad messages and nothing else")
+			require.True(t, l.ExactlyOnce())
+			require.Contains(t, out.String(), "every order charged exactly once")
+
+			// /metrics serves what docs/observability.md documents.
+			names, body, err := shop.ServedMetrics(ms.Addr)
+			require.NoError(t, err)
+			documented, err := shop.DocumentedMetrics("../../docs/observability.md")
+			require.NoError(t, err)
+			for _, n := range names {
+				require.True(t, documented[n], "served metric %s is not in docs/observability.md", n)
+			}
+			require.Contains(t, body, fmt.Sprintf(`watermill_idempotent_deliveries_total{consumer="billing",outcome="processed"} %d`, orders))
+			require.Contains(t, body, fmt.Sprintf(`watermill_idempotent_deliveries_total{consumer="billing",outcome="failed"} %d`, failures))
+			require.Contains(t, body, `watermill_idempotent_deliveries_total{consumer="billing",outcome="payload_mismatch"} 1`)
+		})
+	}
+}
