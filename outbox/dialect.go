@@ -51,7 +51,8 @@ type dialect struct {
 	channel string // PostgreSQL NOTIFY channel
 	ddl     string
 
-	selectSQL string
+	selectSQL  string
+	backlogSQL string
 }
 
 func newDialect(kind Dialect, table string) dialect {
@@ -61,17 +62,27 @@ func newDialect(kind Dialect, table string) dialect {
 		d.table, _ = repository.QuoteTableName(table, `"`)
 		d.channel = notifyChannel(table)
 		d.ddl = postgresDDL(table, d.table, d.channel)
-		d.selectSQL = `SELECT id, topic, uuid, payload, metadata FROM ` + d.table +
+		// Ages are computed by the database, on its clock, in
+		// microseconds: the application's clock may be skewed.
+		d.selectSQL = `SELECT id, topic, uuid, payload, metadata, ` + pgAgeMicros(`created_at`) + ` FROM ` + d.table +
 			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+		d.backlogSQL = `SELECT COUNT(*), COALESCE(` + pgAgeMicros(`MIN(created_at)`) + `, 0) FROM ` + d.table
 	case MySQL:
 		d.table, _ = repository.QuoteTableName(table, "`")
 		d.ddl = mysqlDDL(d.table)
 		// FORCE INDEX: a table scan with a sort would lock every row, not
 		// just the batch.
-		d.selectSQL = "SELECT `id`, `topic`, `uuid`, `payload`, `metadata` FROM " + d.table +
+		d.selectSQL = "SELECT `id`, `topic`, `uuid`, `payload`, `metadata`, TIMESTAMPDIFF(MICROSECOND, `created_at`, NOW(6)) FROM " + d.table +
 			" FORCE INDEX (PRIMARY) ORDER BY `id` LIMIT ? FOR UPDATE SKIP LOCKED"
+		d.backlogSQL = "SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(`created_at`), NOW(6)), 0) FROM " + d.table
 	}
 	return d
+}
+
+// pgAgeMicros is the SQL for the microseconds from ts to the start of the
+// statement.
+func pgAgeMicros(ts string) string {
+	return `(EXTRACT(EPOCH FROM statement_timestamp() - ` + ts + `) * 1000000)::bigint`
 }
 
 // notifyChannel is the table name when it fits PostgreSQL's 63-byte

@@ -19,6 +19,7 @@ const (
 	DefaultPollInterval        = 100 * time.Millisecond
 	DefaultNotifyPollInterval  = time.Second
 	DefaultRelayRetryInterval  = time.Second
+	DefaultBacklogInterval     = 15 * time.Second
 	defaultListenRetryInterval = time.Second
 )
 
@@ -53,8 +54,14 @@ type RelayConfig struct {
 	// publisher error) before the next attempt. Default:
 	// DefaultRelayRetryInterval (1s).
 	RetryInterval time.Duration
-	// Metrics receives a report per batch. Default: nil (none).
+	// Metrics receives a report per batch and, if it also implements
+	// BacklogObserver, a Backlog sample every BacklogInterval while Run
+	// runs. Default: nil (none).
 	Metrics RelayMetrics
+	// BacklogInterval is how often Run samples Backlog for a Metrics
+	// that implements BacklogObserver; each sample counts the table's
+	// rows. Default: DefaultBacklogInterval (15s). Unused otherwise.
+	BacklogInterval time.Duration
 }
 
 func (c *RelayConfig) setDefaults() {
@@ -73,6 +80,9 @@ func (c *RelayConfig) setDefaults() {
 	}
 	if c.RetryInterval == 0 {
 		c.RetryInterval = DefaultRelayRetryInterval
+	}
+	if c.BacklogInterval == 0 {
+		c.BacklogInterval = DefaultBacklogInterval
 	}
 }
 
@@ -93,14 +103,17 @@ func (c RelayConfig) Validate() error {
 	if c.RetryInterval <= 0 {
 		errs = append(errs, fmt.Errorf("RelayConfig.RetryInterval must be positive, got %s", c.RetryInterval))
 	}
+	if c.BacklogInterval <= 0 {
+		errs = append(errs, fmt.Errorf("RelayConfig.BacklogInterval must be positive, got %s", c.BacklogInterval))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid relay config: %w", err)
 	}
 	return nil
 }
 
-// RelayMetrics receives the relay's measurements; issue-7 Prometheus
-// metrics implement it. Methods are called on the relay's goroutine, so
+// RelayMetrics receives the relay's measurements; metrics.RelayObserver
+// implements it for Prometheus. Methods are called on the relay's goroutine, so
 // they must be fast; they must be safe for concurrent use when one value
 // is shared by several relays.
 type RelayMetrics interface {
@@ -112,6 +125,26 @@ type RelayMetrics interface {
 	BatchFailed(err error)
 }
 
+// BacklogObserver is an optional extension of RelayMetrics: when
+// RelayConfig.Metrics implements it, Run samples Backlog when it starts
+// and then every RelayConfig.BacklogInterval, on a goroutine of its own,
+// and reports each successful sample. A failed sample is logged and
+// skipped. ObserveBacklog must be safe for concurrent use with the
+// RelayMetrics methods.
+type BacklogObserver interface {
+	ObserveBacklog(Backlog)
+}
+
+// Backlog is the state of the outbox table at one moment.
+type Backlog struct {
+	// Messages is the number of rows not yet acknowledged, including
+	// rows claimed by a batch in flight.
+	Messages int
+	// OldestAge is the age of the oldest row by the database's clock
+	// (now minus its created_at); 0 when the outbox is empty.
+	OldestAge time.Duration
+}
+
 // BatchStats describes one relay batch.
 type BatchStats struct {
 	// Claimed is the number of rows read and locked.
@@ -121,6 +154,15 @@ type BatchStats struct {
 	Published int
 	// Duration is the batch's wall time from BEGIN to COMMIT.
 	Duration time.Duration
+	// Lag holds, for each of the Published messages in publish order,
+	// the time from its row's created_at until its Publish call
+	// returned. The part up to the claim is measured by the database's
+	// clock (created_at is the writing transaction's start on
+	// PostgreSQL and the INSERT on MySQL, in the session time zone, so
+	// writers and relay must share one), the rest by the relay's
+	// monotonic clock, so skew between the two clocks does not enter.
+	// A negative age (the database clock stepped back) counts as 0.
+	Lag []time.Duration
 }
 
 // Relay forwards messages from the outbox table to a Watermill publisher.
@@ -218,6 +260,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.mu.Unlock()
 		close(done)
 	}()
+	if bo, ok := r.config.Metrics.(BacklogObserver); ok {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.sampleBacklog(ctx, bo)
+		}()
+	}
 	if r.config.notify() {
 		wg.Add(1)
 		go func() {
@@ -290,10 +339,52 @@ func (r *Relay) Close() error {
 	return nil
 }
 
+// sampleBacklog reports Backlog to o now and every BacklogInterval until
+// ctx ends.
+func (r *Relay) sampleBacklog(ctx context.Context, o BacklogObserver) {
+	ticker := time.NewTicker(r.config.BacklogInterval)
+	defer ticker.Stop()
+	for {
+		b, err := r.Backlog(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			r.logger.Error("Outbox backlog sample failed", err, nil)
+		default:
+			o.ObserveBacklog(b)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// Backlog counts the outbox's rows and the age of the oldest with one
+// query, a full scan of the table (COUNT(*) and MIN(created_at)). It takes
+// no locks: rows claimed by a batch in flight are counted until that
+// batch commits. Safe to call at any time, concurrently with Run.
+func (r *Relay) Backlog(ctx context.Context) (Backlog, error) {
+	var n int
+	var ageMicros int64
+	if err := r.db.QueryRowContext(ctx, r.d.backlogSQL).Scan(&n, &ageMicros); err != nil {
+		return Backlog{}, fmt.Errorf("outbox: relay: backlog: %w", err)
+	}
+	return Backlog{Messages: n, OldestAge: microseconds(ageMicros)}, nil
+}
+
+// microseconds converts an age computed by the database, never negative.
+func microseconds(n int64) time.Duration {
+	return time.Duration(max(n, 0)) * time.Microsecond
+}
+
 type claimedRow struct {
 	id    int64
 	topic string
 	msg   *message.Message
+	age   time.Duration // at the start of the claim query, by the database's clock
 }
 
 // ForwardBatch forwards one batch — claim up to BatchSize rows, publish,
@@ -309,10 +400,11 @@ type claimedRow struct {
 // acknowledged and everything claimed is published again later.
 func (r *Relay) ForwardBatch(ctx context.Context) (int, error) {
 	start := time.Now()
-	claimed, published, err := r.forward(ctx)
+	claimed, lag, err := r.forward(ctx)
+	published := len(lag)
 	if m := r.config.Metrics; m != nil {
 		if claimed > 0 {
-			m.BatchForwarded(BatchStats{Claimed: claimed, Published: published, Duration: time.Since(start)})
+			m.BatchForwarded(BatchStats{Claimed: claimed, Published: published, Duration: time.Since(start), Lag: lag})
 		}
 		if err != nil && ctx.Err() == nil {
 			m.BatchFailed(err)
@@ -321,12 +413,14 @@ func (r *Relay) ForwardBatch(ctx context.Context) (int, error) {
 	return published, err
 }
 
-func (r *Relay) forward(ctx context.Context) (claimed, published int, err error) {
+// forward returns the number of rows claimed and the lag of each message
+// published and acknowledged.
+func (r *Relay) forward(ctx context.Context) (claimed int, lag []time.Duration, err error) {
 	// READ COMMITTED: on InnoDB the locking read then takes no gap locks,
 	// so writers inserting new rows never wait for the relay.
 	tx, err := r.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return 0, 0, fmt.Errorf("outbox: relay: begin: %w", err)
+		return 0, nil, fmt.Errorf("outbox: relay: begin: %w", err)
 	}
 	committed := false
 	defer func() {
@@ -335,14 +429,19 @@ func (r *Relay) forward(ctx context.Context) (claimed, published int, err error)
 		}
 	}()
 
+	// The rows' ages are taken at the claim statement's start; claimStart
+	// is that moment on the relay's clock, a network hop earlier.
+	claimStart := time.Now()
 	batch, err := r.claim(ctx, tx)
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	if len(batch) == 0 {
-		return 0, 0, nil
+		return 0, nil, nil
 	}
 
+	lag = make([]time.Duration, 0, len(batch))
+	published := 0
 	var pubErr error
 	for i := 0; i < len(batch); {
 		j := i + 1
@@ -357,6 +456,10 @@ func (r *Relay) forward(ctx context.Context) (claimed, published int, err error)
 			pubErr = fmt.Errorf("outbox: relay: publish %d messages to %q: %w", len(msgs), batch[i].topic, err)
 			break
 		}
+		sinceClaim := time.Since(claimStart)
+		for _, row := range batch[i:j] {
+			lag = append(lag, row.age+sinceClaim)
+		}
 		i = j
 		published = j
 	}
@@ -368,15 +471,15 @@ func (r *Relay) forward(ctx context.Context) (claimed, published int, err error)
 		}
 		q, args := r.d.deleteQuery(ids)
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-			return len(batch), 0, errors.Join(pubErr, fmt.Errorf("outbox: relay: acknowledge %d rows: %w", published, err))
+			return len(batch), nil, errors.Join(pubErr, fmt.Errorf("outbox: relay: acknowledge %d rows: %w", published, err))
 		}
 		if err := tx.Commit(); err != nil {
-			return len(batch), 0, errors.Join(pubErr, fmt.Errorf("outbox: relay: commit: %w", err))
+			return len(batch), nil, errors.Join(pubErr, fmt.Errorf("outbox: relay: commit: %w", err))
 		}
 		committed = true
 	}
 	r.logger.Trace("Outbox relay batch", watermill.LogFields{"claimed": len(batch), "published": published})
-	return len(batch), published, pubErr
+	return len(batch), lag, pubErr
 }
 
 func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]claimedRow, error) {
@@ -391,10 +494,12 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]claimedRow, error) {
 			row             claimedRow
 			uuid            string
 			payload, mdJSON []byte
+			ageMicros       int64
 		)
-		if err := rows.Scan(&row.id, &row.topic, &uuid, &payload, &mdJSON); err != nil {
+		if err := rows.Scan(&row.id, &row.topic, &uuid, &payload, &mdJSON, &ageMicros); err != nil {
 			return nil, fmt.Errorf("outbox: relay: scan: %w", err)
 		}
+		row.age = microseconds(ageMicros)
 		row.msg = message.NewMessage(uuid, payload)
 		if len(mdJSON) > 0 {
 			if err := json.Unmarshal(mdJSON, &row.msg.Metadata); err != nil {
