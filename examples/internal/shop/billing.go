@@ -8,7 +8,9 @@
 // "already processed" marker, and they do not know which broker delivers
 // to them: Run wires them to whatever broker.Open returned.
 //
-//	billing := &shop.Billing{Consumer: "billing", Store: store, PaymentsTopic: "payments", Outbox: ob}
+//	inbox, _ := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing",
+//		Outputs: ob.Outputs("payments")}) // payments leave through the outbox
+//	billing := &shop.Billing{Consumer: "billing", Store: store}
 //	router.AddHandler("billing", "orders", sub, "payments", pub, billing.Handle)
 //	router.AddMiddleware(poisonQueue, inbox.Middleware)
 //
@@ -26,7 +28,6 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/outbox"
 )
 
 // OrderPlaced is published by the orders service for every order.
@@ -54,21 +55,15 @@ type Billing struct {
 	Consumer string
 	// Store holds the charges table.
 	Store *Store
-	// PaymentsTopic is where PaymentCompleted goes.
-	PaymentsTopic string
-	// Outbox, when set, receives PaymentCompleted inside the inbox
-	// transaction and a relay publishes it; the handler then returns no
-	// messages. When nil, the handler returns the message and the router
-	// publishes it after the commit (the inbox replays it to duplicates).
-	Outbox *outbox.Outbox
 	// FailOnce, when set, is asked before each charge commits; true makes
 	// this attempt fail (fault injection).
 	FailOnce func(OrderPlaced) bool
 }
 
 // Handle is the billing handler. It must run inside an inbox: it charges
-// through the inbox transaction, so the charge, the marker and (with an
-// outbox) the payment event commit together or not at all.
+// through the inbox transaction, so the charge, the marker and (with the
+// inbox's Outputs set to an outbox) the payment event commit together or
+// not at all.
 func (b *Billing) Handle(msg *message.Message) ([]*message.Message, error) {
 	ctx := msg.Context()
 	var o OrderPlaced
@@ -97,12 +92,11 @@ func (b *Billing) Handle(msg *message.Message) ([]*message.Message, error) {
 	payment := message.NewMessage(middleware.OutputUUID(b.Consumer, key, 0), payload)
 	wmiddleware.SetCorrelationID(wmiddleware.MessageCorrelationID(msg), payment)
 
-	if b.Outbox != nil {
-		if err := b.Outbox.WriteTx(ctx, tx, outbox.Outgoing{Topic: b.PaymentsTopic, Message: payment}); err != nil {
-			return nil, fmt.Errorf("writing payment of %s to the outbox: %w", o.OrderID, err)
-		}
-		return nil, nil
-	}
+	// Where the payment goes is the inbox's configuration, not the
+	// handler's: with middleware.Config.Outputs set to an outbox, it is
+	// written in this transaction and a relay publishes it; without, the
+	// router publishes it after the commit and the inbox replays it to
+	// duplicates.
 	return []*message.Message{payment}, nil
 }
 

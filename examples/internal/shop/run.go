@@ -412,8 +412,9 @@ func (s *scenario) waitUntil(ctx context.Context, what string, cond func() bool)
 	for !cond() {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (billing outcomes %v, receipts outcomes %v, poisoned %d)",
-				what, ctx.Err(), s.counter.snapshot("billing"), s.counter.snapshot("receipts"), s.poisonSeen.Load())
+			backlog, _ := s.store.OutboxBacklog(context.WithoutCancel(ctx))
+			return fmt.Errorf("waiting for %s: %w (billing outcomes %v, receipts outcomes %v, poisoned %d, outbox backlog %d)",
+				what, ctx.Err(), s.counter.snapshot("billing"), s.counter.snapshot("receipts"), s.poisonSeen.Load(), backlog)
 		case <-t.C:
 		}
 	}
@@ -434,7 +435,7 @@ func startRouter(ctx context.Context, wg *sync.WaitGroup, errs chan<- error, r *
 	}
 }
 
-func (s *scenario) newInbox(consumer string) (*middleware.Inbox, error) {
+func (s *scenario) newInbox(consumer string, outputs middleware.OutputWriter) (*middleware.Inbox, error) {
 	return middleware.NewInbox(middleware.Config{
 		DB:               s.store.DB,
 		Repository:       s.store.Inbox,
@@ -442,6 +443,7 @@ func (s *scenario) newInbox(consumer string) (*middleware.Inbox, error) {
 		RedeliveryWindow: 24 * time.Hour,
 		Logger:           s.config.Logger,
 		Observer:         s.counter,
+		Outputs:          outputs,
 	})
 }
 
@@ -451,7 +453,7 @@ func (s *scenario) downstreamRouter() (*message.Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	inbox, err := s.newInbox("receipts")
+	inbox, err := s.newInbox("receipts", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -525,7 +527,14 @@ func (s *scenario) billingInstance(name string) (*message.Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	inbox, err := s.newInbox("billing")
+	// On PostgreSQL the payment events are written to the outbox in the
+	// inbox transaction and the relay publishes them; on SQLite the router
+	// publishes them after the commit.
+	var outputs middleware.OutputWriter
+	if s.store.Outbox != nil {
+		outputs = s.store.Outbox.Outputs(s.topics.Payments)
+	}
+	inbox, err := s.newInbox("billing", outputs)
 	if err != nil {
 		return nil, err
 	}
@@ -539,13 +548,7 @@ func (s *scenario) billingInstance(name string) (*message.Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	billing := &Billing{
-		Consumer:      "billing",
-		Store:         s.store,
-		PaymentsTopic: s.topics.Payments,
-		Outbox:        s.store.Outbox,
-		FailOnce:      s.failOnce,
-	}
+	billing := &Billing{Consumer: "billing", Store: s.store, FailOnce: s.failOnce}
 	h := router.AddHandler("billing", s.topics.Orders, sub, s.topics.Payments, s.publisher, billing.Handle)
 	h.AddMiddleware(poison, s.crashBeforeAck(sub), inbox.Middleware)
 	return router, nil
