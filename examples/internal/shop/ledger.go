@@ -124,11 +124,13 @@ func (l *Ledger) Print(w io.Writer) {
 	b := l.Billing
 	fmt.Fprintf(w, "billing   %3d deliveries\n", b.Total())
 	fmt.Fprintf(w, "          %3d processed: charged, payment emitted\n", b[middleware.OutcomeProcessed])
-	if n := l.ChargedOrders - b[middleware.OutcomeProcessed]; n > 0 {
-		fmt.Fprintf(w, "          %3d more committed although a dying instance saw its commit fail; the redelivery was a duplicate\n", n)
+	unknown := max(l.ChargedOrders-b[middleware.OutcomeProcessed], 0)
+	if unknown > 0 {
+		fmt.Fprintf(w, "          %3d reported failed by a dying instance although its commit went through; the redelivery was a duplicate\n", unknown)
 	}
+	failed := b[middleware.OutcomeFailed] - unknown
 	fmt.Fprintf(w, "          %3d failed, rolled back and redelivered (%d injected, %d interrupted by a crash)\n",
-		b[middleware.OutcomeFailed], l.Failures, b[middleware.OutcomeFailed]-l.Failures)
+		failed, l.Failures, failed-l.Failures)
 	fmt.Fprintf(w, "          %3d crashed after commit, before ack; redelivered by the broker (%d instances replaced)\n", l.Crashes, l.Restarts)
 	fmt.Fprintf(w, "          %3d duplicates acknowledged without charging (%d replayed their payment)\n", b.Duplicates(), b[middleware.OutcomeReplayed])
 	fmt.Fprintf(w, "          %3d without a key, %d reusing a key for other content: poison queue\n", b[middleware.OutcomeNoKey], b[middleware.OutcomePayloadMismatch])
