@@ -10,6 +10,10 @@
 //		OnBatch:  m.ObserveJanitorBatch,
 //		OnSample: m.ObserveRecordCounts,
 //	}, logger)
+//	relay, err := outbox.NewRelay(db, publisher, outbox.RelayConfig{
+//		Dialect: outbox.PostgreSQL,
+//		Metrics: m.Relay("orders"),
+//	}, logger)
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
 // See docs/observability.md for the metric list and suggested alerts.
@@ -25,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 )
@@ -39,8 +44,13 @@ type Config struct {
 	// Namespace prefixes metric names. Default: DefaultNamespace.
 	Namespace string
 	// LatencyBuckets are the histogram buckets, in seconds, of the claim
-	// and transaction latencies. Default: 0.5 ms to 10 s.
+	// and transaction latencies and of relay batch durations. Default:
+	// 0.5 ms to 10 s.
 	LatencyBuckets []float64
+	// LagBuckets are the histogram buckets, in seconds, of the relay lag.
+	// Default: 5 ms to 1 h — an outbox that waited out a broker outage
+	// has lags of minutes.
+	LagBuckets []float64
 }
 
 func (c *Config) setDefaults() {
@@ -49,6 +59,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.LatencyBuckets == nil {
 		c.LatencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+	}
+	if c.LagBuckets == nil {
+		c.LagBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
 	}
 }
 
@@ -61,8 +74,8 @@ func (c Config) Validate() error {
 }
 
 // Metrics collects the library's metrics. It implements
-// middleware.Observer; its Observe… methods plug into the janitor's and
-// the relay's hooks. It is safe for concurrent use.
+// middleware.Observer; its Observe… methods plug into the janitor's hooks
+// and Relay into an outbox relay's. It is safe for concurrent use.
 type Metrics struct {
 	deliveries     *prometheus.CounterVec
 	claimSeconds   *prometheus.HistogramVec
@@ -70,6 +83,13 @@ type Metrics struct {
 	records        *prometheus.GaugeVec
 	janitorDeleted prometheus.Counter
 	janitorErrors  prometheus.Counter
+
+	relayPublished  *prometheus.CounterVec
+	relayFailed     *prometheus.CounterVec
+	relayLag        *prometheus.HistogramVec
+	relayBatch      *prometheus.HistogramVec
+	outboxBacklog   *prometheus.GaugeVec
+	outboxOldestAge *prometheus.GaugeVec
 
 	// sampleMu orders ObserveRecordCounts calls; it guards the fields
 	// below, the last sample applied.
@@ -112,8 +132,37 @@ func New(config Config) (*Metrics, error) {
 			Namespace: ns, Name: "janitor_errors_total",
 			Help: "Janitor batches that failed.",
 		}),
+		relayPublished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "relay_published_messages_total",
+			Help: "Messages an outbox relay published and acknowledged, by relay.",
+		}, []string{"relay"}),
+		relayFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "relay_failed_batches_total",
+			Help: "Outbox relay batches that failed (database or publisher error) and were retried, by relay.",
+		}, []string{"relay"}),
+		relayLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "relay_lag_seconds",
+			Help:    "Time from an outbox row's created_at (database clock) until the relay published it, one sample per published message, by relay.",
+			Buckets: config.LagBuckets,
+		}, []string{"relay"}),
+		relayBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "relay_batch_duration_seconds",
+			Help:    "Duration of outbox relay batches that claimed rows, from BEGIN to COMMIT, by relay.",
+			Buckets: config.LatencyBuckets,
+		}, []string{"relay"}),
+		outboxBacklog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "outbox_backlog_messages",
+			Help: "Rows in the outbox table not yet acknowledged by a relay, as last sampled by the relay.",
+		}, []string{"relay"}),
+		outboxOldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "outbox_oldest_message_age_seconds",
+			Help: "Age of the oldest row in the outbox table (database clock; 0 when empty), as last sampled by the relay.",
+		}, []string{"relay"}),
 	}
-	for _, c := range []prometheus.Collector{m.deliveries, m.claimSeconds, m.txSeconds, m.records, m.janitorDeleted, m.janitorErrors} {
+	for _, c := range []prometheus.Collector{
+		m.deliveries, m.claimSeconds, m.txSeconds, m.records, m.janitorDeleted, m.janitorErrors,
+		m.relayPublished, m.relayFailed, m.relayLag, m.relayBatch, m.outboxBacklog, m.outboxOldestAge,
+	} {
 		if err := config.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: register: %w", err)
 		}
@@ -182,4 +231,61 @@ func (m *Metrics) ObserveRecordCounts(now time.Time, counts []repository.RecordC
 		}
 	}
 	m.sampledAt, m.sampledConsumer = now, seen
+}
+
+// RelayObserver records one outbox relay's measurements under its relay
+// label. It implements outbox.RelayMetrics and outbox.BacklogObserver, so
+// a relay given it as RelayConfig.Metrics also samples its backlog. It is
+// safe for concurrent use.
+type RelayObserver struct {
+	published prometheus.Counter
+	failed    prometheus.Counter
+	lag       prometheus.Observer
+	batch     prometheus.Observer
+	backlog   *prometheus.GaugeVec
+	oldestAge *prometheus.GaugeVec
+	name      string
+}
+
+var (
+	_ outbox.RelayMetrics    = (*RelayObserver)(nil)
+	_ outbox.BacklogObserver = (*RelayObserver)(nil)
+)
+
+// Relay returns the observer for the relay called name, the value of the
+// relay label; pass it as outbox.RelayConfig.Metrics. Its counters and
+// histograms exist (at 0) from this call; the backlog gauges appear with
+// the relay's first sample. Relays sharing a name share the series: give
+// relays on different outbox tables different names, and aggregate
+// replicas of one relay with sum (counters, histograms) or max (gauges).
+func (m *Metrics) Relay(name string) *RelayObserver {
+	return &RelayObserver{
+		published: m.relayPublished.WithLabelValues(name),
+		failed:    m.relayFailed.WithLabelValues(name),
+		lag:       m.relayLag.WithLabelValues(name),
+		batch:     m.relayBatch.WithLabelValues(name),
+		backlog:   m.outboxBacklog,
+		oldestAge: m.outboxOldestAge,
+		name:      name,
+	}
+}
+
+// BatchForwarded implements outbox.RelayMetrics: it counts the published
+// messages, observes each one's lag and the batch's duration.
+func (o *RelayObserver) BatchForwarded(s outbox.BatchStats) {
+	o.published.Add(float64(s.Published))
+	for _, lag := range s.Lag {
+		o.lag.Observe(lag.Seconds())
+	}
+	o.batch.Observe(s.Duration.Seconds())
+}
+
+// BatchFailed implements outbox.RelayMetrics.
+func (o *RelayObserver) BatchFailed(error) { o.failed.Inc() }
+
+// ObserveBacklog implements outbox.BacklogObserver: it sets the backlog
+// gauges.
+func (o *RelayObserver) ObserveBacklog(b outbox.Backlog) {
+	o.backlog.WithLabelValues(o.name).Set(float64(b.Messages))
+	o.oldestAge.WithLabelValues(o.name).Set(b.OldestAge.Seconds())
 }
