@@ -173,7 +173,12 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	now := c.Now()
 	hash := repository.HashPayload(msg.Payload)
 
-	tx, err := c.DB.BeginTx(ctx, c.TxOptions)
+	// The transaction is not bound to the delivery's context: database/sql
+	// would roll it back on its own when that context is cancelled (a
+	// subscriber shutting down), racing the commit and leaving its outcome
+	// unknown. Statements still run with ctx and fail once it is cancelled;
+	// the commit alone decides.
+	tx, err := c.DB.BeginTx(context.WithoutCancel(ctx), c.TxOptions)
 	if err != nil {
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: begin transaction: %w", err), nil)
 	}
@@ -211,12 +216,15 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	}
 
 	i.obs.inject(ctx, out)
+	// The handler's work is done: finish the bookkeeping even if the
+	// delivery is being cancelled, rather than throw that work away.
+	finish := context.WithoutCancel(ctx)
 	produced := len(out)
 	if c.Outputs != nil && produced > 0 {
 		for pos, m := range out {
 			m.UUID = OutputUUID(c.Consumer, key, pos)
 		}
-		if err := c.Outputs.WriteOutputs(ctx, tx, out); err != nil {
+		if err := c.Outputs.WriteOutputs(finish, tx, out); err != nil {
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: write %d outputs of key %q: %w", produced, key, err), nil)
 		}
 		// They commit with the marker and the relay publishes them: nothing
@@ -228,7 +236,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: %w", err), nil)
 	}
 	if result != nil {
-		if err := c.Repository.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: c.Consumer, Key: key, Result: result}); err != nil {
+		if err := c.Repository.SaveResultTx(finish, tx, repository.SaveResultParams{Consumer: c.Consumer, Key: key, Result: result}); err != nil {
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: store result of key %q: %w", key, err), nil)
 		}
 	}

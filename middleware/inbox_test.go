@@ -1,6 +1,7 @@
 package middleware_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"strings"
@@ -279,3 +280,29 @@ func TestInboxRetentionSetsExpiry(t *testing.T) {
 		require.True(t, now.Add(48*time.Hour).Equal(rec.ExpiresAt), "ExpiresAt %s", rec.ExpiresAt)
 	})
 }
+
+// A subscriber shutting down cancels the message context. Once the
+// handler has returned, the commit alone decides the outcome: the effects
+// and the marker commit, and the delivery reports success.
+func TestInboxCommitIsNotRacedByContextCancellation(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s *store) {
+		h := &chargeHandler{s: s}
+		mw := s.newInbox(t, "billing").Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h.Handle(msg)
+			cancel := msg.Context().Value(cancelKey{}).(context.CancelFunc)
+			cancel() // the subscriber stops right after the handler returned
+			return out, err
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		msg := orderMessage("uuid-1", order{ID: "o-1", Amount: 10})
+		msg.SetContext(context.WithValue(ctx, cancelKey{}, cancel))
+
+		_, err := mw(msg)
+		require.NoError(t, err)
+		require.Equal(t, 1, s.chargesFor(t, "o-1"))
+		_, err = s.repo.Get(context.Background(), "billing", "uuid-1")
+		require.NoError(t, err)
+	})
+}
+
+type cancelKey struct{}
