@@ -57,15 +57,16 @@ func (r *recorder) middleware(h message.HandlerFunc) message.HandlerFunc {
 // deliver sends msgs through a Watermill router over a GoChannel and
 // returns when every one has been acknowledged.
 //
-// Concurrency: `concurrency` feeder goroutines publish msgs[i] for
-// i ≡ g (mod concurrency), each with a GoChannel that blocks Publish until
-// the subscriber acks (BlockPublishUntilSubscriberAck). The router runs
-// every received message in a goroutine of its own (router.go,
-// handler.run), so exactly `concurrency` handler invocations are in
-// flight at any time — the same as `concurrency` consumers each holding
-// one unacknowledged message, with one router handler and one topic.
-// (Several subscribers on one GoChannel topic would each receive every
-// message: GoChannel fans out and has no consumer groups.)
+// Concurrency: the messages are sharded over `concurrency` topics,
+// msgs[i] to topic i mod concurrency, each consumed by a router handler of
+// its own (all running the same handler chain), and each fed by one
+// goroutine whose Publish blocks until the message is acknowledged
+// (BlockPublishUntilSubscriberAck). So exactly `concurrency` deliveries
+// are in flight, like `concurrency` consumers each holding one
+// unacknowledged message. One topic would not do: GoChannel fans every
+// message out to every subscriber of a topic (no consumer groups), and its
+// Publish holds a per-topic lock until the ack, so one topic carries one
+// delivery at a time whatever the number of publishers.
 func deliver(ctx context.Context, h message.HandlerFunc, msgs []*message.Message, concurrency int) (result, error) {
 	logger := watermill.NopLogger{}
 	pubsub := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, logger)
@@ -75,8 +76,10 @@ func deliver(ctx context.Context, h message.HandlerFunc, msgs []*message.Message
 		return result{}, err
 	}
 	rec := newRecorder(len(msgs))
-	const topic = "bench"
-	router.AddConsumerHandler("bench", topic, pubsub, consume(rec.middleware(h)))
+	chain := consume(rec.middleware(h))
+	for g := range concurrency {
+		router.AddConsumerHandler(shard(g), shard(g), pubsub, chain)
+	}
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -96,7 +99,7 @@ func deliver(ctx context.Context, h message.HandlerFunc, msgs []*message.Message
 	for g := range concurrency {
 		wg.Go(func() {
 			for i := g; i < len(msgs); i += concurrency {
-				if err := pubsub.Publish(topic, msgs[i]); err != nil {
+				if err := pubsub.Publish(shard(g), msgs[i]); err != nil {
 					pubErrs[g] = err
 					return
 				}
@@ -145,3 +148,6 @@ func consume(h message.HandlerFunc) message.NoPublishHandlerFunc {
 		return err
 	}
 }
+
+// shard names the topic (and router handler) of feeder g.
+func shard(g int) string { return fmt.Sprintf("bench-%d", g) }

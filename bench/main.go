@@ -14,7 +14,8 @@
 //	W  watermill-sql v3's subscriber, the handler writing through its transaction
 //	D  Watermill's Deduplicator (in-memory) around A's handler
 //	E  A and B on SQLite and MariaDB; the two-phase inbox on Redis around A's handler
-//	F  pgbench, one autocommit INSERT per transaction (the database's limit)
+//	F  pgbench, one autocommit INSERT per transaction (the database's limit);
+//	   also pgbench replaying A's and B's statements (no Go, no router)
 //
 // Addresses come from POSTGRES_DSN, MYSQL_DSN and REDIS_ADDR with the
 // test suite's localhost defaults.
@@ -55,6 +56,7 @@ type row struct {
 
 type options struct {
 	n            int
+	repeat       int
 	concurrency  []int
 	only         map[string]bool
 	pgbench      string
@@ -71,6 +73,7 @@ func main() {
 	var o options
 	var conc, only string
 	flag.IntVar(&o.n, "n", 2000, "messages per run")
+	flag.IntVar(&o.repeat, "repeat", 3, "runs per scenario and concurrency; the table shows the run with the median throughput")
 	flag.StringVar(&conc, "c", "1,4,16", "comma-separated handler concurrencies")
 	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,W,D,E,F); default all")
 	flag.StringVar(&o.pgbench, "pgbench", "/usr/bin/pgbench", "path of pgbench (scenario F); skipped if missing")
@@ -95,8 +98,8 @@ func main() {
 			o.only[strings.ToUpper(strings.TrimSpace(s))] = true
 		}
 	}
-	if o.n < 1 {
-		fatalf("-n must be positive")
+	if o.n < 1 || o.repeat < 1 {
+		fatalf("-n and -repeat must be positive")
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -159,8 +162,8 @@ func configurePool(db *sql.DB, conc []int) {
 
 func runComparison(ctx context.Context, o options, w io.Writer) error {
 	want := func(id string) bool { return o.only == nil || o.only[id] }
-	fmt.Fprintf(w, "bench: %d messages per run, concurrency %v, GOMAXPROCS %d, %d CPUs, load average %s\n",
-		o.n, o.concurrency, runtime.GOMAXPROCS(0), runtime.NumCPU(), loadAverage())
+	fmt.Fprintf(w, "bench: %d messages per run, concurrency %v, median of %d runs, GOMAXPROCS %d, %d CPUs, load average %s\n",
+		o.n, o.concurrency, o.repeat, runtime.GOMAXPROCS(0), runtime.NumCPU(), loadAverage())
 
 	pgDSN := testenv.PostgresDSN()
 	pgConn, err := openDB("pgx", pgDSN)
@@ -247,29 +250,49 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	}
 	if pgbench != "" {
 		scenarios = append(scenarios,
-			scenario{"F", "F pgbench INSERT", "postgres", func(c int) (result, error) { return scenarioPgbench(ctx, pgbench, pgDSN, pg, o.n, c) }})
+			scenario{"F", "F pgbench INSERT", "postgres", func(c int) (result, error) {
+				return scenarioPgbench(ctx, pgbench, pgDSN, pg, o.n, c, pgbenchInsert)
+			}},
+			scenario{"F", "F pgbench A's SQL", "postgres", func(c int) (result, error) {
+				return scenarioPgbench(ctx, pgbench, pgDSN, pg, o.n, c, pgbenchBare)
+			}},
+			scenario{"F", "F pgbench B's SQL", "postgres", func(c int) (result, error) {
+				return scenarioPgbench(ctx, pgbench, pgDSN, pg, o.n, c, pgbenchInbox)
+			}})
 	}
 
-	// Concurrency is the outer loop, so a change of background load during
-	// the run affects every scenario rather than one.
-	var rows []row
+	// Repetition, then concurrency, are the outer loops, so a change of
+	// background load during the run affects every scenario rather than
+	// one; each cell keeps the run with the median throughput.
+	type cell struct {
+		label, backend string
+		c              int
+	}
+	runs := map[cell][]row{}
 	start := time.Now()
-	for _, c := range o.concurrency {
-		for _, s := range scenarios {
-			if !want(s.id) {
-				continue
+	for rep := range o.repeat {
+		for _, c := range o.concurrency {
+			for _, s := range scenarios {
+				if !want(s.id) {
+					continue
+				}
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				r, err := s.run(c)
+				k := cell{s.label, s.backend, c}
+				runs[k] = append(runs[k], row{id: s.id, label: s.label, backend: s.backend, c: c, r: r, err: err})
+				status := "ok"
+				if err != nil {
+					status = "FAILED: " + err.Error()
+				}
+				fmt.Fprintf(os.Stderr, "  run %d  %-30s %-9s c=%-3d %8.0f msgs/s  %s\n", rep+1, s.label, s.backend, c, safeRate(r), status)
 			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			r, err := s.run(c)
-			rows = append(rows, row{id: s.id, label: s.label, backend: s.backend, c: c, r: r, err: err})
-			status := "ok"
-			if err != nil {
-				status = "FAILED: " + err.Error()
-			}
-			fmt.Fprintf(os.Stderr, "  %-30s %-9s c=%-3d %8.0f msgs/s  %s\n", s.label, s.backend, c, safeRate(r), status)
 		}
+	}
+	var rows []row
+	for _, rs := range runs {
+		rows = append(rows, median(rs))
 	}
 	took := time.Since(start)
 
@@ -296,6 +319,29 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		}
 	}
 	return errors.Join(failed...)
+}
+
+// median returns the run with the median throughput, or the first failed
+// run if any failed.
+func median(rs []row) row {
+	for _, r := range rs {
+		if r.err != nil {
+			return r
+		}
+	}
+	s := slices.Clone(rs)
+	slices.SortFunc(s, func(a, b row) int { return cmpFloat(a.r.rate(), b.r.rate()) })
+	return s[len(s)/2]
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 func safeRate(r result) float64 {
@@ -349,6 +395,9 @@ func printRatios(w io.Writer, rows []row, conc []int) {
 		{"C/B  duplicate vs first delivery", "≥ 3", "C duplicates (2nd pass)", "postgres", "B inbox", "postgres"},
 		{"B/F  inbox vs pgbench", "≥ 0.7", "B inbox", "postgres", "F pgbench INSERT", "postgres"},
 		{"A/F  bare vs pgbench", "", "A bare handler", "postgres", "F pgbench INSERT", "postgres"},
+		{"A/FA bare vs pgbench running A's SQL", "", "A bare handler", "postgres", "F pgbench A's SQL", "postgres"},
+		{"B/FB inbox vs pgbench running B's SQL", "", "B inbox", "postgres", "F pgbench B's SQL", "postgres"},
+		{"FB/FA B's SQL vs A's SQL (pgbench)", "", "F pgbench B's SQL", "postgres", "F pgbench A's SQL", "postgres"},
 		{"B/D  inbox vs Deduplicator", "", "B inbox", "postgres", "D Deduplicator (memory)", "postgres"},
 		{"E/A  sqlite inbox vs sqlite bare", "", "E inbox", "sqlite", "E bare handler", "sqlite"},
 		{"E/A  mariadb inbox vs mariadb bare", "", "E inbox", "mariadb", "E bare handler", "mariadb"},

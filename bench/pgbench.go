@@ -13,17 +13,40 @@ import (
 	"time"
 )
 
+// pgbench scripts: F itself, and the statements of A and B replayed by
+// pgbench (no Go, no router), to tell the SQL's cost from ours.
+const (
+	pgbenchInsert = iota // F: one autocommit INSERT
+	pgbenchBare          // A's SQL: BEGIN; INSERT; COMMIT
+	pgbenchInbox         // B's SQL: BEGIN; claim INSERT … ON CONFLICT DO NOTHING; INSERT; COMMIT
+)
+
 // scenarioPgbench is F: pgbench running one INSERT per transaction (an
 // autocommit statement: one round trip, one commit) into a table shaped
 // like the business table, with c clients, n transactions in all, as the
 // database's own limit on this machine. Latencies come from pgbench's
-// per-transaction log (-l).
-func scenarioPgbench(ctx context.Context, pgbench, dsn string, d *database, n, c int) (result, error) {
+// per-transaction log (-l). With pgbenchBare or pgbenchInbox it replays
+// A's or B's statements instead.
+func scenarioPgbench(ctx context.Context, pgbench, dsn string, d *database, n, c, kind int) (result, error) {
 	t := &tables{d: d}
 	defer t.drop()
 	b, err := newBusiness(ctx, d, t, "bench_f")
 	if err != nil {
 		return result{}, err
+	}
+	body := `INSERT INTO "` + b.table + `" (id, amount) VALUES (gen_random_uuid()::text, 1);` + "\n"
+	switch kind {
+	case pgbenchBare:
+		body = "\\set id random(1, 9000000000000000)\nBEGIN;\nINSERT INTO \"" + b.table + "\" (id, amount) VALUES ('k' || :id, 1);\nEND;\n"
+	case pgbenchInbox:
+		_, _, inboxTable, err := newInbox(ctx, d, t, nil, 0)
+		if err != nil {
+			return result{}, err
+		}
+		body = "\\set id random(1, 9000000000000000)\nBEGIN;\n" +
+			"INSERT INTO \"" + inboxTable + "\" (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at) " +
+			"VALUES ('bench', 'k' || :id, 'completed', sha256(('k' || :id)::bytea), 1, now(), now(), now() + interval '7 days') ON CONFLICT (consumer, dedup_key) DO NOTHING;\n" +
+			"INSERT INTO \"" + b.table + "\" (id, amount) VALUES ('k' || :id, 1);\nEND;\n"
 	}
 	dir, err := os.MkdirTemp("", "watermill-idempotent-pgbench")
 	if err != nil {
@@ -31,7 +54,7 @@ func scenarioPgbench(ctx context.Context, pgbench, dsn string, d *database, n, c
 	}
 	defer os.RemoveAll(dir)
 	script := filepath.Join(dir, "insert.sql")
-	if err := os.WriteFile(script, []byte(`INSERT INTO "`+b.table+`" (id, amount) VALUES (gen_random_uuid()::text, 1);`+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(script, []byte(body), 0o600); err != nil {
 		return result{}, err
 	}
 	perClient := max(n/c, 1)

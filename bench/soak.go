@@ -129,13 +129,16 @@ SELECT 'expired', 'e' || n, 'completed', 1, $1, $1, $2 FROM generate_series(1, $
 	var handled atomic.Int64
 	var handlerErr atomic.Pointer[error]
 	h := inbox.Middleware(b.inInbox)
-	router.AddConsumerHandler("soak", "soak", pubsub, func(msg *message.Message) error {
+	chain := func(msg *message.Message) error {
 		if _, err := h(msg); err != nil {
 			handlerErr.CompareAndSwap(nil, &err)
 		}
 		handled.Add(1)
 		return nil
-	})
+	}
+	for g := range o.soakC {
+		router.AddConsumerHandler(shard(g), shard(g), pubsub, chain)
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	routerErr := make(chan error, 1)
@@ -153,7 +156,7 @@ SELECT 'expired', 'e' || n, 'completed', 1, $1, $1, $2 FROM generate_series(1, $
 		cleanupErr    error
 		cleanupDone   = make(chan struct{})
 	)
-	for range o.soakC {
+	for g := range o.soakC {
 		feeders.Go(func() {
 			for runCtx.Err() == nil {
 				i := sent.Add(1)
@@ -164,7 +167,7 @@ SELECT 'expired', 'e' || n, 'completed', 1, $1, $1, $2 FROM generate_series(1, $
 					once.Do(func() { close(baselineDone) })
 				}
 				id := watermill.NewUUID()
-				if err := pubsub.Publish("soak", message.NewMessage(id, fmt.Appendf(nil, `{"order":%q,"amount":%d}`, id, i))); err != nil {
+				if err := pubsub.Publish(shard(g), message.NewMessage(id, fmt.Appendf(nil, `{"order":%q,"amount":%d}`, id, i))); err != nil {
 					return
 				}
 			}
