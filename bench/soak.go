@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
-	"text/tabwriter"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -190,8 +190,8 @@ SELECT 'expired', 'e' || n, 'completed', 1, $1, $1, $2 FROM generate_series(1, $
 	})
 
 	start := time.Now()
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "t\tmsgs\tmsgs/s\tclaim p50\tclaim p99\theap alloc\theap inuse\tRSS\tgoroutines\tjanitor deleted\tphase\t")
+	const lineFormat = "%6s %9s %7s %9s %9s %10s %10s %9s %10s %15s  %s\n"
+	fmt.Fprintf(w, lineFormat, "t", "msgs", "msgs/s", "claim p50", "claim p99", "heap alloc", "heap inuse", "RSS", "goroutines", "janitor deleted", "phase")
 	var (
 		heapMin, heapMax, rssMin, rssMax int64
 		rates                            []float64
@@ -210,10 +210,11 @@ SELECT 'expired', 'e' || n, 'completed', 1, $1, $1, $2 FROM generate_series(1, $
 		runtime.ReadMemStats(&ms)
 		rss := currentRSS()
 		phase := [...]string{"baseline", "cleanup", "steady"}[obs.phase.Load()]
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%.1f MiB\t%.1f MiB\t%.1f MiB\t%d\t%d\t%s\t\n",
-			now.Sub(start).Round(time.Second), n, rate, fmtDur(percentile(claims, 50)), fmtDur(percentile(claims, 99)),
-			mib(int64(ms.HeapAlloc)), mib(int64(ms.HeapInuse)), mib(rss), runtime.NumGoroutine(), deleted.Load(), phase)
-		_ = tw.Flush()
+		fmt.Fprintf(w, lineFormat,
+			now.Sub(start).Round(time.Second), strconv.FormatInt(n, 10), fmt.Sprintf("%.0f", rate),
+			fmtDur(percentile(claims, 50)), fmtDur(percentile(claims, 99)),
+			fmt.Sprintf("%.1f MiB", mib(int64(ms.HeapAlloc))), fmt.Sprintf("%.1f MiB", mib(int64(ms.HeapInuse))),
+			fmt.Sprintf("%.1f MiB", mib(rss)), strconv.Itoa(runtime.NumGoroutine()), strconv.FormatInt(deleted.Load(), 10), phase)
 		// The first interval includes warm-up; the last may be partial.
 		if n > 0 && !final && now.Sub(start) > o.soakInterval {
 			heapMin, heapMax = minNonZero(heapMin, int64(ms.HeapInuse)), max(heapMax, int64(ms.HeapInuse))
