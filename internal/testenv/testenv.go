@@ -26,6 +26,12 @@ const (
 	MySQLDefault    = "root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=UTC"
 )
 
+// MaxConns caps each test pool's connections. Test packages run in
+// parallel against one server (PostgreSQL allows 100 clients by default),
+// and racing goroutines would otherwise open a connection each. Tests that
+// race more goroutines than this still race: the rest wait for the pool.
+const MaxConns = 24
+
 // CI reports whether the tests run in CI, where every service must be up.
 func CI() bool { return os.Getenv("CI") == "true" }
 
@@ -59,6 +65,7 @@ func Postgres(t testing.TB) *sql.DB {
 	if err != nil {
 		Missing(t, "PostgreSQL ("+PostgresEnv+"="+PostgresDSN()+")", err)
 	}
+	db.SetMaxOpenConns(MaxConns)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
 }
@@ -78,6 +85,7 @@ func MySQL(t testing.TB) *sql.DB {
 	if err != nil {
 		Missing(t, "MySQL/MariaDB ("+MySQLEnv+"="+MySQLDSN()+")", err)
 	}
+	db.SetMaxOpenConns(MaxConns)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
 }
