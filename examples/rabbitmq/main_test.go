@@ -34,11 +34,12 @@ func TestRabbitMQ(t *testing.T) {
 			defer cancel()
 			start := time.Now()
 			l, err := shop.Run(ctx, shop.Config{
-				Broker:      broker.Config{Kind: broker.AMQP, AMQPURL: url},
-				Database:    db,
-				PostgresDSN: testenv.PostgresDSN(),
-				SQLitePath:  t.TempDir() + "/shop.db",
-				Observer:    ms.Metrics,
+				Broker:       broker.Config{Kind: broker.AMQP, AMQPURL: url},
+				Database:     db,
+				PostgresDSN:  testenv.PostgresDSN(),
+				SQLitePath:   t.TempDir() + "/shop.db",
+				Observer:     ms.Metrics,
+				RelayMetrics: ms.Metrics.Relay("payments"),
 			})
 			require.NoError(t, err)
 			var out bytes.Buffer
@@ -98,6 +99,9 @@ func TestRabbitMQ(t *testing.T) {
 			require.Contains(t, body, fmt.Sprintf(`watermill_idempotent_deliveries_total{consumer="billing",outcome="processed"} %d`, orders))
 			require.Contains(t, body, fmt.Sprintf(`watermill_idempotent_deliveries_total{consumer="billing",outcome="failed"} %d`, failures))
 			require.Contains(t, body, `watermill_idempotent_deliveries_total{consumer="billing",outcome="payload_mismatch"} 1`)
+			if db == shop.Postgres { // payments leave through the outbox relay
+				require.Contains(t, body, fmt.Sprintf(`watermill_idempotent_relay_published_messages_total{relay="payments"} %d`, orders))
+			}
 		})
 	}
 }

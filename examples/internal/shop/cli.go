@@ -137,6 +137,7 @@ func (c *CLI) Run(w io.Writer) error {
 		}
 		defer ms.Close()
 		config.Observer = ms.Metrics
+		config.RelayMetrics = ms.Metrics.Relay("payments")
 		fmt.Fprintf(w, "serving metrics on http://%s/metrics\n\n", ms.Addr)
 	}
 	ledger, err := Run(runCtx, config)

@@ -56,6 +56,9 @@ type Config struct {
 	// Observer also receives every inbox outcome (for example the metrics
 	// package's Prometheus observer). Default: nil.
 	Observer middleware.Observer
+	// RelayMetrics receives the outbox relay's batches and backlog samples
+	// (for example metrics.Metrics.Relay). Default: nil.
+	RelayMetrics outbox.RelayMetrics
 	// Logger receives Watermill's logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// Keep leaves the run's tables, topics and queues in place for
@@ -331,6 +334,7 @@ func (s *scenario) play(ctx context.Context) (err error) {
 	if s.store.Outbox != nil {
 		relay, err := outbox.NewRelay(s.store.DB, s.publisher, outbox.RelayConfig{
 			Dialect: outbox.PostgreSQL, Table: s.store.Tables.Outbox, RetryInterval: 100 * time.Millisecond,
+			Metrics: s.config.RelayMetrics,
 		}, s.config.Logger)
 		if err != nil {
 			return err
