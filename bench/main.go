@@ -306,8 +306,7 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	})
 	printTable(w, rows)
 	printRatios(w, rows, o.concurrency)
-	self, children := peakRSS()
-	fmt.Fprintf(w, "\npeak RSS (getrusage maxrss): bench process %.1f MiB, pgbench %.1f MiB\n", mib(self), mib(children))
+	fmt.Fprintf(w, "\npeak RSS (getrusage maxrss) of the bench process: %.1f MiB\n", mib(peakRSS()))
 	fmt.Fprintf(w, "took %s; load average at the end %s\n", took.Round(time.Second), loadAverage())
 	for _, n := range notes {
 		fmt.Fprintln(w, "note:", n)

@@ -273,8 +273,7 @@ loop:
 	if bp99 > 0 {
 		fmt.Fprintf(w, "cleanup raises claim p99 by %.2f× (target < 2×)\n", float64(dp99)/float64(bp99))
 	}
-	self, _ := peakRSS()
-	fmt.Fprintf(w, "peak RSS (getrusage maxrss): %.1f MiB; load average at the end %s\n", mib(self), loadAverage())
+	fmt.Fprintf(w, "peak RSS (getrusage maxrss): %.1f MiB; load average at the end %s\n", mib(peakRSS()), loadAverage())
 	return nil
 }
 

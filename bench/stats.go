@@ -20,17 +20,16 @@ func percentile(d []time.Duration, p float64) time.Duration {
 	return s[min(max(i, 0), len(s)-1)]
 }
 
-// peakRSS returns the peak resident set size of this process and of its
-// waited-for children (pgbench), in bytes (getrusage maxrss).
-func peakRSS() (self, children int64) {
+// peakRSS returns the peak resident set size of this process in bytes
+// (getrusage maxrss). Children (pgbench) are not reported: Go starts them
+// with vfork semantics, and the kernel charges a child the parent's peak
+// RSS when it execs, so RUSAGE_CHILDREN would only echo ours.
+func peakRSS() int64 {
 	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
-		self = ru.Maxrss * 1024 // kilobytes on Linux
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
 	}
-	if syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru) == nil {
-		children = ru.Maxrss * 1024
-	}
-	return self, children
+	return ru.Maxrss * 1024 // kilobytes on Linux
 }
 
 // currentRSS returns the resident set size now (/proc/self/statm), or 0
