@@ -95,24 +95,31 @@ func (c Config) Validate() error {
 	if c.Repository == nil {
 		errs = append(errs, errors.New("missing Config.Repository"))
 	}
-	if c.Consumer == "" {
-		errs = append(errs, errors.New("missing Config.Consumer"))
-	} else if len(c.Consumer) > repository.MaxConsumerLength {
-		errs = append(errs, fmt.Errorf("config.Consumer must be at most %d bytes", repository.MaxConsumerLength))
-	}
-	if c.Retention <= 0 {
-		errs = append(errs, fmt.Errorf("config.Retention must be positive, got %s", c.Retention))
-	}
-	if c.RedeliveryWindow < 0 {
-		errs = append(errs, fmt.Errorf("config.RedeliveryWindow must not be negative, got %s", c.RedeliveryWindow))
-	}
-	if c.Retention < c.RedeliveryWindow {
-		errs = append(errs, fmt.Errorf("config.Retention (%s) is shorter than RedeliveryWindow (%s): duplicates arriving after the marker expired would be processed again", c.Retention, c.RedeliveryWindow))
-	}
+	errs = append(errs, validateShared("Config", c.Consumer, c.Retention, c.RedeliveryWindow)...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid inbox config: %w", err)
 	}
 	return nil
+}
+
+// validateShared checks the settings both inboxes have.
+func validateShared(configName, consumer string, retention, redeliveryWindow time.Duration) []error {
+	var errs []error
+	if consumer == "" {
+		errs = append(errs, fmt.Errorf("missing %s.Consumer", configName))
+	} else if len(consumer) > repository.MaxConsumerLength {
+		errs = append(errs, fmt.Errorf("config.Consumer must be at most %d bytes", repository.MaxConsumerLength))
+	}
+	if retention <= 0 {
+		errs = append(errs, fmt.Errorf("config.Retention must be positive, got %s", retention))
+	}
+	if redeliveryWindow < 0 {
+		errs = append(errs, fmt.Errorf("config.RedeliveryWindow must not be negative, got %s", redeliveryWindow))
+	}
+	if retention < redeliveryWindow {
+		errs = append(errs, fmt.Errorf("config.Retention (%s) is shorter than RedeliveryWindow (%s): duplicates arriving after the marker expired would be processed again", retention, redeliveryWindow))
+	}
+	return errs
 }
 
 // Inbox is a router middleware that makes a handler's effects happen once

@@ -112,11 +112,7 @@ func (c TwoPhaseConfig) Validate() error {
 	if c.Repository == nil {
 		errs = append(errs, errors.New("missing TwoPhaseConfig.Repository"))
 	}
-	if c.Consumer == "" {
-		errs = append(errs, errors.New("missing TwoPhaseConfig.Consumer"))
-	} else if len(c.Consumer) > repository.MaxConsumerLength {
-		errs = append(errs, fmt.Errorf("config.Consumer must be at most %d bytes", repository.MaxConsumerLength))
-	}
+	errs = append(errs, validateShared("TwoPhaseConfig", c.Consumer, c.Retention, c.RedeliveryWindow)...)
 	if c.Lease <= 0 {
 		errs = append(errs, fmt.Errorf("config.Lease must be positive, got %s", c.Lease))
 	}
@@ -128,12 +124,6 @@ func (c TwoPhaseConfig) Validate() error {
 	}
 	if c.Retention <= c.Lease {
 		errs = append(errs, fmt.Errorf("config.Retention (%s) must be longer than Lease (%s)", c.Retention, c.Lease))
-	}
-	if c.RedeliveryWindow < 0 {
-		errs = append(errs, fmt.Errorf("config.RedeliveryWindow must not be negative, got %s", c.RedeliveryWindow))
-	}
-	if c.Retention < c.RedeliveryWindow {
-		errs = append(errs, fmt.Errorf("config.Retention (%s) is shorter than RedeliveryWindow (%s): duplicates arriving after the marker expired would be processed again", c.Retention, c.RedeliveryWindow))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid two-phase inbox config: %w", err)
