@@ -67,6 +67,8 @@ type options struct {
 	soakC        int
 	soakExpired  int
 	soakInterval time.Duration
+	janitorBatch int
+	janitorPause time.Duration
 }
 
 func main() {
@@ -84,6 +86,8 @@ func main() {
 	flag.IntVar(&o.soakC, "soak-c", 4, "soak: handler concurrency")
 	flag.IntVar(&o.soakExpired, "soak-expired", 1_000_000, "soak: expired records seeded for the janitor to delete")
 	flag.DurationVar(&o.soakInterval, "soak-interval", 10*time.Second, "soak: report interval")
+	flag.IntVar(&o.janitorBatch, "soak-janitor-batch", 0, "soak: janitor BatchSize (0: the janitor's default)")
+	flag.DurationVar(&o.janitorPause, "soak-janitor-pause", 0, "soak: janitor Pause (0: the janitor's default)")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(s))

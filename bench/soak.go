@@ -76,8 +76,8 @@ func (o *claimObserver) takeInterval() []time.Duration {
 // they expire (retention 2 minutes). Every interval it prints throughput,
 // claim p99, Go heap, RSS and goroutines.
 func runSoak(ctx context.Context, o options, w io.Writer) error {
-	fmt.Fprintf(w, "soak: %d messages through B at concurrency %d, %d expired records for the janitor, GOMAXPROCS %d, load average %s\n",
-		o.soakN, o.soakC, o.soakExpired, runtime.GOMAXPROCS(0), loadAverage())
+	fmt.Fprintf(w, "soak: %d messages through B at concurrency %d, %d expired records for the janitor (batch %d, pause %s; 0 = default), GOMAXPROCS %d, load average %s\n",
+		o.soakN, o.soakC, o.soakExpired, o.janitorBatch, o.janitorPause, runtime.GOMAXPROCS(0), loadAverage())
 	db, err := openDB("pgx", testenv.PostgresDSN())
 	if err != nil {
 		return fmt.Errorf("PostgreSQL (%s=%s) is required: %w", testenv.PostgresEnv, testenv.PostgresDSN(), err)
@@ -113,8 +113,10 @@ SELECT 'expired', 'e' || n, 'completed', 1, $1, $1, $2 FROM generate_series(1, $
 
 	var deleted atomic.Int64
 	j, err := janitor.NewJanitor(repo, janitor.Config{
-		Interval: 5 * time.Second,
-		OnBatch:  func(b janitor.Batch) { deleted.Add(int64(b.Deleted)) },
+		Interval:  5 * time.Second,
+		BatchSize: o.janitorBatch,
+		Pause:     o.janitorPause,
+		OnBatch:   func(b janitor.Batch) { deleted.Add(int64(b.Deleted)) },
 	}, nil)
 	if err != nil {
 		return err
