@@ -2,10 +2,16 @@
 // database/sql with the github.com/go-sql-driver/mysql driver. It needs
 // InnoDB and MySQL 8.0+ or MariaDB 10.6+ (cleanup uses SKIP LOCKED).
 //
-//	db, _ := sql.Open("mysql", "app@tcp(127.0.0.1:3306)/app")
+//	db, _ := sql.Open("mysql", "app@tcp(127.0.0.1:3306)/app?interpolateParams=true")
 //	repo, err := mysql.NewRepository(db, mysql.Config{})
 //	if err != nil { … }
 //	if err := repo.Migrate(ctx); err != nil { … }
+//
+// interpolateParams=true is recommended: without it go-sql-driver prepares
+// every parameterized statement on the server first, one more round trip
+// per statement; with it the inbox measured 30–41 % more messages per
+// second on MariaDB (docs/benchmarks.md). The repository only sends
+// values through placeholders, so interpolation is safe here.
 //
 // Claims are a plain INSERT against the primary key (consumer, dedup_key).
 // Only MySQL error 1062 (ER_DUP_ENTRY), recognised by number, means
