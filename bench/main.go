@@ -77,7 +77,7 @@ func main() {
 	flag.IntVar(&o.n, "n", 2000, "messages per run")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs per scenario and concurrency; the table shows the run with the median throughput")
 	flag.StringVar(&conc, "c", "1,4,16", "comma-separated handler concurrencies")
-	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,W,D,E,F); default all")
+	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,R,W,D,E,F; R is B and C with ReadFirst); default all")
 	flag.StringVar(&o.pgbench, "pgbench", "/usr/bin/pgbench", "path of pgbench (scenario F); skipped if missing")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile at the end to this file")
@@ -234,6 +234,11 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 			return dup, err
 		}},
 		{"C", "C both passes", "postgres", func(c int) (result, error) { return dupBoth[c], dupErr[c] }},
+		{"R", "B inbox, ReadFirst", "postgres", func(c int) (result, error) { return scenarioInbox(ctx, pg, o.n, c, readFirst) }},
+		{"R", "C duplicates, ReadFirst", "postgres", func(c int) (result, error) {
+			dup, _, err := scenarioDuplicates(ctx, pg, o.n, c, readFirst)
+			return dup, err
+		}},
 		{"W", "W watermill-sql (batch 100)", "postgres", func(c int) (result, error) { return scenarioWatermillSQL(ctx, pg, o.n, c, 0) }},
 		{"W", "W1 watermill-sql (batch 1)", "postgres", func(c int) (result, error) { return scenarioWatermillSQL(ctx, pg, o.n, c, 1) }},
 		{"D", "D Deduplicator (memory)", "postgres", func(c int) (result, error) { return scenarioDeduplicator(ctx, pg, o.n, c) }},
@@ -396,6 +401,8 @@ func printRatios(w io.Writer, rows []row, conc []int) {
 		{"B/W  inbox vs watermill-sql (batch 100)", "", "B inbox", "postgres", "W watermill-sql (batch 100)", "postgres"},
 		{"B/W1 inbox vs watermill-sql (batch 1)", "", "B inbox", "postgres", "W1 watermill-sql (batch 1)", "postgres"},
 		{"C/B  duplicate vs first delivery", "≥ 3", "C duplicates (2nd pass)", "postgres", "B inbox", "postgres"},
+		{"C/B  with ReadFirst (both)", "≥ 3", "C duplicates, ReadFirst", "postgres", "B inbox, ReadFirst", "postgres"},
+		{"B/A  with ReadFirst", "", "B inbox, ReadFirst", "postgres", "A bare handler", "postgres"},
 		{"B/F  inbox vs pgbench", "≥ 0.7", "B inbox", "postgres", "F pgbench INSERT", "postgres"},
 		{"A/F  bare vs pgbench", "", "A bare handler", "postgres", "F pgbench INSERT", "postgres"},
 		{"A/FA bare vs pgbench running A's SQL", "", "A bare handler", "postgres", "F pgbench A's SQL", "postgres"},

@@ -195,27 +195,34 @@ func scenarioBare(ctx context.Context, d *database, n, c int) (result, error) {
 }
 
 // newInbox returns a transactional inbox on a fresh table of t.
-func newInbox(ctx context.Context, d *database, t *tables, observer middleware.Observer, retention time.Duration) (*middleware.Inbox, inboxRepo, string, error) {
+func newInbox(ctx context.Context, d *database, t *tables, observer middleware.Observer, retention time.Duration, mutate ...func(*middleware.Config)) (*middleware.Inbox, inboxRepo, string, error) {
 	table := t.add("bench_inbox_" + randomSuffix())
 	repo, err := d.newRepo(ctx, table)
 	if err != nil {
 		return nil, nil, "", err
 	}
-	inbox, err := middleware.NewInbox(middleware.Config{
+	config := middleware.Config{
 		DB: d.db, Repository: repo, Consumer: "bench", Observer: observer, Retention: retention,
-	})
+	}
+	for _, m := range mutate {
+		m(&config)
+	}
+	inbox, err := middleware.NewInbox(config)
 	return inbox, repo, table, err
 }
 
+// readFirst turns on middleware.Config.ReadFirst.
+func readFirst(c *middleware.Config) { c.ReadFirst = true }
+
 // scenarioInbox is B (and E on SQLite and MariaDB).
-func scenarioInbox(ctx context.Context, d *database, n, c int) (result, error) {
+func scenarioInbox(ctx context.Context, d *database, n, c int, mutate ...func(*middleware.Config)) (result, error) {
 	t := &tables{d: d}
 	defer t.drop()
 	b, err := newBusiness(ctx, d, t, "bench_b")
 	if err != nil {
 		return result{}, err
 	}
-	inbox, _, _, err := newInbox(ctx, d, t, nil, 0)
+	inbox, _, _, err := newInbox(ctx, d, t, nil, 0, mutate...)
 	if err != nil {
 		return result{}, err
 	}
@@ -230,14 +237,14 @@ func scenarioInbox(ctx context.Context, d *database, n, c int) (result, error) {
 // delivers every message once (first deliveries, as in B); the second
 // redelivers all of them (every delivery a duplicate). It returns the
 // second pass (the duplicate path) and both passes together.
-func scenarioDuplicates(ctx context.Context, d *database, n, c int) (dup, both result, err error) {
+func scenarioDuplicates(ctx context.Context, d *database, n, c int, mutate ...func(*middleware.Config)) (dup, both result, err error) {
 	t := &tables{d: d}
 	defer t.drop()
 	b, err := newBusiness(ctx, d, t, "bench_c")
 	if err != nil {
 		return result{}, result{}, err
 	}
-	inbox, _, _, err := newInbox(ctx, d, t, nil, 0)
+	inbox, _, _, err := newInbox(ctx, d, t, nil, 0, mutate...)
 	if err != nil {
 		return result{}, result{}, err
 	}

@@ -306,3 +306,45 @@ func TestInboxCommitIsNotRacedByContextCancellation(t *testing.T) {
 }
 
 type cancelKey struct{}
+
+// ReadFirst answers completed keys before opening a transaction; the
+// outcomes are the same as without it, and races are still decided by the
+// claim.
+func TestInboxReadFirst(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s *store) {
+		h := &chargeHandler{s: s}
+		mw := s.newInbox(t, "billing", func(c *middleware.Config) { c.ReadFirst = true }).Middleware(h.Handle)
+
+		const racers = 16
+		var wg sync.WaitGroup
+		outs := make([][]*message.Message, racers)
+		errs := make([]error, racers)
+		for i := range racers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				outs[i], errs[i] = mw(orderMessage("uuid-1", order{ID: "o-1", Amount: 10}))
+			}()
+		}
+		wg.Wait()
+		for i := range racers {
+			require.NoError(t, errs[i])
+			require.Equal(t, outs[0][0].UUID, outs[i][0].UUID)
+		}
+		again, err := mw(orderMessage("uuid-1", order{ID: "o-1", Amount: 10}))
+		require.NoError(t, err)
+		require.Equal(t, outs[0][0].UUID, again[0].UUID, "a read-first duplicate replays the stored output")
+		_, err = mw(orderMessage("uuid-1", order{ID: "o-1", Amount: 11}))
+		require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
+		require.EqualValues(t, 1, h.runs.Load())
+		require.Equal(t, 1, s.chargesFor(t, "o-1"))
+	})
+}
+
+func TestInboxReadFirstNeedsReader(t *testing.T) {
+	s := newSQLiteStore(t)
+	_, err := middleware.NewInbox(middleware.Config{
+		DB: s.db, Repository: struct{ repository.Transactional }{s.repo}, Consumer: "billing", ReadFirst: true,
+	})
+	require.ErrorContains(t, err, "ReadFirst needs a Repository implementing repository.Reader")
+}
