@@ -2,9 +2,9 @@ package mysql
 
 import (
 	"context"
-	"fmt"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlrepo"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -33,22 +33,7 @@ func (r *Repository) CountRecords(ctx context.Context, now time.Time) ([]reposit
 		return nil, err
 	}
 	rows, err := r.db.QueryContext(ctx, countRecordsSQL(r.table), at, at, at)
-	if err != nil {
-		return nil, fmt.Errorf("mysql: count records: %w", err)
-	}
-	defer rows.Close()
-	var counts []repository.RecordCount
-	for rows.Next() {
-		var c repository.RecordCount
-		if err := rows.Scan(&c.Consumer, &c.InProgress, &c.Stale, &c.Completed); err != nil {
-			return nil, fmt.Errorf("mysql: count records: %w", err)
-		}
-		counts = append(counts, c)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("mysql: count records: %w", err)
-	}
-	return counts, nil
+	return sqlrepo.RecordCounts("mysql", rows, err)
 }
 
 var _ repository.Stats = (*Repository)(nil)

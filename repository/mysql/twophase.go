@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlrepo"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -203,17 +204,7 @@ func (r *Repository) fenced(ctx context.Context, op, query string, args ...any) 
 			break
 		}
 	}
-	if err != nil {
-		return fmt.Errorf("mysql: %s: %w", op, err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("mysql: %s: %w", op, err)
-	}
-	if n == 0 {
-		return fmt.Errorf("mysql: %s: %w", op, repository.ErrLeaseLost)
-	}
-	return nil
+	return sqlrepo.Fenced("mysql", op, res, err)
 }
 
 func isDeadlock(err error) bool {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlrepo"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -73,25 +74,7 @@ func (r *Repository) Resolve(ctx context.Context, p repository.ResolveParams) er
 	default:
 		res, err = r.db.ExecContext(ctx, op.release, p.Consumer, p.Key, p.ExpectedOwner, now)
 	}
-	if err != nil {
-		return fmt.Errorf("postgres: resolve (%s): %w", p.Action, err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("postgres: resolve (%s): %w", p.Action, err)
-	}
-	if n == 1 {
-		return nil
-	}
-	var count int
-	if err := r.db.QueryRowContext(ctx, op.exists, p.Consumer, p.Key, now).Scan(&count); err != nil {
-		return fmt.Errorf("postgres: resolve (%s): %w", p.Action, err)
-	}
-	if count == 0 {
-		return fmt.Errorf("postgres: resolve (%s) %q/%q: %w", p.Action, p.Consumer, p.Key, repository.ErrNotFound)
-	}
-	return fmt.Errorf("postgres: resolve (%s) %q/%q: the record is no longer in progress under an expired lease of %q: %w",
-		p.Action, p.Consumer, p.Key, p.ExpectedOwner, repository.ErrLeaseLost)
+	return sqlrepo.Resolved(ctx, r.db, "postgres", p, res, err, op.exists, p.Consumer, p.Key, now)
 }
 
 // scanRecord reads one row of the record columns from a multi-row query.

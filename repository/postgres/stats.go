@@ -2,9 +2,9 @@ package postgres
 
 import (
 	"context"
-	"fmt"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlrepo"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -29,22 +29,7 @@ func (r *Repository) CountRecords(ctx context.Context, now time.Time) ([]reposit
 		return nil, err
 	}
 	rows, err := r.db.QueryContext(ctx, countRecordsSQL(r.table), now.UTC())
-	if err != nil {
-		return nil, fmt.Errorf("postgres: count records: %w", err)
-	}
-	defer rows.Close()
-	var counts []repository.RecordCount
-	for rows.Next() {
-		var c repository.RecordCount
-		if err := rows.Scan(&c.Consumer, &c.InProgress, &c.Stale, &c.Completed); err != nil {
-			return nil, fmt.Errorf("postgres: count records: %w", err)
-		}
-		counts = append(counts, c)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("postgres: count records: %w", err)
-	}
-	return counts, nil
+	return sqlrepo.RecordCounts("postgres", rows, err)
 }
 
 var _ repository.Stats = (*Repository)(nil)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlrepo"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -116,15 +117,5 @@ func (r *Repository) Release(ctx context.Context, p repository.LeaseParams) erro
 // repository.ErrLeaseLost when it matched no row.
 func (r *Repository) fenced(ctx context.Context, op, query string, args ...any) error {
 	res, err := r.db.ExecContext(ctx, query, args...)
-	if err != nil {
-		return fmt.Errorf("sqlite: %s: %w", op, err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("sqlite: %s: %w", op, err)
-	}
-	if n == 0 {
-		return fmt.Errorf("sqlite: %s: %w", op, repository.ErrLeaseLost)
-	}
-	return nil
+	return sqlrepo.Fenced("sqlite", op, res, err)
 }
