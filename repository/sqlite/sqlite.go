@@ -37,13 +37,25 @@ func DSN(path string) string {
 	return "file:" + path + "?" + q.Encode()
 }
 
-// Open opens the SQLite database file at path with DSN(path) and checks
-// that it answers.
+// Open opens the SQLite database file at path with DSN(path), limits the
+// pool to one connection, and checks that the database answers.
+//
+// One connection, because SQLite has one writer at a time anyway, and
+// Go's pool hands its connection to waiters in turn, where SQLite's own
+// busy handler makes waiting writers poll with sleeps of up to 100 ms: under
+// sustained contention (the janitor draining a backlog while claims keep
+// coming) a writer can miss every free moment for longer than the busy
+// timeout and fail with SQLITE_BUSY. The price: inside an inbox handler,
+// use the transaction from middleware.TxFromContext, never the *sql.DB —
+// with one connection, a query on db waits for the very transaction that
+// waits for it. Raise the limit with db.SetMaxOpenConns if your handlers
+// need concurrent reads and you accept SQLITE_BUSY under contention.
 func Open(path string) (*sql.DB, error) {
 	db, err := sql.Open("sqlite", DSN(path))
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
+	db.SetMaxOpenConns(1)
 	if err := db.Ping(); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
