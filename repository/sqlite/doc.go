@@ -2,16 +2,16 @@
 // modernc.org/sqlite driver (no cgo). It is the default for single-process
 // services, tests and the quickstart.
 //
-//	db, err := sqlite.Open("inbox.db") // WAL, busy timeout, immediate transactions
+//	db, err := sqlite.Open("inbox.db") // WAL, busy timeout, immediate transactions, one connection
 //	if err != nil { … }
 //	repo, err := sqlite.NewRepository(db, sqlite.Config{})
 //	if err != nil { … }
 //	if err := repo.Migrate(ctx); err != nil { … }
 //
 // SQLite has one writer at a time. Open configures every transaction to
-// take the write lock when it begins (BEGIN IMMEDIATE) and to wait for it
-// (busy_timeout), so racing claims queue instead of failing with
-// SQLITE_BUSY; the claim is `INSERT … ON CONFLICT DO NOTHING` against the
+// take the write lock when it begins (BEGIN IMMEDIATE), and keeps one
+// connection so that racing claims queue in Go's pool instead of polling
+// SQLite's lock (busy_timeout still covers other processes); the claim is `INSERT … ON CONFLICT DO NOTHING` against the
 // primary key, as on PostgreSQL. A *sql.DB opened another way must do the
 // same (see DSN).
 //
