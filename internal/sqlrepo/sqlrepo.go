@@ -1,7 +1,7 @@
 // Package sqlrepo holds the steps the SQL backends (postgres, mysql,
 // sqlite) share once their dialect-specific statement has run: reading
 // affected rows, fencing two-phase writes, explaining a refused operator
-// action, and scanning record counts.
+// action, and scanning records and record counts.
 package sqlrepo
 
 import (
@@ -60,20 +60,37 @@ func Resolved(ctx context.Context, db *sql.DB, prefix string, p repository.Resol
 // RecordCounts scans the rows of a count-records query (consumer,
 // in_progress, stale, completed) returned by QueryContext as rows/err.
 func RecordCounts(prefix string, rows *sql.Rows, err error) ([]repository.RecordCount, error) {
+	return collect(prefix, "count records", rows, err, func(rows *sql.Rows) (repository.RecordCount, error) {
+		var c repository.RecordCount
+		err := rows.Scan(&c.Consumer, &c.InProgress, &c.Stale, &c.Completed)
+		return c, err
+	})
+}
+
+// Records scans the record rows of a query (returned by QueryContext as
+// rows/err) with the backend's scan function. op names the operation in
+// errors ("list stuck").
+func Records(prefix, op string, rows *sql.Rows, err error, scan func(*sql.Rows) (repository.Record, error)) ([]repository.Record, error) {
+	return collect(prefix, op, rows, err, scan)
+}
+
+// collect reads every row with scan, closes rows, and wraps any error as
+// "<prefix>: <op>: <err>".
+func collect[T any](prefix, op string, rows *sql.Rows, err error, scan func(*sql.Rows) (T, error)) ([]T, error) {
 	if err != nil {
-		return nil, fmt.Errorf("%s: count records: %w", prefix, err)
+		return nil, fmt.Errorf("%s: %s: %w", prefix, op, err)
 	}
 	defer rows.Close()
-	var counts []repository.RecordCount
+	var out []T
 	for rows.Next() {
-		var c repository.RecordCount
-		if err := rows.Scan(&c.Consumer, &c.InProgress, &c.Stale, &c.Completed); err != nil {
-			return nil, fmt.Errorf("%s: count records: %w", prefix, err)
+		v, err := scan(rows)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", prefix, op, err)
 		}
-		counts = append(counts, c)
+		out = append(out, v)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: count records: %w", prefix, err)
+		return nil, fmt.Errorf("%s: %s: %w", prefix, op, err)
 	}
-	return counts, nil
+	return out, nil
 }

@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"database/sql"
-	"fmt"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlrepo"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -36,22 +35,7 @@ func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams
 	}
 	op := newOperatorSQL(r.table)
 	rows, err := r.db.QueryContext(ctx, op.list, p.Now.UTC(), p.Consumer, p.Limit)
-	if err != nil {
-		return nil, fmt.Errorf("postgres: list stuck: %w", err)
-	}
-	defer rows.Close()
-	var recs []repository.Record
-	for rows.Next() {
-		rec, err := scanRecord(rows)
-		if err != nil {
-			return nil, fmt.Errorf("postgres: list stuck: %w", err)
-		}
-		recs = append(recs, rec)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("postgres: list stuck: %w", err)
-	}
-	return recs, nil
+	return sqlrepo.Records("postgres", "list stuck", rows, err, scanRecord)
 }
 
 // Resolve implements repository.Operator with one UPDATE (complete) or

@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"fmt"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlrepo"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -35,22 +34,7 @@ func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams
 		return nil, err
 	}
 	rows, err := r.db.QueryContext(ctx, newOperatorSQL(r.table).list, micros(p.Now), p.Consumer, p.Limit)
-	if err != nil {
-		return nil, fmt.Errorf("sqlite: list stuck: %w", err)
-	}
-	defer rows.Close()
-	var recs []repository.Record
-	for rows.Next() {
-		rec, err := scanRecord(rows)
-		if err != nil {
-			return nil, fmt.Errorf("sqlite: list stuck: %w", err)
-		}
-		recs = append(recs, rec)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("sqlite: list stuck: %w", err)
-	}
-	return recs, nil
+	return sqlrepo.Records("sqlite", "list stuck", rows, err, scanRecord)
 }
 
 // Resolve implements repository.Operator with one UPDATE (complete) or
