@@ -10,6 +10,7 @@ type ctxKey int
 const (
 	txKey ctxKey = iota
 	dedupKey
+	scopeKey
 )
 
 func withTx(ctx context.Context, tx *sql.Tx) context.Context {
@@ -18,6 +19,10 @@ func withTx(ctx context.Context, tx *sql.Tx) context.Context {
 
 func withKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, dedupKey, key)
+}
+
+func withScope(ctx context.Context, scope string) context.Context {
+	return context.WithValue(ctx, scopeKey, scope)
 }
 
 // TxFromContext returns the inbox transaction of the message being handled:
@@ -35,4 +40,16 @@ func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 func KeyFromContext(ctx context.Context) (key string, ok bool) {
 	key, ok = ctx.Value(dedupKey).(string)
 	return key, ok && key != ""
+}
+
+// ScopeFromContext returns the scope of the message being handled: the
+// consumer part of the (consumer, key) its record is stored under — the
+// handler name, Consumer + ScopeSeparator + handler name, a
+// HandlerScopes entry, or Consumer alone outside a router (see Config).
+// Use it to name what the handler derives per scope, as the inbox does
+// with OutputUUID(scope, key, position). ok is false outside an inbox
+// handler.
+func ScopeFromContext(ctx context.Context) (scope string, ok bool) {
+	scope, ok = ctx.Value(scopeKey).(string)
+	return scope, ok && scope != ""
 }

@@ -6,10 +6,11 @@
 //	inbox, err := middleware.NewInbox(middleware.Config{
 //		DB:         db,
 //		Repository: repo,
-//		Consumer:   "billing",
+//		Consumer:   "shop", // optional namespace of the scopes
 //	})
 //	if err != nil { … }
 //	router.AddMiddleware(inbox.Middleware)
+//	router.AddHandler("billing", "orders", sub, "payments", pub, charge) // scope "shop/billing"
 //
 //	func charge(msg *message.Message) ([]*message.Message, error) {
 //		tx, _ := middleware.TxFromContext(msg.Context())
@@ -17,6 +18,15 @@
 //		return nil, err // an error rolls back the charge and the marker together
 //	}
 //
-// Permanent errors (ErrNoKey, ErrPayloadMismatch) are recognised by
-// IsPermanent, which plugs into Watermill's PoisonQueueWithFilter.
+// Records are kept per (scope, key). The scope is the Watermill handler's
+// name (message.HandlerNameFromCtx), prefixed with Consumer and
+// ScopeSeparator when Consumer is set ("shop/billing" above), so one inbox added to the whole router
+// keeps every handler's keys apart; Config.HandlerScopes maps a handler to
+// an explicit scope (to keep keys across a rename). The handler sees its
+// scope and key through ScopeFromContext and KeyFromContext.
+//
+// Permanent errors — ErrNoKey, ErrPayloadMismatch, ErrNeedsIntervention
+// (two-phase mode), ErrNoScope and ErrInvalidScope — are recognised by
+// IsPermanent, which plugs into Watermill's PoisonQueueWithFilter; every
+// other error (the handler's, the database's, ErrInProgress) is retried.
 package middleware

@@ -24,15 +24,27 @@ var (
 )
 
 // IsPermanent reports whether err is an inbox error that retrying cannot
-// fix: ErrNoKey, ErrPayloadMismatch or ErrNeedsIntervention, possibly
-// wrapped. Handler errors, database errors and ErrInProgress are not
-// permanent. It plugs into Watermill's poison queue:
+// fix: ErrNoKey, ErrPayloadMismatch, ErrNeedsIntervention, ErrNoScope or
+// ErrInvalidScope, possibly wrapped. Handler errors, database errors and
+// ErrInProgress are not permanent. It is the filter of Watermill's poison
+// queue, whose middleware package is imported under another name here:
 //
-//	poison, err := middleware.PoisonQueueWithFilter(pub, "poison", inbox.IsPermanent)
+//	import (
+//		wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+//		"github.com/idemkit/watermill-idempotent/middleware"
+//	)
+//
+//	poison, err := wmiddleware.PoisonQueueWithFilter(pub, "poison", middleware.IsPermanent)
+//	if err != nil {
+//		return err
+//	}
+//	router.AddMiddleware(poison, inbox.Middleware) // the poison queue outside the inbox
 func IsPermanent(err error) bool {
 	return errors.Is(err, ErrNoKey) ||
 		errors.Is(err, ErrPayloadMismatch) ||
-		errors.Is(err, ErrNeedsIntervention)
+		errors.Is(err, ErrNeedsIntervention) ||
+		errors.Is(err, ErrNoScope) ||
+		errors.Is(err, ErrInvalidScope)
 }
 
 // ErrStaleVersion is returned by a handler (directly or through the

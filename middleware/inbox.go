@@ -25,11 +25,38 @@ type Config struct {
 	DB *sql.DB
 	// Repository stores the markers. Required.
 	Repository repository.Transactional
-	// Consumer names this consumer (usually the handler). Keys are scoped
-	// by it, so several handlers of one topic sharing a table never
-	// suppress each other. Required; at most 255 bytes. Keep it stable
-	// across deployments: renaming it forgets every processed key.
+	// Consumer is an optional namespace for the scopes of this inbox's
+	// deliveries. Records are stored per (scope, key), and each delivery's
+	// scope comes from the Watermill handler that runs it
+	// (message.HandlerNameFromCtx), so handlers sharing a topic and a
+	// table never suppress each other, even with the inbox added to the
+	// whole router:
+	//
+	//   - the handler name when Consumer is empty ("billing");
+	//   - Consumer + ScopeSeparator + handler name when it is set
+	//     ("shop/billing");
+	//   - Consumer alone for a delivery without a handler name (the
+	//     middleware called outside a router); without Consumer either,
+	//     such a delivery fails with the permanent ErrNoScope.
+	//
+	// A derived scope longer than 255 bytes, not valid UTF-8 or holding a
+	// NUL byte fails each delivery with the permanent ErrInvalidScope.
+	// Scopes must stay stable across deployments: renaming a handler (or
+	// changing Consumer) forgets its processed keys, so copies of messages
+	// it already handled are processed once more until their retention
+	// would have ended. Keep them with HandlerScopes. Default: "" (scope =
+	// handler name). At most 255 bytes, valid UTF-8, no NUL byte.
 	Consumer string
+	// HandlerScopes maps a Watermill handler name to the scope its
+	// deliveries use, overriding the rule above. Use it to keep a handler's
+	// remembered keys across a rename ({"charge-card": "billing"} after
+	// renaming handler "billing" to "charge-card"), to keep keys stored
+	// under an earlier version's Consumer ({"billing": "billing"}: before
+	// scopes were per handler, the scope was Consumer alone), or to make
+	// handlers share one scope on purpose (competing handlers of one
+	// consumer). Entries are used as they are, without Consumer. Default:
+	// nil. Each scope at most 255 bytes, valid UTF-8, no NUL byte.
+	HandlerScopes map[string]string
 	// Key extracts the deduplication key. Default: UUIDKey.
 	Key KeyFunc
 	// Retention is how long a processed key is remembered. Default:
@@ -104,7 +131,8 @@ func (c Config) Validate() error {
 	if c.Repository == nil {
 		errs = append(errs, errors.New("missing Config.Repository"))
 	}
-	errs = append(errs, validateShared("Config", c.Consumer, c.Retention, c.RedeliveryWindow)...)
+	errs = append(errs, validateScoping("Config", c.Consumer, c.HandlerScopes)...)
+	errs = append(errs, validateShared(c.Retention, c.RedeliveryWindow)...)
 	if _, ok := c.Repository.(repository.Reader); c.ReadFirst && c.Repository != nil && !ok {
 		errs = append(errs, fmt.Errorf("config.ReadFirst needs a Repository implementing repository.Reader; %T does not", c.Repository))
 	}
@@ -115,13 +143,8 @@ func (c Config) Validate() error {
 }
 
 // validateShared checks the settings both inboxes have.
-func validateShared(configName, consumer string, retention, redeliveryWindow time.Duration) []error {
+func validateShared(retention, redeliveryWindow time.Duration) []error {
 	var errs []error
-	if consumer == "" {
-		errs = append(errs, fmt.Errorf("missing %s.Consumer", configName))
-	} else if len(consumer) > repository.MaxConsumerLength {
-		errs = append(errs, fmt.Errorf("config.Consumer must be at most %d bytes", repository.MaxConsumerLength))
-	}
 	if retention <= 0 {
 		errs = append(errs, fmt.Errorf("config.Retention must be positive, got %s", retention))
 	}
@@ -135,7 +158,9 @@ func validateShared(configName, consumer string, retention, redeliveryWindow tim
 }
 
 // Inbox is a router middleware that makes a handler's effects happen once
-// per (consumer, key), however often the broker delivers the message.
+// per (scope, key), however often the broker delivers the message. The
+// scope is the handler's (see Config.Consumer), so one Inbox can be added
+// to a whole router.
 //
 // For each delivery it begins a transaction, claims the key with one
 // atomic conditional insert and, on a fresh claim, runs the handler with
@@ -151,12 +176,14 @@ func validateShared(configName, consumer string, retention, redeliveryWindow tim
 //     with their original UUIDs (replay), so a crash between commit and
 //     publish loses nothing and downstream inboxes dedupe the repeat;
 //   - duplicate with another payload: ErrPayloadMismatch (permanent);
-//   - no key: ErrNoKey (permanent).
+//   - no key: ErrNoKey (permanent);
+//   - no scope or an invalid one: ErrNoScope, ErrInvalidScope (permanent).
 //
 // A concurrent delivery of the same key waits on the database until the
 // first transaction ends. Inbox is safe for concurrent use.
 type Inbox struct {
 	config Config
+	scope  scoping
 	obs    observability
 }
 
@@ -168,7 +195,8 @@ func NewInbox(config Config) (*Inbox, error) {
 	}
 	return &Inbox{
 		config: config,
-		obs:    newObservability(config.Consumer, "transactional", config.Logger, config.Observer, config.TracerProvider),
+		scope:  newScoping(config.Consumer, config.HandlerScopes),
+		obs:    newObservability("transactional", config.Logger, config.Observer, config.TracerProvider),
 	}, nil
 }
 
@@ -181,9 +209,14 @@ func (i *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
 	c := i.config
-	obs, ctx := i.obs.begin(msg)
+	scope, err := i.scope.resolve(msg.Context())
+	if err != nil {
+		obs, ctx := i.obs.begin(msg, i.scope.fallback())
+		return nil, obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+	}
+	obs, ctx := i.obs.begin(msg, scope)
 
-	key, err := extractKey(c.Key, c.Consumer, msg)
+	key, err := extractKey(c.Key, scope, msg)
 	if err != nil {
 		return nil, obs.end(ctx, OutcomeNoKey, err, nil)
 	}
@@ -194,7 +227,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 
 	if c.ReadFirst {
 		claimStart := time.Now()
-		rec, err := c.Repository.(repository.Reader).Get(ctx, c.Consumer, key)
+		rec, err := c.Repository.(repository.Reader).Get(ctx, scope, key)
 		obs.d.Claim = time.Since(claimStart)
 		switch {
 		case err == nil && rec.State == repository.StateCompleted:
@@ -225,7 +258,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	claimStart := time.Now()
 	readTime := obs.d.Claim
 	claim, err := c.Repository.ClaimTx(ctx, tx, repository.ClaimParams{
-		Consumer:    c.Consumer,
+		Consumer:    scope,
 		Key:         key,
 		PayloadHash: hash,
 		Now:         now,
@@ -240,7 +273,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	}
 
 	original := msg.Context()
-	msg.SetContext(withKey(withTx(ctx, tx), key))
+	msg.SetContext(withScope(withKey(withTx(ctx, tx), key), scope))
 	out, err := h(msg)
 	msg.SetContext(original)
 	stale := errors.Is(err, ErrStaleVersion)
@@ -255,7 +288,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	produced := len(out)
 	if c.Outputs != nil && produced > 0 {
 		for pos, m := range out {
-			m.UUID = OutputUUID(c.Consumer, key, pos)
+			m.UUID = OutputUUID(scope, key, pos)
 		}
 		if err := c.Outputs.WriteOutputs(finish, tx, out); err != nil {
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: write %d outputs of key %q: %w", produced, key, err), nil)
@@ -269,7 +302,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: %w", err), nil)
 	}
 	if result != nil {
-		if err := c.Repository.SaveResultTx(finish, tx, repository.SaveResultParams{Consumer: c.Consumer, Key: key, Result: result}); err != nil {
+		if err := c.Repository.SaveResultTx(finish, tx, repository.SaveResultParams{Consumer: scope, Key: key, Result: result}); err != nil {
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: store result of key %q: %w", key, err), nil)
 		}
 	}
@@ -286,13 +319,13 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 }
 
 // extractKey runs the key function; no key is ErrNoKey.
-func extractKey(keyFunc KeyFunc, consumer string, msg *message.Message) (string, error) {
+func extractKey(keyFunc KeyFunc, scope string, msg *message.Message) (string, error) {
 	key, err := keyFunc(msg)
 	if err == nil && key == "" {
 		err = errors.New("key function returned an empty key")
 	}
 	if err != nil {
-		return "", fmt.Errorf("%w: consumer %q, message %s: %w", ErrNoKey, consumer, msg.UUID, err)
+		return "", fmt.Errorf("%w: scope %q, message %s: %w", ErrNoKey, scope, msg.UUID, err)
 	}
 	return key, nil
 }
@@ -301,13 +334,13 @@ func extractKey(keyFunc KeyFunc, consumer string, msg *message.Message) (string,
 // matches, ErrPayloadMismatch when it does not, ErrInProgress when the
 // record is not completed.
 func replay(ctx context.Context, obs *observation, rec repository.Record, hash []byte) ([]*message.Message, error) {
-	consumer, key := obs.d.Consumer, obs.d.Key
+	scope, key := obs.d.Consumer, obs.d.Key
 	if !bytes.Equal(rec.PayloadHash, hash) {
-		err := fmt.Errorf("%w: consumer %q, key %q (first claimed at %s)", ErrPayloadMismatch, consumer, key, rec.CreatedAt.Format(time.RFC3339))
+		err := fmt.Errorf("%w: scope %q, key %q (first claimed at %s)", ErrPayloadMismatch, scope, key, rec.CreatedAt.Format(time.RFC3339))
 		return nil, obs.end(ctx, OutcomePayloadMismatch, err, nil)
 	}
 	if rec.State != repository.StateCompleted {
-		err := fmt.Errorf("%w: consumer %q, key %q is %s", ErrInProgress, consumer, key, rec.State)
+		err := fmt.Errorf("%w: scope %q, key %q is %s", ErrInProgress, scope, key, rec.State)
 		return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
 	}
 	out, err := decodeResult(rec.Result)

@@ -33,6 +33,10 @@ const (
 	OutcomePayloadMismatch Outcome = "payload_mismatch"
 	// OutcomeNoKey: the message had no deduplication key (ErrNoKey).
 	OutcomeNoKey Outcome = "no_key"
+	// OutcomeNoScope: the delivery had no scope or an invalid one
+	// (ErrNoScope, ErrInvalidScope); Delivery.Consumer is then the
+	// configured Consumer, possibly empty.
+	OutcomeNoScope Outcome = "no_scope"
 	// OutcomeStaleVersion: the handler reported a stale version
 	// (ErrStaleVersion); acknowledged and skipped.
 	OutcomeStaleVersion Outcome = "stale_version"
@@ -49,8 +53,10 @@ const (
 
 // Delivery describes one delivery as seen by an inbox.
 type Delivery struct {
+	// Consumer is the delivery's scope, the consumer its record is stored
+	// under (see Config.Consumer).
 	Consumer      string
-	Key           string // empty for OutcomeNoKey
+	Key           string // empty for OutcomeNoKey and OutcomeNoScope
 	MessageUUID   string
 	CorrelationID string
 	Outcome       Outcome
@@ -103,7 +109,6 @@ type observation struct {
 
 // observability is the shared part of both inboxes' configuration.
 type observability struct {
-	consumer   string
 	mode       string
 	logger     watermill.LoggerAdapter
 	observer   Observer
@@ -111,12 +116,11 @@ type observability struct {
 	propagator propagation.TextMapPropagator
 }
 
-func newObservability(consumer, mode string, logger watermill.LoggerAdapter, observer Observer, tp trace.TracerProvider) observability {
+func newObservability(mode string, logger watermill.LoggerAdapter, observer Observer, tp trace.TracerProvider) observability {
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
 	return observability{
-		consumer:   consumer,
 		mode:       mode,
 		logger:     logger,
 		observer:   observer,
@@ -127,22 +131,26 @@ func newObservability(consumer, mode string, logger watermill.LoggerAdapter, obs
 
 // begin starts the delivery's span as a child of the trace context the
 // message carries in its metadata (W3C traceparent), if any, and returns
-// the context the inbox works in.
-func (o observability) begin(msg *message.Message) (*observation, context.Context) {
+// the context the inbox works in. scope names the delivery's consumer.
+func (o observability) begin(msg *message.Message, scope string) (*observation, context.Context) {
 	ctx := msg.Context()
 	if parent := o.propagator.Extract(ctx, metadataCarrier(msg.Metadata)); trace.SpanContextFromContext(parent).IsValid() {
 		ctx = parent
 	}
-	ctx, span := o.tracer.Start(ctx, "inbox "+o.consumer,
+	name := "inbox"
+	if scope != "" {
+		name += " " + scope
+	}
+	ctx, span := o.tracer.Start(ctx, name,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
-			attribute.String("idempotency.consumer", o.consumer),
+			attribute.String("idempotency.consumer", scope),
 			attribute.String("idempotency.mode", o.mode),
 			attribute.String("messaging.message.id", msg.UUID),
 		))
 	obs := &observation{
 		d: Delivery{
-			Consumer:      o.consumer,
+			Consumer:      scope,
 			MessageUUID:   msg.UUID,
 			CorrelationID: wmiddleware.MessageCorrelationID(msg),
 		},
@@ -151,7 +159,7 @@ func (o observability) begin(msg *message.Message) (*observation, context.Contex
 		logger:   o.logger,
 		observer: o.observer,
 		fields: watermill.LogFields{
-			"consumer":       o.consumer,
+			"consumer":       scope,
 			"message_uuid":   msg.UUID,
 			"correlation_id": wmiddleware.MessageCorrelationID(msg),
 		},
@@ -209,7 +217,7 @@ func (obs *observation) end(ctx context.Context, outcome Outcome, err error, ext
 	case OutcomeFailed:
 		// The router logs the handler's error too; this line adds the key.
 		obs.logger.Info("Inbox: delivery failed, nothing committed, will be retried", fields.Add(watermill.LogFields{"err": err}))
-	default: // no key, payload mismatch, needs intervention: permanent
+	default: // no key, no scope, payload mismatch, needs intervention: permanent
 		obs.logger.Error("Inbox: delivery refused", err, fields)
 	}
 	if obs.observer != nil {

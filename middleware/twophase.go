@@ -52,9 +52,15 @@ const DefaultLease = 30 * time.Second
 type TwoPhaseConfig struct {
 	// Repository stores the records. Required.
 	Repository repository.TwoPhase
-	// Consumer names this consumer; keys are scoped by it. Required; at
-	// most 255 bytes.
+	// Consumer is an optional namespace for the scopes of this inbox's
+	// deliveries, exactly as in Config: the scope is the handler name,
+	// Consumer + ScopeSeparator + handler name, or Consumer alone outside
+	// a router (ErrNoScope without either). Default: "". At most 255
+	// bytes, valid UTF-8, no NUL byte.
 	Consumer string
+	// HandlerScopes maps a handler name to an explicit scope, as in
+	// Config. Default: nil.
+	HandlerScopes map[string]string
 	// Key extracts the deduplication key. Default: UUIDKey.
 	Key KeyFunc
 	// Lease is how long a claim stays exclusive without being extended.
@@ -112,7 +118,8 @@ func (c TwoPhaseConfig) Validate() error {
 	if c.Repository == nil {
 		errs = append(errs, errors.New("missing TwoPhaseConfig.Repository"))
 	}
-	errs = append(errs, validateShared("TwoPhaseConfig", c.Consumer, c.Retention, c.RedeliveryWindow)...)
+	errs = append(errs, validateScoping("TwoPhaseConfig", c.Consumer, c.HandlerScopes)...)
+	errs = append(errs, validateShared(c.Retention, c.RedeliveryWindow)...)
 	if c.Lease <= 0 {
 		errs = append(errs, fmt.Errorf("config.Lease must be positive, got %s", c.Lease))
 	}
@@ -155,6 +162,7 @@ func (c TwoPhaseConfig) Validate() error {
 // KeyFromContext, to make the effect itself idempotent downstream.
 type TwoPhaseInbox struct {
 	config TwoPhaseConfig
+	scope  scoping
 	obs    observability
 }
 
@@ -166,7 +174,8 @@ func NewTwoPhaseInbox(config TwoPhaseConfig) (*TwoPhaseInbox, error) {
 	}
 	return &TwoPhaseInbox{
 		config: config,
-		obs:    newObservability(config.Consumer, "two-phase", config.Logger, config.Observer, config.TracerProvider),
+		scope:  newScoping(config.Consumer, config.HandlerScopes),
+		obs:    newObservability("two-phase", config.Logger, config.Observer, config.TracerProvider),
 	}, nil
 }
 
@@ -179,8 +188,13 @@ func (i *TwoPhaseInbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
 	c := i.config
-	obs, ctx := i.obs.begin(msg)
-	key, err := extractKey(c.Key, c.Consumer, msg)
+	scope, err := i.scope.resolve(msg.Context())
+	if err != nil {
+		obs, ctx := i.obs.begin(msg, i.scope.fallback())
+		return nil, obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+	}
+	obs, ctx := i.obs.begin(msg, scope)
+	key, err := extractKey(c.Key, scope, msg)
 	if err != nil {
 		return nil, obs.end(ctx, OutcomeNoKey, err, nil)
 	}
@@ -193,7 +207,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 
 	claimStart := time.Now()
 	acq, err := c.Repository.Acquire(ctx, repository.AcquireParams{
-		Consumer:    c.Consumer,
+		Consumer:    scope,
 		Key:         key,
 		PayloadHash: hash,
 		Owner:       owner,
@@ -211,18 +225,18 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 		case !bytes.Equal(rec.PayloadHash, hash), rec.State == repository.StateCompleted:
 			return replay(ctx, obs, rec, hash)
 		case rec.LeaseUntil.After(now):
-			err := fmt.Errorf("%w: consumer %q, key %q is leased by %s until %s", ErrInProgress, c.Consumer, key, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
+			err := fmt.Errorf("%w: scope %q, key %q is leased by %s until %s", ErrInProgress, scope, key, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
 			return nil, obs.end(ctx, OutcomeLeaseBusy, err, watermill.LogFields{"lease_owner": rec.LeaseOwner})
 		case c.OnExpiredLease == Intervene:
-			err := fmt.Errorf("%w: consumer %q, key %q: attempt %d by %s expired at %s", ErrNeedsIntervention, c.Consumer, key, rec.Attempts, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
+			err := fmt.Errorf("%w: scope %q, key %q: attempt %d by %s expired at %s", ErrNeedsIntervention, scope, key, rec.Attempts, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
 			return nil, obs.end(ctx, OutcomeNeedsIntervention, err, nil)
 		}
 		if _, err := c.Repository.Reclaim(ctx, repository.ReclaimParams{
-			Consumer: c.Consumer, Key: key, PrevOwner: rec.LeaseOwner, Owner: owner,
+			Consumer: scope, Key: key, PrevOwner: rec.LeaseOwner, Owner: owner,
 			Now: now, LeaseUntil: now.Add(c.Lease),
 		}); errors.Is(err, repository.ErrLeaseLost) {
 			// Another delivery reclaimed it first (or it completed): retry later.
-			err = fmt.Errorf("%w: consumer %q, key %q was reclaimed by another delivery: %w", ErrInProgress, c.Consumer, key, err)
+			err = fmt.Errorf("%w: scope %q, key %q was reclaimed by another delivery: %w", ErrInProgress, scope, key, err)
 			return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
 		} else if err != nil {
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: reclaim key %q: %w", key, err), nil)
@@ -230,8 +244,8 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 		c.Logger.Info("Inbox: reclaimed an expired lease, running the handler again", obs.fields.Add(watermill.LogFields{"previous_owner": rec.LeaseOwner}))
 	}
 
-	lease := repository.LeaseParams{Consumer: c.Consumer, Key: key, Owner: owner}
-	out, panicked, err := i.runLeased(h, msg, ctx, key, lease, obs.fields)
+	lease := repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}
+	out, panicked, err := i.runLeased(h, msg, ctx, lease, obs.fields)
 	stale := errors.Is(err, ErrStaleVersion)
 	if (err != nil && !stale) || panicked != nil {
 		// The claim goes so that the redelivery can run.
@@ -251,7 +265,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: %w", err), nil)
 	}
 	if err := c.Repository.Complete(context.WithoutCancel(ctx), repository.CompleteParams{
-		Consumer: c.Consumer, Key: key, Owner: owner, Result: result, Now: c.Now(),
+		Consumer: scope, Key: key, Owner: owner, Result: result, Now: c.Now(),
 	}); err != nil {
 		// The effect happened but cannot be recorded: a newer owner holds the
 		// key (repository.ErrLeaseLost) or the store failed. The delivery is
@@ -267,7 +281,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 
 // runLeased runs h while a goroutine extends the lease, and recovers a
 // panic of h so that the caller can release the claim before re-raising it.
-func (i *TwoPhaseInbox) runLeased(h message.HandlerFunc, msg *message.Message, parent context.Context, key string, lease repository.LeaseParams, fields watermill.LogFields) (out []*message.Message, panicked any, err error) {
+func (i *TwoPhaseInbox) runLeased(h message.HandlerFunc, msg *message.Message, parent context.Context, lease repository.LeaseParams, fields watermill.LogFields) (out []*message.Message, panicked any, err error) {
 	c := i.config
 	original := msg.Context()
 	ctx, cancel := context.WithCancelCause(parent)
@@ -302,7 +316,7 @@ func (i *TwoPhaseInbox) runLeased(h message.HandlerFunc, msg *message.Message, p
 		msg.SetContext(original)
 	}()
 
-	msg.SetContext(withKey(ctx, key))
+	msg.SetContext(withScope(withKey(ctx, lease.Key), lease.Consumer))
 	defer func() {
 		if p := recover(); p != nil {
 			out, panicked, err = nil, p, fmt.Errorf("inbox: handler panicked: %v", p)

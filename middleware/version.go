@@ -15,12 +15,17 @@ var ErrNoTransaction = errors.New("no inbox transaction in context")
 
 // VersionGuardConfig configures a VersionGuard.
 type VersionGuardConfig struct {
-	// Guard stores the last applied version per (consumer, entity), in the
+	// Guard stores the last applied version per (scope, entity), in the
 	// same database as the inbox (postgres.VersionStore,
 	// mysql.VersionStore, sqlite.VersionStore). Required.
 	Guard repository.VersionGuard
-	// Consumer scopes the entities; use the Inbox's Consumer. Required; at
-	// most 255 bytes.
+	// Consumer is the scope used when the context carries none — outside
+	// an inbox handler, with ApplyIfNewerTx and a transaction of the
+	// caller's. Inside an inbox handler (either mode) the delivery's scope
+	// is used (ScopeFromContext), so two handlers guarding the same entity
+	// never make each other's messages stale. Default: "" (ApplyIfNewer
+	// and ApplyIfNewerTx fail with ErrNoScope outside an inbox handler).
+	// At most 255 bytes, valid UTF-8, no NUL byte.
 	Consumer string
 }
 
@@ -30,11 +35,7 @@ func (c VersionGuardConfig) Validate() error {
 	if c.Guard == nil {
 		errs = append(errs, errors.New("missing VersionGuardConfig.Guard"))
 	}
-	if c.Consumer == "" {
-		errs = append(errs, errors.New("missing VersionGuardConfig.Consumer"))
-	} else if len(c.Consumer) > repository.MaxConsumerLength {
-		errs = append(errs, fmt.Errorf("config.Consumer must be at most %d bytes", repository.MaxConsumerLength))
-	}
+	errs = append(errs, validateScoping("VersionGuardConfig", c.Consumer, nil)...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid version guard config: %w", err)
 	}
@@ -60,8 +61,11 @@ func (c VersionGuardConfig) Validate() error {
 // handler error wrapping ErrStaleVersion, commits and reports
 // OutcomeStaleVersion to its Observer (the stale counter) — so the
 // handler must return at once: whatever it wrote before would commit.
-// The consumer is bound once here rather than read from the context, so
-// handlers only pass what the message says.
+// Versions are kept per scope: the scope of the inbox delivery the
+// handler runs in (ScopeFromContext), so one VersionGuard serves every
+// handler of a router and handlers guarding the same entity each keep
+// their own versions. A handler mapped with HandlerScopes keeps its
+// versions too.
 //
 // VersionGuard is safe for concurrent use.
 type VersionGuard struct {
@@ -77,14 +81,15 @@ func NewVersionGuard(config VersionGuardConfig) (*VersionGuard, error) {
 }
 
 // ApplyIfNewer records version as the last applied version of entity in
-// the inbox transaction found in ctx (pass msg.Context()). It returns nil
-// when the version is newer than every version applied before — go on and
-// apply the message — and an error wrapping ErrStaleVersion when an equal
-// or newer one was already applied; nothing is written then. Concurrent
-// deliveries for one entity wait for each other's transactions, so
-// applied messages take effect in version order. It returns
-// ErrNoTransaction outside the transactional Inbox, and a wrapped
-// storage error (the transaction must then be rolled back: return it).
+// the inbox transaction found in ctx (pass msg.Context()), under the
+// delivery's scope. It returns nil when the version is newer than every
+// version applied before in that scope — go on and apply the message —
+// and an error wrapping ErrStaleVersion when an equal or newer one was
+// already applied; nothing is written then. Concurrent deliveries for one
+// entity wait for each other's transactions, so applied messages take
+// effect in version order. It returns ErrNoTransaction outside the
+// transactional Inbox, and a wrapped storage error (the transaction must
+// then be rolled back: return it).
 func (g *VersionGuard) ApplyIfNewer(ctx context.Context, entity string, version int64) error {
 	tx, ok := TxFromContext(ctx)
 	if !ok {
@@ -95,17 +100,27 @@ func (g *VersionGuard) ApplyIfNewer(ctx context.Context, entity string, version 
 
 // ApplyIfNewerTx is ApplyIfNewer in a transaction of the caller's, for
 // handlers that manage their own (with the TwoPhaseInbox, or no inbox at
-// all). The caller commits or rolls back; on ErrStaleVersion it should
-// roll back and acknowledge the message.
+// all). The scope is the inbox delivery's when ctx comes from one
+// (msg.Context() inside either inbox), otherwise VersionGuardConfig.Consumer;
+// with neither it returns ErrNoScope (permanent). The caller commits or
+// rolls back; on ErrStaleVersion it should roll back and acknowledge the
+// message.
 func (g *VersionGuard) ApplyIfNewerTx(ctx context.Context, tx repository.Querier, entity string, version int64) error {
+	scope, ok := ScopeFromContext(ctx)
+	if !ok {
+		scope = g.config.Consumer
+	}
+	if scope == "" {
+		return fmt.Errorf("version guard: entity %q: %w: not inside an inbox handler and VersionGuardConfig.Consumer is empty", entity, ErrNoScope)
+	}
 	applied, err := g.config.Guard.AdvanceTx(ctx, tx, repository.AdvanceParams{
-		Consumer: g.config.Consumer, Entity: entity, Version: version,
+		Consumer: scope, Entity: entity, Version: version,
 	})
 	if err != nil {
 		return fmt.Errorf("version guard: %w", err)
 	}
 	if !applied {
-		return fmt.Errorf("%w: consumer %q, entity %q, version %d is not newer than the applied one", ErrStaleVersion, g.config.Consumer, entity, version)
+		return fmt.Errorf("%w: scope %q, entity %q, version %d is not newer than the applied one", ErrStaleVersion, scope, entity, version)
 	}
 	return nil
 }
