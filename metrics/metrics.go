@@ -108,7 +108,7 @@ func New(config Config) (*Metrics, error) {
 	m := &Metrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "deliveries_total",
-			Help: "Deliveries handled by an inbox, by consumer and outcome (processed, duplicate, replayed, payload_mismatch, no_key, stale_version, lease_busy, needs_intervention, failed).",
+			Help: "Deliveries handled by an inbox, by consumer and outcome (processed, duplicate, replayed, payload_mismatch, no_key, no_scope, stale_version, lease_busy, needs_intervention, failed).",
 		}, []string{"consumer", "outcome"}),
 		claimSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "claim_duration_seconds",
@@ -173,7 +173,7 @@ func New(config Config) (*Metrics, error) {
 // ObserveDelivery implements middleware.Observer.
 func (m *Metrics) ObserveDelivery(_ context.Context, d middleware.Delivery) {
 	m.deliveries.WithLabelValues(d.Consumer, string(d.Outcome)).Inc()
-	if d.Outcome != middleware.OutcomeNoKey {
+	if d.Outcome != middleware.OutcomeNoKey && d.Outcome != middleware.OutcomeNoScope { // nothing was claimed
 		m.claimSeconds.WithLabelValues(d.Consumer).Observe(d.Claim.Seconds())
 	}
 	m.txSeconds.WithLabelValues(d.Consumer, string(d.Outcome)).Observe(d.Total.Seconds())

@@ -93,7 +93,7 @@ func TestDeliveryMetrics(t *testing.T) {
 	require.EqualValues(t, 10, counts["watermill_idempotent_transaction_duration_seconds"])
 
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP watermill_idempotent_deliveries_total Deliveries handled by an inbox, by consumer and outcome (processed, duplicate, replayed, payload_mismatch, no_key, stale_version, lease_busy, needs_intervention, failed).
+# HELP watermill_idempotent_deliveries_total Deliveries handled by an inbox, by consumer and outcome (processed, duplicate, replayed, payload_mismatch, no_key, no_scope, stale_version, lease_busy, needs_intervention, failed).
 # TYPE watermill_idempotent_deliveries_total counter
 watermill_idempotent_deliveries_total{consumer="billing",outcome="duplicate"} 2
 watermill_idempotent_deliveries_total{consumer="billing",outcome="failed"} 1

@@ -27,8 +27,14 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		"no DB":              {func(c *middleware.Config) { c.DB = nil }, "missing Config.DB"},
 		"no repository":      {func(c *middleware.Config) { c.Repository = nil }, "missing Config.Repository"},
-		"no consumer":        {func(c *middleware.Config) { c.Consumer = "" }, "missing Config.Consumer"},
-		"long consumer":      {func(c *middleware.Config) { c.Consumer = strings.Repeat("c", 256) }, "at most 255 bytes"},
+		"long consumer":      {func(c *middleware.Config) { c.Consumer = strings.Repeat("c", 256) }, "Config.Consumer is 256 bytes, longer than 255"},
+		"consumer with NUL":  {func(c *middleware.Config) { c.Consumer = "bill\x00ing" }, "Config.Consumer contains a NUL byte"},
+		"consumer not UTF-8": {func(c *middleware.Config) { c.Consumer = "bill\xffing" }, "Config.Consumer is not valid UTF-8"},
+		"empty handler name": {func(c *middleware.Config) { c.HandlerScopes = map[string]string{"": "billing"} }, "the empty handler name never matches"},
+		"empty mapped scope": {func(c *middleware.Config) { c.HandlerScopes = map[string]string{"billing": ""} }, `Config.HandlerScopes["billing"] is empty`},
+		"long mapped scope": {func(c *middleware.Config) {
+			c.HandlerScopes = map[string]string{"billing": strings.Repeat("s", 256)}
+		}, `Config.HandlerScopes["billing"] is 256 bytes`},
 		"negative retention": {func(c *middleware.Config) { c.Retention = -time.Hour }, "Retention must be positive"},
 		"retention shorter than redelivery window": {func(c *middleware.Config) {
 			c.Retention = time.Hour
@@ -48,6 +54,11 @@ func TestConfigValidate(t *testing.T) {
 	}
 
 	c := valid
+	c.Consumer = ""
+	_, err = middleware.NewInbox(c)
+	require.NoError(t, err, "Consumer is optional: the scope is then the handler name")
+
+	c = valid
 	c.Retention, c.RedeliveryWindow = 24*time.Hour, 24*time.Hour
 	_, err = middleware.NewInbox(c)
 	require.NoError(t, err, "retention equal to the redelivery window is enough")

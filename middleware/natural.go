@@ -21,8 +21,12 @@ var ErrNaturalDuplicate = errors.New("business row already exists")
 
 // NaturalKeyConfig configures a NaturalKey.
 type NaturalKeyConfig struct {
-	// Consumer names the handler in logs and in the Delivery given to the
-	// Observer. Default: "" (none).
+	// Consumer names the deliveries in logs and in the Delivery given to
+	// the Observer, with the inbox's rule: the handler name, prefixed with
+	// Consumer and ScopeSeparator when it is set, or Consumer alone
+	// outside a router. NaturalKey stores nothing under it — the business
+	// row is the marker — so it only labels. Default: "" (the handler
+	// name).
 	Consumer string
 	// IsDuplicate reports whether a handler error means "this message was
 	// already applied". Default: repository.IsUniqueViolation (PostgreSQL,
@@ -68,6 +72,7 @@ type NaturalKeyConfig struct {
 // NaturalKey is safe for concurrent use.
 type NaturalKey struct {
 	config NaturalKeyConfig
+	scope  scoping
 }
 
 // NewNaturalKey returns a NaturalKey with config's defaults applied.
@@ -80,7 +85,7 @@ func NewNaturalKey(config NaturalKeyConfig) *NaturalKey {
 	if config.Logger == nil {
 		config.Logger = watermill.NopLogger{}
 	}
-	return &NaturalKey{config: config}
+	return &NaturalKey{config: config, scope: newScoping(config.Consumer, nil)}
 }
 
 // Middleware wraps h; add it to a router or a single handler.
@@ -88,6 +93,10 @@ func (n *NaturalKey) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		start := time.Now()
 		ctx := msg.Context()
+		name, scopeErr := n.scope.resolve(ctx)
+		if scopeErr != nil {
+			name = n.scope.fallback() // only a label here: never fail the delivery for it
+		}
 		out, err := h(msg)
 		outcome := OutcomeProcessed
 		switch {
@@ -101,7 +110,7 @@ func (n *NaturalKey) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				break
 			}
 			n.config.Logger.Info("NaturalKey: business row exists, duplicate acknowledged", watermill.LogFields{
-				"consumer":       n.config.Consumer,
+				"consumer":       name,
 				"message_uuid":   msg.UUID,
 				"correlation_id": wmiddleware.MessageCorrelationID(msg),
 				"err":            err,
@@ -110,7 +119,7 @@ func (n *NaturalKey) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		if n.config.Observer != nil {
 			n.config.Observer.ObserveDelivery(ctx, Delivery{
-				Consumer:      n.config.Consumer,
+				Consumer:      name,
 				MessageUUID:   msg.UUID,
 				CorrelationID: wmiddleware.MessageCorrelationID(msg),
 				Outcome:       outcome,

@@ -282,13 +282,19 @@ func TestRouterConcurrentCopiesAcrossHandlers(t *testing.T) {
 		const handlers = 4
 		// Four handlers of one consumer subscribe to the topic; GoChannel
 		// hands each of them a copy of every message at the same time,
-		// like competing consumers holding redelivered copies.
+		// like competing consumers holding redelivered copies. Each
+		// handler has its own scope by default; HandlerScopes puts the
+		// four in one on purpose.
+		shared := map[string]string{}
+		for i := range handlers {
+			shared[fmt.Sprintf("billing-%d", i)] = "billing"
+		}
 		for i := range handlers {
 			hd := f.router.AddConsumerHandler(fmt.Sprintf("billing-%d", i), ordersTopic, f.pubSub, func(msg *message.Message) error {
 				_, err := h.Handle(msg)
 				return err
 			})
-			hd.AddMiddleware(f.count, s.newInbox(t, "billing").Middleware)
+			hd.AddMiddleware(f.count, s.newInbox(t, "", func(c *middleware.Config) { c.HandlerScopes = shared }).Middleware)
 		}
 		f.run(t)
 

@@ -396,7 +396,8 @@ func TestTwoPhaseConfigValidate(t *testing.T) {
 		want string
 	}{
 		"no repository":          {middleware.TwoPhaseConfig{Consumer: "c"}, "missing TwoPhaseConfig.Repository"},
-		"no consumer":            {middleware.TwoPhaseConfig{Repository: repo}, "missing TwoPhaseConfig.Consumer"},
+		"consumer with NUL":      {middleware.TwoPhaseConfig{Repository: repo, Consumer: "c\x00"}, "TwoPhaseConfig.Consumer contains a NUL byte"},
+		"invalid mapped scope":   {middleware.TwoPhaseConfig{Repository: repo, HandlerScopes: map[string]string{"mailer": "\xff"}}, `TwoPhaseConfig.HandlerScopes["mailer"] is not valid UTF-8`},
 		"extend not below lease": {middleware.TwoPhaseConfig{Repository: repo, Consumer: "c", Lease: time.Second, ExtendEvery: time.Second}, "ExtendEvery must be positive and shorter than Lease"},
 		"unknown policy":         {middleware.TwoPhaseConfig{Repository: repo, Consumer: "c", OnExpiredLease: 7}, "unknown policy"},
 		"retention below lease":  {middleware.TwoPhaseConfig{Repository: repo, Consumer: "c", Lease: time.Hour, Retention: time.Minute}, "must be longer than Lease"},
@@ -409,4 +410,6 @@ func TestTwoPhaseConfigValidate(t *testing.T) {
 	}
 	_, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: repo, Consumer: "c"})
 	require.NoError(t, err)
+	_, err = middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: repo})
+	require.NoError(t, err, "Consumer is optional: the scope is then the handler name")
 }

@@ -1,0 +1,447 @@
+package middleware_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+// scopeObserver records, per delivery scope (Delivery.Consumer), the
+// outcomes an inbox reported.
+type scopeObserver struct {
+	mu     sync.Mutex
+	counts map[string]map[middleware.Outcome]int
+}
+
+func (o *scopeObserver) ObserveDelivery(_ context.Context, d middleware.Delivery) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.counts == nil {
+		o.counts = map[string]map[middleware.Outcome]int{}
+	}
+	if o.counts[d.Consumer] == nil {
+		o.counts[d.Consumer] = map[middleware.Outcome]int{}
+	}
+	o.counts[d.Consumer][d.Outcome]++
+}
+
+func (o *scopeObserver) get(scope string, outcome middleware.Outcome) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.counts[scope][outcome]
+}
+
+// Without a router, a delivery has no handler name: Consumer alone is its
+// scope, and with no Consumer either it is refused before anything is
+// claimed, permanently, in both modes.
+func TestInboxWithoutHandlerNameOrConsumerFailsPermanently(t *testing.T) {
+	s := newSQLiteStore(t)
+	obs := &scopeObserver{}
+	var runs atomic.Int64
+	handler := func(msg *message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		return nil, nil
+	}
+	twoPhaseRepo, ok := s.repo.(leaseRepo)
+	require.True(t, ok)
+	twoPhase, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: twoPhaseRepo, Observer: obs})
+	require.NoError(t, err)
+	for mode, mw := range map[string]message.HandlerFunc{
+		"transactional": s.newInbox(t, "", func(c *middleware.Config) { c.Observer = obs }).Middleware(handler),
+		"two-phase":     twoPhase.Middleware(handler),
+	} {
+		t.Run(mode, func(t *testing.T) {
+			_, err := mw(orderMessage("uuid-"+mode, order{ID: "o-1", Amount: 1}))
+			require.ErrorIs(t, err, middleware.ErrNoScope)
+			require.True(t, middleware.IsPermanent(err), "the poison queue takes it")
+			require.ErrorContains(t, err, "add the inbox to a router", "the error says how to fix the wiring")
+		})
+	}
+	require.Zero(t, runs.Load())
+	require.Equal(t, 2, obs.get("", middleware.OutcomeNoScope))
+	var records int
+	require.NoError(t, s.db.QueryRow(`SELECT COUNT(*) FROM `+s.inbox).Scan(&records))
+	require.Zero(t, records, "nothing was claimed")
+
+	// With a Consumer the same call is scoped by it, as before scopes
+	// were per handler.
+	scoped := s.newInbox(t, "billing").Middleware(handler)
+	_, err = scoped(orderMessage("uuid-3", order{ID: "o-3", Amount: 1}))
+	require.NoError(t, err)
+	rec, err := s.repo.Get(t.Context(), "billing", "uuid-3")
+	require.NoError(t, err)
+	require.Equal(t, repository.StateCompleted, rec.State)
+}
+
+// TestRouterWideInboxWithoutConsumer: with no Consumer at all the scope is
+// the bare handler name, and handlers still keep apart.
+func TestRouterWideInboxWithoutConsumer(t *testing.T) {
+	for _, mode := range inboxModes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSQLiteStore(t)
+			f := newFanout(t, goChannelBus(t), mode.new(t, s, ""), "billing", "audit")
+			f.run(t, 10, 3)
+			f.requireEachHandlerOnce(t, 10, 3)
+			require.Contains(t, f.scopes["billing"], "billing")
+			require.Contains(t, f.scopes["audit"], "audit")
+			for _, h := range f.handlers {
+				_, err := s.repo.Get(t.Context(), h, f.input+"-uuid-0")
+				require.NoError(t, err, "%s's record is stored under its name", h)
+			}
+		})
+	}
+}
+
+// renameRun runs one router generation: handler name under a router-wide
+// inbox built by mw, on a fresh GoChannel over the same store. It
+// publishes msgs, waits until all are acknowledged and returns how often
+// the handler ran and the UUIDs of the outputs published.
+func renameRun(t *testing.T, name string, mw message.HandlerMiddleware, msgs []*message.Message) (runs int64, outputs map[string]bool) {
+	t.Helper()
+	f := newFlow(t)
+	var n atomic.Int64
+	f.router.AddMiddleware(f.count, mw)
+	f.router.AddHandler(name, ordersTopic, f.pubSub, paymentsTopic, f.pubSub, func(msg *message.Message) ([]*message.Message, error) {
+		n.Add(1)
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte("paid "+msg.UUID))}, nil
+	})
+	f.collect(t, paymentsTopic)
+	f.run(t)
+	for _, m := range msgs {
+		f.publish(t, m.Copy())
+	}
+	f.waitCompleted(t, len(msgs))
+	f.waitDownstream(t, paymentsTopic, len(msgs))
+	outputs = map[string]bool{}
+	for _, m := range f.downstreamOf(paymentsTopic) {
+		outputs[m.UUID] = true
+	}
+	return n.Load(), outputs
+}
+
+// TestHandlerScopesKeepKeysAcrossRenames: keys stored under an earlier
+// version's Consumer (the middleware's scope before it was per handler)
+// and keys of a renamed handler are kept by mapping the handler name with
+// HandlerScopes; without the mapping a renamed handler forgets them.
+func TestHandlerScopesKeepKeysAcrossRenames(t *testing.T) {
+	s := newSQLiteStore(t)
+	var msgs []*message.Message
+	for i := range 5 {
+		msgs = append(msgs, orderMessage(fmt.Sprintf("uuid-%d", i), order{ID: fmt.Sprintf("o-%d", i), Amount: 1}))
+	}
+	inbox := func(mutate ...func(*middleware.Config)) message.HandlerMiddleware {
+		return s.newInbox(t, "billing", mutate...).Middleware
+	}
+
+	// What an earlier version stored: records under Consumer "billing".
+	var firstRuns int64
+	first := map[string]bool{}
+	legacy := inbox()(func(msg *message.Message) ([]*message.Message, error) {
+		firstRuns++
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte("paid "+msg.UUID))}, nil
+	})
+	for _, m := range msgs {
+		out, err := legacy(m.Copy())
+		require.NoError(t, err)
+		first[out[0].UUID] = true
+	}
+	require.EqualValues(t, 5, firstRuns)
+
+	// Upgraded, handler "billing", keys kept with {"billing": "billing"}.
+	runs, outputs := renameRun(t, "billing", inbox(func(c *middleware.Config) {
+		c.HandlerScopes = map[string]string{"billing": "billing"}
+	}), msgs)
+	require.Zero(t, runs, "every message is a duplicate of the earlier version's run")
+	require.Equal(t, first, outputs, "the stored outputs are replayed")
+
+	// Handler renamed to "charge-card", mapped to the same scope.
+	runs, outputs = renameRun(t, "charge-card", inbox(func(c *middleware.Config) {
+		c.HandlerScopes = map[string]string{"charge-card": "billing"}
+	}), msgs)
+	require.Zero(t, runs)
+	require.Equal(t, first, outputs)
+
+	// Renamed without a mapping: scope "billing/charge-card" has never
+	// seen these keys, so they run once more.
+	runs, outputs = renameRun(t, "charge-card", inbox(), msgs)
+	require.EqualValues(t, 5, runs, "a renamed handler forgets its keys")
+	require.Len(t, outputs, 5)
+	for u := range outputs {
+		require.NotContains(t, first, u)
+	}
+	_, err := s.repo.Get(t.Context(), "billing"+middleware.ScopeSeparator+"charge-card", "uuid-0")
+	require.NoError(t, err)
+}
+
+// TestInvalidHandlerScopeIsPermanent: a handler whose derived scope cannot
+// be stored fails every delivery with ErrInvalidScope, which the poison
+// queue takes — never a transient error retried forever — while the
+// router's other handlers go on.
+func TestInvalidHandlerScopeIsPermanent(t *testing.T) {
+	bad := map[string]string{
+		strings.Repeat("h", 260): "is 265 bytes, longer than 255",
+		"bad\x00name":            "contains a NUL byte",
+		"bad\xffname":            "is not valid UTF-8",
+	}
+	for _, mode := range inboxModes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSQLiteStore(t)
+			f := newFlow(t)
+			poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, middleware.IsPermanent)
+			require.NoError(t, err)
+			f.router.AddMiddleware(f.count, poison, mode.new(t, s, "shop"))
+			var badRuns, goodRuns atomic.Int64
+			for name := range bad {
+				f.router.AddConsumerHandler(name, ordersTopic, f.pubSub, func(*message.Message) error {
+					badRuns.Add(1)
+					return nil
+				})
+			}
+			f.router.AddConsumerHandler("billing", ordersTopic, f.pubSub, func(*message.Message) error {
+				goodRuns.Add(1)
+				return nil
+			})
+			f.collect(t, poisonTopic)
+			f.run(t)
+
+			f.publish(t, orderMessage("uuid-1", order{ID: "o-1", Amount: 1}))
+			f.waitCompleted(t, 1+len(bad)) // the poison queue acknowledges what it takes
+			f.waitDownstream(t, poisonTopic, len(bad))
+
+			require.Zero(t, badRuns.Load())
+			require.EqualValues(t, 1, goodRuns.Load())
+			reasons := map[string]bool{}
+			for _, m := range f.downstreamOf(poisonTopic) {
+				reasons[m.Metadata.Get(wmiddleware.ReasonForPoisonedKey)] = true
+			}
+			require.Len(t, reasons, len(bad))
+			for _, want := range bad {
+				found := false
+				for reason := range reasons {
+					if strings.Contains(reason, middleware.ErrInvalidScope.Error()) && strings.Contains(reason, want) {
+						found = true
+					}
+				}
+				require.True(t, found, "a poisoned message says the scope %s: %v", want, reasons)
+			}
+		})
+	}
+}
+
+// captureOutputs is an OutputWriter that keeps what it is given.
+type captureOutputs struct {
+	mu    sync.Mutex
+	uuids map[string][]string // handler → output UUIDs
+}
+
+func (c *captureOutputs) WriteOutputs(ctx context.Context, _ *sql.Tx, msgs []*message.Message) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := message.HandlerNameFromCtx(ctx)
+	for _, m := range msgs {
+		c.uuids[h] = append(c.uuids[h], m.UUID)
+	}
+	return nil
+}
+
+// With Outputs, each output gets OutputUUID(scope, key, position): two
+// handlers handling one message produce different UUIDs, so a downstream
+// inbox never takes one handler's output for a duplicate of the other's.
+func TestOutputUUIDUsesTheScope(t *testing.T) {
+	s := newSQLiteStore(t)
+	outputs := &captureOutputs{uuids: map[string][]string{}}
+	f := newFlow(t)
+	f.router.AddMiddleware(f.count, s.newInbox(t, "shop", func(c *middleware.Config) { c.Outputs = outputs }).Middleware)
+	for _, name := range []string{"billing", "audit"} {
+		f.router.AddHandler(name, ordersTopic, f.pubSub, paymentsTopic, f.pubSub, func(msg *message.Message) ([]*message.Message, error) {
+			return []*message.Message{message.NewMessage(watermill.NewUUID(), nil)}, nil
+		})
+	}
+	f.run(t)
+	f.publish(t, orderMessage("uuid-1", order{ID: "o-1", Amount: 1}))
+	f.waitCompleted(t, 2)
+
+	outputs.mu.Lock()
+	defer outputs.mu.Unlock()
+	require.Equal(t, []string{middleware.OutputUUID("shop/billing", "uuid-1", 0)}, outputs.uuids["billing"])
+	require.Equal(t, []string{middleware.OutputUUID("shop/audit", "uuid-1", 0)}, outputs.uuids["audit"])
+	require.NotEqual(t, outputs.uuids["billing"], outputs.uuids["audit"])
+}
+
+// versionSetup is an inbox repository and a version store on one
+// database.
+type versionSetup struct {
+	d    dialect
+	repo interface {
+		repository.Transactional
+		leaseRepo
+	}
+	guard repository.VersionGuard
+}
+
+func newVersionSetup(t *testing.T, d dialect) versionSetup {
+	inboxTable, versionsTable := randomName("inbox"), randomName("versions")
+	v := versionSetup{d: d}
+	switch d.name {
+	case "postgres":
+		r, err := postgres.NewRepository(d.db, postgres.Config{Table: inboxTable})
+		require.NoError(t, err)
+		require.NoError(t, r.Migrate(t.Context()))
+		g, err := postgres.NewVersionStore(d.db, postgres.VersionConfig{Table: versionsTable})
+		require.NoError(t, err)
+		require.NoError(t, g.Migrate(t.Context()))
+		v.repo, v.guard = r, g
+	case "sqlite":
+		r, err := sqlite.NewRepository(d.db, sqlite.Config{Table: inboxTable})
+		require.NoError(t, err)
+		require.NoError(t, r.Migrate(t.Context()))
+		g, err := sqlite.NewVersionStore(d.db, sqlite.VersionConfig{Table: versionsTable})
+		require.NoError(t, err)
+		require.NoError(t, g.Migrate(t.Context()))
+		v.repo, v.guard = r, g
+	default:
+		t.Fatalf("no version setup for %s", d.name)
+	}
+	t.Cleanup(func() {
+		for _, table := range []string{inboxTable, versionsTable} {
+			_, err := d.db.Exec(`DROP TABLE IF EXISTS ` + table)
+			require.NoError(t, err)
+		}
+	})
+	return v
+}
+
+// TestVersionGuardTwoHandlers: two handlers of one router guard the same
+// entity with one VersionGuard (no Consumer of its own). Each applies
+// every version once and finds only its own stale messages stale: the
+// versions are kept per delivery scope. In two-phase mode the handlers use
+// ApplyIfNewerTx with their own transaction and the scope from the
+// context.
+func TestVersionGuardTwoHandlers(t *testing.T) {
+	for _, d := range []struct {
+		name string
+		open func(testing.TB) *sql.DB
+	}{{"sqlite", testenv.SQLite}, {"postgres", testenv.Postgres}} {
+		for _, mode := range []string{"transactional", "two-phase"} {
+			t.Run(d.name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
+				v := newVersionSetup(t, dialect{name: d.name, db: d.open(t)})
+				guard, err := middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v.guard})
+				require.NoError(t, err)
+				obs := &scopeObserver{}
+				var mw message.HandlerMiddleware
+				if mode == "transactional" {
+					inbox, err := middleware.NewInbox(middleware.Config{DB: v.d.db, Repository: v.repo, Observer: obs})
+					require.NoError(t, err)
+					mw = inbox.Middleware
+				} else {
+					inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: v.repo, Observer: obs})
+					require.NoError(t, err)
+					mw = inbox.Middleware
+				}
+
+				var mu sync.Mutex
+				applied := map[string][]int64{} // handler → versions applied, in order
+				project := func(name string) message.NoPublishHandlerFunc {
+					return func(msg *message.Message) error {
+						var u entityUpdate
+						if err := json.Unmarshal(msg.Payload, &u); err != nil {
+							return err
+						}
+						ctx := msg.Context()
+						if mode == "transactional" {
+							if err := guard.ApplyIfNewer(ctx, u.Entity, u.Version); err != nil {
+								return err
+							}
+						} else {
+							tx, err := v.d.db.BeginTx(ctx, nil)
+							if err != nil {
+								return err
+							}
+							if err := guard.ApplyIfNewerTx(ctx, tx, u.Entity, u.Version); err != nil {
+								_ = tx.Rollback()
+								return err
+							}
+							if err := tx.Commit(); err != nil {
+								return err
+							}
+						}
+						mu.Lock()
+						applied[name] = append(applied[name], u.Version)
+						mu.Unlock()
+						return nil
+					}
+				}
+
+				f := newFlow(t)
+				f.router.AddMiddleware(f.count, mw)
+				for _, name := range []string{"orders-view", "search-index"} {
+					f.router.AddConsumerHandler(name, ordersTopic, f.pubSub, project(name))
+				}
+				f.run(t)
+
+				// Versions 1..4 one after the other, then version 2 again under
+				// a new UUID: stale for both handlers.
+				update := func(version int64) *message.Message {
+					payload, err := json.Marshal(entityUpdate{Entity: "order-1", Version: version})
+					require.NoError(t, err)
+					return message.NewMessage(watermill.NewUUID(), payload)
+				}
+				for i, version := range []int64{1, 2, 3, 4, 2} {
+					f.publish(t, update(version))
+					f.waitCompleted(t, 2*(i+1))
+				}
+
+				mu.Lock()
+				defer mu.Unlock()
+				for _, name := range []string{"orders-view", "search-index"} {
+					require.Equal(t, []int64{1, 2, 3, 4}, applied[name], "%s applied every version once, in order", name)
+					require.Equal(t, 4, obs.get(name, middleware.OutcomeProcessed))
+					require.Equal(t, 1, obs.get(name, middleware.OutcomeStaleVersion), "%s: only the republished version 2 is stale", name)
+				}
+			})
+		}
+	}
+}
+
+// Outside any inbox the guard needs its own Consumer as the scope.
+func TestVersionGuardScopeOutsideTheInbox(t *testing.T) {
+	db := testenv.SQLite(t)
+	v := newVersionSetup(t, dialect{name: "sqlite", db: db})
+	unscoped, err := middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v.guard})
+	require.NoError(t, err)
+	tx, err := db.BeginTx(t.Context(), nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	err = unscoped.ApplyIfNewerTx(t.Context(), tx, "order-1", 1)
+	require.ErrorIs(t, err, middleware.ErrNoScope)
+	require.True(t, middleware.IsPermanent(err))
+
+	scoped, err := middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v.guard, Consumer: "projector"})
+	require.NoError(t, err)
+	require.NoError(t, scoped.ApplyIfNewerTx(t.Context(), tx, "order-1", 1))
+	require.ErrorIs(t, scoped.ApplyIfNewerTx(t.Context(), tx, "order-1", 1), middleware.ErrStaleVersion)
+
+	_, err = middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v.guard, Consumer: "bad\x00"})
+	require.ErrorContains(t, err, "VersionGuardConfig.Consumer contains a NUL byte")
+	require.False(t, errors.Is(err, middleware.ErrNoScope))
+}
