@@ -123,13 +123,13 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 		return Summary{}, err
 	}
 
-	// One inbox per consumer. Both share the SQLite table; their keys are
-	// scoped by consumer name.
-	billingInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing"})
+	// One inbox per handler. Both share the SQLite table; their keys are
+	// scoped by handler name ("billing", "receipts").
+	billingInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo})
 	if err != nil {
 		return Summary{}, err
 	}
-	receiptsInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "receipts"})
+	receiptsInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo})
 	if err != nil {
 		return Summary{}, err
 	}

@@ -8,9 +8,9 @@
 // "already processed" marker, and they do not know which broker delivers
 // to them: Run wires them to whatever broker.Open returned.
 //
-//	inbox, _ := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing",
+//	inbox, _ := middleware.NewInbox(middleware.Config{DB: db, Repository: repo,
 //		Outputs: ob.Outputs("payments")}) // payments leave through the outbox
-//	billing := &shop.Billing{Consumer: "billing", Store: store}
+//	billing := &shop.Billing{Store: store}
 //	router.AddHandler("billing", "orders", sub, "payments", pub, billing.Handle)
 //	router.AddMiddleware(poisonQueue, inbox.Middleware)
 //
@@ -50,9 +50,6 @@ var ErrCardDeclined = errors.New("card network timeout")
 
 // Billing charges customers for placed orders and emits PaymentCompleted.
 type Billing struct {
-	// Consumer is the inbox consumer name; the payment UUID is derived from
-	// it and the order's deduplication key.
-	Consumer string
 	// Store holds the charges table.
 	Store *Store
 	// FailOnce, when set, is asked before each charge commits; true makes
@@ -82,14 +79,16 @@ func (b *Billing) Handle(msg *message.Message) ([]*message.Message, error) {
 		return nil, fmt.Errorf("charging order %s: %w", o.OrderID, ErrCardDeclined) // rolls the charge back
 	}
 
-	// The payment's UUID is a function of the order's key: a re-run after
-	// a rollback produces the same UUID, so downstream dedupes it.
+	// The payment's UUID is a function of the handler's scope and the
+	// order's key: a re-run after a rollback produces the same UUID, so
+	// downstream dedupes it.
 	key, _ := middleware.KeyFromContext(ctx)
+	scope, _ := middleware.ScopeFromContext(ctx)
 	payload, err := json.Marshal(PaymentCompleted(o))
 	if err != nil {
 		return nil, err
 	}
-	payment := message.NewMessage(middleware.OutputUUID(b.Consumer, key, 0), payload)
+	payment := message.NewMessage(middleware.OutputUUID(scope, key, 0), payload)
 	wmiddleware.SetCorrelationID(wmiddleware.MessageCorrelationID(msg), payment)
 
 	// Where the payment goes is the inbox's configuration, not the

@@ -439,11 +439,12 @@ func startRouter(ctx context.Context, wg *sync.WaitGroup, errs chan<- error, r *
 	}
 }
 
-func (s *scenario) newInbox(consumer string, outputs middleware.OutputWriter) (*middleware.Inbox, error) {
+// newInbox returns an inbox for one handler; its keys are scoped by the
+// handler's name ("billing", "receipts"), which also labels its outcomes.
+func (s *scenario) newInbox(outputs middleware.OutputWriter) (*middleware.Inbox, error) {
 	return middleware.NewInbox(middleware.Config{
 		DB:               s.store.DB,
 		Repository:       s.store.Inbox,
-		Consumer:         consumer,
 		RedeliveryWindow: 24 * time.Hour,
 		Logger:           s.config.Logger,
 		Observer:         s.counter,
@@ -457,7 +458,7 @@ func (s *scenario) downstreamRouter() (*message.Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	inbox, err := s.newInbox("receipts", nil)
+	inbox, err := s.newInbox(nil)
 	if err != nil {
 		return nil, err
 	}
@@ -538,7 +539,7 @@ func (s *scenario) billingInstance(name string) (*message.Router, error) {
 	if s.store.Outbox != nil {
 		outputs = s.store.Outbox.Outputs(s.topics.Payments)
 	}
-	inbox, err := s.newInbox("billing", outputs)
+	inbox, err := s.newInbox(outputs)
 	if err != nil {
 		return nil, err
 	}
@@ -552,7 +553,7 @@ func (s *scenario) billingInstance(name string) (*message.Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	billing := &Billing{Consumer: "billing", Store: s.store, FailOnce: s.failOnce}
+	billing := &Billing{Store: s.store, FailOnce: s.failOnce}
 	h := router.AddHandler("billing", s.topics.Orders, sub, s.topics.Payments, s.publisher, billing.Handle)
 	h.AddMiddleware(poison, s.crashBeforeAck(sub), inbox.Middleware)
 	return router, nil
