@@ -53,7 +53,7 @@ func TestChainInboxOutboxRelayInbox(t *testing.T) {
 		}
 		t.Cleanup(func() { _, _ = b.db.Exec(`DROP TABLE ` + inboxTable) })
 		billing, err := middleware.NewInbox(middleware.Config{
-			DB: b.db, Repository: repo, Consumer: "billing",
+			DB: b.db, Repository: repo, // scoped by the handler name, "billing"
 			Outputs: b.outbox.Outputs("payments"),
 		})
 		require.NoError(t, err)

@@ -14,13 +14,14 @@ import (
 // transaction:
 //
 //	inbox, _ := middleware.NewInbox(middleware.Config{
-//		DB: db, Repository: repo, Consumer: "billing",
+//		DB: db, Repository: repo,
 //		Outputs: ob.Outputs("payments"),
 //	})
 //
 // The business writes, the inbox marker and the outbox rows then commit or
 // roll back together, and the relay publishes the outputs with the
-// deterministic UUIDs the inbox gave them (middleware.OutputUUID).
+// deterministic UUIDs the inbox gave them (middleware.OutputUUID of the
+// handler's scope and key).
 func (o *Outbox) Outputs(topic string) middleware.OutputWriter {
 	return outputs{outbox: o, topic: topic}
 }
