@@ -49,8 +49,9 @@ type Config struct {
 	Consumer string
 	// HandlerScopes maps a Watermill handler name to the scope its
 	// deliveries use, overriding the rule above. Use it to keep a handler's
-	// remembered keys across a rename ({"charge-card": "billing"} after
-	// renaming handler "billing" to "charge-card"), to keep keys stored
+	// remembered keys across a rename ({"charge-card": "shop/billing"}
+	// after renaming handler "billing" to "charge-card" under Consumer
+	// "shop"), to keep keys stored
 	// under an earlier version's Consumer ({"billing": "billing"}: before
 	// scopes were per handler, the scope was Consumer alone), or to make
 	// handlers share one scope on purpose (competing handlers of one
