@@ -2,6 +2,8 @@ package middleware
 
 import (
 	"errors"
+
+	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 var (
@@ -23,11 +25,27 @@ var (
 	ErrInProgress = errors.New("deduplication key is in progress elsewhere")
 )
 
-// IsPermanent reports whether err is an inbox error that retrying cannot
-// fix: ErrNoKey, ErrPayloadMismatch, ErrNeedsIntervention, ErrNoScope or
-// ErrInvalidScope, possibly wrapped. Handler errors, database errors and
+// IsPermanent reports whether err is an error that retrying the same
+// message cannot fix, possibly wrapped:
+//
+//   - ErrNoKey, ErrPayloadMismatch, ErrNeedsIntervention, ErrNoScope and
+//     ErrInvalidScope;
+//   - repository.ErrInvalidParams: an input the store refuses whatever
+//     its state — a consumer (scope) with a NUL byte, invalid UTF-8 or
+//     over 255 bytes, an empty version-guard entity. Keys and entities of
+//     any content are stored safely (see repository.StorageKey), so a
+//     message's own key never causes it;
+//   - a database data exception (repository.IsDataException): PostgreSQL
+//     SQLSTATE class 22 and its MySQL/MariaDB equivalents, raised by the
+//     inbox's statements or the handler's own — a value the database
+//     refuses, which it refuses again on every redelivery.
+//
+// Other handler errors, other database errors (connections, locks,
+// deadlocks, serialization failures, constraint violations) and
 // ErrInProgress are not permanent. It is the filter of Watermill's poison
-// queue, whose middleware package is imported under another name here:
+// queue, so such a message is set aside, counted and logged instead of
+// being redelivered forever. Watermill's middleware package is imported
+// under another name here:
 //
 //	import (
 //		wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -44,7 +62,9 @@ func IsPermanent(err error) bool {
 		errors.Is(err, ErrPayloadMismatch) ||
 		errors.Is(err, ErrNeedsIntervention) ||
 		errors.Is(err, ErrNoScope) ||
-		errors.Is(err, ErrInvalidScope)
+		errors.Is(err, ErrInvalidScope) ||
+		errors.Is(err, repository.ErrInvalidParams) ||
+		repository.IsDataException(err)
 }
 
 // ErrStaleVersion is returned by a handler (directly or through the

@@ -19,13 +19,17 @@ const (
 )
 
 // StorageKey returns the form in which key is stored: the key itself when
-// it fits in MaxKeyLength bytes and is valid UTF-8, otherwise "sha256:"
-// followed by the hex SHA-256 of the key. A key that itself starts with
-// "sha256:" is always hashed, so a short key can never collide with the
-// hashed form of a long one. Keys are never truncated: two long keys that
-// share a prefix stay distinct.
+// it fits in MaxKeyLength bytes, is valid UTF-8 and holds no NUL byte,
+// otherwise "sha256:" followed by the hex SHA-256 of the key. Every
+// backend stores the result as is — PostgreSQL text refuses NUL and
+// invalid UTF-8, MySQL's utf8mb4 refuses invalid UTF-8 — so any key a
+// KeyFunc can produce is stored, the same way on every backend. A key
+// that itself starts with "sha256:" is always hashed, so a short key can
+// never collide with the hashed form of another. Keys are never
+// truncated: two long keys that share a prefix stay distinct. Version
+// guard entities are stored the same way (see PrepareAdvance).
 func StorageKey(key string) string {
-	if len(key) <= MaxKeyLength && utf8.ValidString(key) && !strings.HasPrefix(key, hashedKeyPrefix) {
+	if len(key) <= MaxKeyLength && storable(key) && !strings.HasPrefix(key, hashedKeyPrefix) {
 		return key
 	}
 	sum := sha256.Sum256([]byte(key))
@@ -53,12 +57,35 @@ func ValidateClaim(p ClaimParams) error {
 	return nil
 }
 
-func validateConsumerKey(consumer, key string) error {
-	if consumer == "" {
+// storable reports whether every backend can store s as text: valid
+// UTF-8 without NUL bytes.
+func storable(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}
+
+// ValidateConsumer checks a consumer name: non-empty, at most
+// MaxConsumerLength bytes of valid UTF-8 without NUL bytes, so that every
+// backend stores it as is (consumers are not hashed: operators read and
+// filter by them). A refused name wraps ErrInvalidParams and says why;
+// the inbox middleware treats it as permanent, since no retry can change
+// it.
+func ValidateConsumer(consumer string) error {
+	switch {
+	case consumer == "":
 		return fmt.Errorf("%w: consumer is required", ErrInvalidParams)
+	case len(consumer) > MaxConsumerLength:
+		return fmt.Errorf("%w: consumer %.40q… is %d bytes, at most %d are allowed", ErrInvalidParams, consumer, len(consumer), MaxConsumerLength)
+	case !utf8.ValidString(consumer):
+		return fmt.Errorf("%w: consumer %q is not valid UTF-8", ErrInvalidParams, consumer)
+	case strings.IndexByte(consumer, 0) >= 0:
+		return fmt.Errorf("%w: consumer %q contains a NUL byte", ErrInvalidParams, consumer)
 	}
-	if len(consumer) > MaxConsumerLength || !utf8.ValidString(consumer) {
-		return fmt.Errorf("%w: consumer must be valid UTF-8 of at most %d bytes", ErrInvalidParams, MaxConsumerLength)
+	return nil
+}
+
+func validateConsumerKey(consumer, key string) error {
+	if err := ValidateConsumer(consumer); err != nil {
+		return err
 	}
 	if key == "" {
 		return fmt.Errorf("%w: key is required", ErrInvalidParams)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-	"unicode/utf8"
 )
 
 // ResolveAction is what an operator does with a stuck two-phase record.
@@ -103,8 +102,10 @@ type Operator interface {
 // ValidateListStuck checks the arguments of [Operator.ListStuck] and
 // returns them with defaults applied.
 func ValidateListStuck(p ListStuckParams) (ListStuckParams, error) {
-	if p.Consumer != "" && (len(p.Consumer) > MaxConsumerLength || !utf8.ValidString(p.Consumer)) {
-		return p, fmt.Errorf("%w: consumer must be valid UTF-8 of at most %d bytes", ErrInvalidParams, MaxConsumerLength)
+	if p.Consumer != "" {
+		if err := ValidateConsumer(p.Consumer); err != nil {
+			return p, err
+		}
 	}
 	if p.Now.IsZero() {
 		return p, fmt.Errorf("%w: Now is required", ErrInvalidParams)
@@ -120,12 +121,13 @@ func ValidateListStuck(p ListStuckParams) (ListStuckParams, error) {
 
 // ValidateResolve checks the arguments of [Operator.Resolve]: consumer,
 // stored key and expected owner are set, the key is a stored key (at most
-// MaxKeyLength bytes of UTF-8), the action is known and Now is set.
+// MaxKeyLength bytes of UTF-8 without NUL), the action is known and Now is
+// set.
 func ValidateResolve(p ResolveParams) error {
 	if err := validateConsumerKey(p.Consumer, p.Key); err != nil {
 		return err
 	}
-	if len(p.Key) > MaxKeyLength || !utf8.ValidString(p.Key) {
+	if len(p.Key) > MaxKeyLength || !storable(p.Key) {
 		return fmt.Errorf("%w: Key must be a stored key (Record.Key, see StorageKey) of at most %d bytes", ErrInvalidParams, MaxKeyLength)
 	}
 	if err := validateOwner("ExpectedOwner", p.ExpectedOwner); err != nil {

@@ -2,7 +2,6 @@ package repository
 
 import (
 	"fmt"
-	"unicode/utf8"
 )
 
 // MaxOwnerLength is the longest lease owner, in bytes. The SQL backends
@@ -97,8 +96,8 @@ func validateOwner(field, owner string) error {
 	if owner == "" {
 		return fmt.Errorf("%w: %s is required", ErrInvalidParams, field)
 	}
-	if len(owner) > MaxOwnerLength || !utf8.ValidString(owner) {
-		return fmt.Errorf("%w: %s must be valid UTF-8 of at most %d bytes", ErrInvalidParams, field, MaxOwnerLength)
+	if len(owner) > MaxOwnerLength || !storable(owner) {
+		return fmt.Errorf("%w: %s must be valid UTF-8 without NUL of at most %d bytes", ErrInvalidParams, field, MaxOwnerLength)
 	}
 	return nil
 }

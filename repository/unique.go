@@ -13,9 +13,34 @@ const (
 	sqliteConstraintUnique     = 2067    // SQLITE_CONSTRAINT_UNIQUE
 )
 
-var uniqueDetectors struct {
+var uniqueDetectors detectors
+
+// detectors is a list of error recognisers that driver packages extend
+// from init, safe for concurrent use.
+type detectors struct {
 	mu  sync.RWMutex
 	fns []func(error) bool
+}
+
+func (d *detectors) add(fn func(error) bool) {
+	if fn == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.fns = append(d.fns, fn)
+}
+
+// match reports whether any detector recognises err.
+func (d *detectors) match(err error) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for _, detect := range d.fns {
+		if detect(err) {
+			return true
+		}
+	}
+	return false
 }
 
 // RegisterUniqueViolation adds a detector that IsUniqueViolation consults
@@ -26,12 +51,7 @@ var uniqueDetectors struct {
 // must be safe for concurrent use. RegisterUniqueViolation is safe to
 // call concurrently with IsUniqueViolation.
 func RegisterUniqueViolation(detector func(error) bool) {
-	if detector == nil {
-		return
-	}
-	uniqueDetectors.mu.Lock()
-	defer uniqueDetectors.mu.Unlock()
-	uniqueDetectors.fns = append(uniqueDetectors.fns, detector)
+	uniqueDetectors.add(detector)
 }
 
 // IsUniqueViolation reports whether err, or any error it wraps, is a
@@ -64,12 +84,5 @@ func IsUniqueViolation(err error) bool {
 			return true
 		}
 	}
-	uniqueDetectors.mu.RLock()
-	defer uniqueDetectors.mu.RUnlock()
-	for _, detect := range uniqueDetectors.fns {
-		if detect(err) {
-			return true
-		}
-	}
-	return false
+	return uniqueDetectors.match(err)
 }

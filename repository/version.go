@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"unicode/utf8"
 )
 
 // DefaultVersionsTableName is the version guard's table name used when
@@ -12,15 +11,19 @@ import (
 const DefaultVersionsTableName = "watermill_versions"
 
 // MaxEntityLength is the longest entity identifier, in bytes, that the
-// version guard stores. Longer identifiers are refused, not truncated.
-const MaxEntityLength = 255
+// version guard stores as is. Longer identifiers — and those with invalid
+// UTF-8 or a NUL byte — are stored hashed like keys (see StorageKey),
+// never truncated or refused.
+const MaxEntityLength = MaxKeyLength
 
 // AdvanceParams are the arguments of [VersionGuard.AdvanceTx].
 type AdvanceParams struct {
 	// Consumer scopes the entity, like the inbox's keys; required.
 	Consumer string
 	// Entity identifies what the version orders (an order id, an
-	// aggregate id); required, at most MaxEntityLength bytes.
+	// aggregate id); required. Any bytes: entities that do not fit
+	// MaxEntityLength bytes of UTF-8 without NUL are stored hashed (see
+	// PrepareAdvance).
 	Entity string
 	// Version is the message's version of the entity. Any int64 except
 	// math.MinInt64; larger is newer.
@@ -45,22 +48,22 @@ type VersionGuard interface {
 	AdvanceTx(ctx context.Context, tx Querier, params AdvanceParams) (applied bool, err error)
 }
 
-// ValidateAdvance checks the arguments of [VersionGuard.AdvanceTx].
-func ValidateAdvance(p AdvanceParams) error {
-	if p.Consumer == "" {
-		return fmt.Errorf("%w: consumer is required", ErrInvalidParams)
-	}
-	if len(p.Consumer) > MaxConsumerLength || !utf8.ValidString(p.Consumer) {
-		return fmt.Errorf("%w: consumer must be valid UTF-8 of at most %d bytes", ErrInvalidParams, MaxConsumerLength)
+// PrepareAdvance checks the arguments of [VersionGuard.AdvanceTx] and
+// returns them as the backend stores them: Entity in its stored form,
+// StorageKey(Entity), so an entity of any length or content is stored the
+// same way on every backend. Every backend's AdvanceTx calls it, and
+// reads by entity (LastVersion) look up StorageKey(entity). A refused
+// argument wraps ErrInvalidParams and names the problem.
+func PrepareAdvance(p AdvanceParams) (AdvanceParams, error) {
+	if err := ValidateConsumer(p.Consumer); err != nil {
+		return p, err
 	}
 	if p.Entity == "" {
-		return fmt.Errorf("%w: entity is required", ErrInvalidParams)
-	}
-	if len(p.Entity) > MaxEntityLength || !utf8.ValidString(p.Entity) {
-		return fmt.Errorf("%w: entity must be valid UTF-8 of at most %d bytes", ErrInvalidParams, MaxEntityLength)
+		return p, fmt.Errorf("%w: entity is required", ErrInvalidParams)
 	}
 	if p.Version == math.MinInt64 {
-		return fmt.Errorf("%w: version must be greater than math.MinInt64", ErrInvalidParams)
+		return p, fmt.Errorf("%w: version must be greater than math.MinInt64", ErrInvalidParams)
 	}
-	return nil
+	p.Entity = StorageKey(p.Entity)
+	return p, nil
 }

@@ -17,9 +17,10 @@ const (
 
 func init() {
 	// *mysql.MySQLError has no method repository could recognise it by, so
-	// importing this package teaches repository.IsUniqueViolation its
-	// numbers.
+	// importing this package teaches repository.IsUniqueViolation and
+	// repository.IsDataException its numbers.
 	repository.RegisterUniqueViolation(IsUniqueViolation)
+	repository.RegisterDataException(IsDataException)
 }
 
 // IsUniqueViolation reports whether err, or any error it wraps, is a
@@ -37,4 +38,28 @@ func IsUniqueViolation(err error) bool {
 		return true
 	}
 	return false
+}
+
+// MySQL/MariaDB data errors reported under the generic SQLSTATE HY000 by
+// MySQL (MariaDB reports them under class 22).
+const (
+	errTruncatedWrongValueForField = 1366 // ER_TRUNCATED_WRONG_VALUE_FOR_FIELD: incorrect string or integer value
+	errInvalidCharacterString      = 1300 // ER_INVALID_CHARACTER_STRING
+)
+
+// IsDataException reports whether err, or any error it wraps, is a
+// MySQL/MariaDB error about a value of the statement: SQLSTATE class 22
+// (1406 data too long, 1264 out of range, 1292 incorrect datetime, 1365
+// division by zero, …) or error 1366 or 1300, recognised by code, never
+// by message. Importing this package registers it with
+// repository.IsDataException.
+func IsDataException(err error) bool {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	if me.SQLState[0] == '2' && me.SQLState[1] == '2' {
+		return true
+	}
+	return me.Number == errTruncatedWrongValueForField || me.Number == errInvalidCharacterString
 }

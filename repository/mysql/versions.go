@@ -67,7 +67,7 @@ func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
 		db:  db,
 		ddl: VersionsSchemaDDL(config.Table),
 		// Creates the row at "nothing applied" (math.MinInt64, which
-		// ValidateAdvance refuses as a version) or, when it exists, changes
+		// PrepareAdvance refuses as a version) or, when it exists, changes
 		// nothing; either way the row is now locked exclusively until the
 		// transaction ends.
 		lockSQL: `INSERT INTO ` + t + ` (consumer, entity, version) VALUES (?, ?, ?)
@@ -114,13 +114,14 @@ func (s *VersionStore) Migrate(ctx context.Context) error {
 // back while several wait), the error is returned: the whole transaction
 // was rolled back, retry the delivery.
 func (s *VersionStore) AdvanceTx(ctx context.Context, tx repository.Querier, p repository.AdvanceParams) (bool, error) {
-	if err := repository.ValidateAdvance(p); err != nil {
+	stored, err := repository.PrepareAdvance(p)
+	if err != nil {
 		return false, err
 	}
-	if _, err := tx.ExecContext(ctx, s.lockSQL, p.Consumer, p.Entity, int64(math.MinInt64)); err != nil {
+	if _, err := tx.ExecContext(ctx, s.lockSQL, stored.Consumer, stored.Entity, int64(math.MinInt64)); err != nil {
 		return false, fmt.Errorf("mysql: advance version of %q: %w", p.Entity, explain(err))
 	}
-	res, err := tx.ExecContext(ctx, s.advanceSQL, p.Version, p.Consumer, p.Entity, p.Version)
+	res, err := tx.ExecContext(ctx, s.advanceSQL, stored.Version, stored.Consumer, stored.Entity, stored.Version)
 	if err != nil {
 		return false, fmt.Errorf("mysql: advance version of %q: %w", p.Entity, explain(err))
 	}
@@ -132,10 +133,11 @@ func (s *VersionStore) AdvanceTx(ctx context.Context, tx repository.Querier, p r
 }
 
 // LastVersion returns the last applied version of (consumer, entity), or
-// repository.ErrNotFound if none was applied.
+// repository.ErrNotFound if none was applied. entity is the one given to
+// AdvanceTx; it is looked up in its stored form (repository.StorageKey).
 func (s *VersionStore) LastVersion(ctx context.Context, consumer, entity string) (int64, error) {
 	var v int64
-	err := s.db.QueryRowContext(ctx, s.lastSQL, consumer, entity, int64(math.MinInt64)).Scan(&v)
+	err := s.db.QueryRowContext(ctx, s.lastSQL, consumer, repository.StorageKey(entity), int64(math.MinInt64)).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, fmt.Errorf("mysql: last version of %q: %w", entity, repository.ErrNotFound)
 	}

@@ -132,6 +132,24 @@ func runClaim(t *testing.T, b Backend) {
 		require.Equal(t, exact, rec.Key)
 	})
 
+	t.Run("UnstorableKeysAreStoredSafely", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		for _, k := range unstorable {
+			require.True(t, f.claim(t, claimParams("billing", k.value), []byte(k.name)).Claimed, k.name)
+			rec, err := f.repo.Get(t.Context(), "billing", k.value)
+			require.NoError(t, err, k.name)
+			requireStoredForm(t, k.value, rec.Key)
+			require.Equal(t, []byte(k.name), rec.Result, k.name)
+
+			again := f.claim(t, claimParams("billing", k.value), nil)
+			require.False(t, again.Claimed, "%s: the redelivery is a duplicate", k.name)
+			require.Equal(t, []byte(k.name), again.Existing.Result, k.name)
+		}
+		// The key with its NUL byte removed is another key.
+		require.True(t, f.claim(t, claimParams("billing", "order-1"), nil).Claimed)
+	})
+
 	t.Run("PayloadHashAndResultRoundTrip", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, b)
@@ -169,7 +187,6 @@ func runClaim(t *testing.T, b Backend) {
 		for name, mutate := range map[string]func(*repository.ClaimParams){
 			"empty key":           func(p *repository.ClaimParams) { p.Key = "" },
 			"empty consumer":      func(p *repository.ClaimParams) { p.Consumer = "" },
-			"long consumer":       func(p *repository.ClaimParams) { p.Consumer = strings.Repeat("c", repository.MaxConsumerLength+1) },
 			"zero now":            func(p *repository.ClaimParams) { p.Now = time.Time{} },
 			"expiry before now":   func(p *repository.ClaimParams) { p.ExpiresAt = p.Now.Add(-time.Second) },
 			"expiry equal to now": func(p *repository.ClaimParams) { p.ExpiresAt = p.Now },
@@ -178,6 +195,16 @@ func runClaim(t *testing.T, b Backend) {
 			mutate(&p)
 			_, err := f.tx.ClaimTx(ctx, tx, p)
 			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
+		}
+		for name, consumer := range invalidConsumers {
+			p := valid
+			p.Consumer = consumer
+			_, err := f.tx.ClaimTx(ctx, tx, p)
+			require.ErrorIs(t, err, repository.ErrInvalidParams, "claim: %s", name)
+			err = f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: consumer, Key: "k"})
+			require.ErrorIs(t, err, repository.ErrInvalidParams, "save result: %s", name)
+			_, err = f.repo.Get(ctx, consumer, "k")
+			require.ErrorIs(t, err, repository.ErrInvalidParams, "get: %s", name)
 		}
 		_, err = f.repo.Get(ctx, "billing", "")
 		require.ErrorIs(t, err, repository.ErrInvalidParams)

@@ -299,10 +299,13 @@ func runOperator(t *testing.T, b Backend) {
 		for name, p := range map[string]repository.ListStuckParams{
 			"no now":         {Consumer: "billing"},
 			"negative limit": {Now: now, Limit: -1},
-			"long consumer":  {Now: now, Consumer: strings.Repeat("c", repository.MaxConsumerLength+1)},
 		} {
 			_, err := op.ListStuck(ctx, p)
 			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
+		}
+		for name, consumer := range invalidConsumers {
+			_, err := op.ListStuck(ctx, repository.ListStuckParams{Now: now, Consumer: consumer})
+			require.ErrorIs(t, err, repository.ErrInvalidParams, "list stuck: %s", name)
 		}
 		valid := repository.ResolveParams{Consumer: "billing", Key: "k", ExpectedOwner: "o", Action: repository.ResolveRelease, Now: now}
 		for name, mutate := range map[string]func(*repository.ResolveParams){
@@ -313,6 +316,8 @@ func runOperator(t *testing.T, b Backend) {
 			"unknown action": func(p *repository.ResolveParams) { p.Action = 7 },
 			"no now":         func(p *repository.ResolveParams) { p.Now = time.Time{} },
 			"long key":       func(p *repository.ResolveParams) { p.Key = strings.Repeat("k", repository.MaxKeyLength+1) },
+			"key with NUL":   func(p *repository.ResolveParams) { p.Key = "k\x00" },
+			"consumer NUL":   func(p *repository.ResolveParams) { p.Consumer = "bill\x00ing" },
 		} {
 			p := valid
 			mutate(&p)

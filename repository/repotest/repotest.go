@@ -29,8 +29,10 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/stretchr/testify/require"
@@ -173,4 +175,36 @@ func claimParams(consumer, key string) repository.ClaimParams {
 		Now:         now,
 		ExpiresAt:   now.Add(24 * time.Hour),
 	}
+}
+
+// unstorable are keys and entities that no backend can store as they are:
+// NUL bytes (PostgreSQL text refuses them), invalid UTF-8 (PostgreSQL and
+// MySQL's utf8mb4 refuse it) and more bytes than the columns hold. The
+// contract is that each is stored safely, in its hashed form (see
+// repository.StorageKey), the same way on every backend.
+var unstorable = []struct{ name, value string }{
+	{"nul", "order\x00-1"},
+	{"only-nul", "\x00"},
+	{"invalid-utf8", "order-\xff\xfe-1"},
+	{"300-bytes", strings.Repeat("k", 300)},
+	{"255-bytes-ending-in-nul", strings.Repeat("k", repository.MaxKeyLength-1) + "\x00"},
+}
+
+// invalidConsumers are consumer names every backend refuses with
+// repository.ErrInvalidParams: consumers are stored as they are, not
+// hashed.
+var invalidConsumers = map[string]string{
+	"consumer with NUL":           "bill\x00ing",
+	"consumer with invalid UTF-8": "bill\xffing",
+	"long consumer":               strings.Repeat("c", repository.MaxConsumerLength+1),
+}
+
+// requireStoredForm checks that a stored key is what StorageKey gives for
+// key, and that it is short valid UTF-8 without NUL bytes.
+func requireStoredForm(t *testing.T, key, stored string) {
+	t.Helper()
+	require.Equal(t, repository.StorageKey(key), stored)
+	require.LessOrEqual(t, len(stored), repository.MaxKeyLength)
+	require.True(t, utf8.ValidString(stored), "stored key %q is not valid UTF-8", stored)
+	require.NotContains(t, stored, "\x00")
 }

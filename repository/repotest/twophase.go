@@ -517,18 +517,38 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.True(t, f.acquire(t, acquireParams("billing", repository.StorageKey(long1), "owner-a")).Acquired)
 	})
 
+	t.Run("UnstorableKeysAreStoredSafely", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := t.Context()
+		for _, k := range unstorable {
+			require.True(t, f.acquire(t, acquireParams("billing", k.value, "owner-a")).Acquired, k.name)
+			requireStoredForm(t, k.value, f.get(t, "billing", k.value).Key)
+			require.NoError(t, f.tp.Extend(ctx, repository.LeaseParams{Consumer: "billing", Key: k.value, Owner: "owner-a", LeaseUntil: time.Now().Add(time.Minute)}), k.name)
+			require.NoError(t, f.tp.Complete(ctx, repository.CompleteParams{Consumer: "billing", Key: k.value, Owner: "owner-a", Result: []byte(k.name), Now: time.Now()}), k.name)
+
+			again := f.acquire(t, acquireParams("billing", k.value, "owner-b"))
+			require.False(t, again.Acquired, "%s: the redelivery is a duplicate", k.name)
+			require.Equal(t, repository.StateCompleted, again.Existing.State, k.name)
+			require.Equal(t, []byte(k.name), again.Existing.Result, k.name)
+		}
+		// A released unstorable key can be acquired again.
+		k := unstorable[0].value
+		require.True(t, f.acquire(t, acquireParams("other", k, "owner-a")).Acquired)
+		require.NoError(t, f.tp.Release(ctx, repository.LeaseParams{Consumer: "other", Key: k, Owner: "owner-a"}))
+		require.True(t, f.acquire(t, acquireParams("other", k, "owner-b")).Acquired)
+	})
+
 	t.Run("InvalidParamsAreRefused", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, b)
 		ctx := t.Context()
-		longConsumer := strings.Repeat("c", repository.MaxConsumerLength+1)
 		longOwner := strings.Repeat("o", repository.MaxOwnerLength+1)
 
 		valid := acquireParams("billing", "k", "owner-a")
 		for name, mutate := range map[string]func(*repository.AcquireParams){
 			"empty key":                   func(p *repository.AcquireParams) { p.Key = "" },
 			"empty consumer":              func(p *repository.AcquireParams) { p.Consumer = "" },
-			"long consumer":               func(p *repository.AcquireParams) { p.Consumer = longConsumer },
 			"empty owner":                 func(p *repository.AcquireParams) { p.Owner = "" },
 			"long owner":                  func(p *repository.AcquireParams) { p.Owner = longOwner },
 			"zero now":                    func(p *repository.AcquireParams) { p.Now = time.Time{} },
@@ -538,6 +558,23 @@ func runTwoPhase(t *testing.T, b Backend) {
 		} {
 			p := valid
 			mutate(&p)
+			_, err := f.tp.Acquire(ctx, p)
+			require.ErrorIs(t, err, repository.ErrInvalidParams, "acquire: %s", name)
+		}
+		for name, consumer := range invalidConsumers {
+			p := valid
+			p.Consumer = consumer
+			_, err := f.tp.Acquire(ctx, p)
+			require.ErrorIs(t, err, repository.ErrInvalidParams, "acquire: %s", name)
+			lease := repository.LeaseParams{Consumer: consumer, Key: "k", Owner: "owner-a", LeaseUntil: valid.LeaseUntil}
+			require.ErrorIs(t, f.tp.Extend(ctx, lease), repository.ErrInvalidParams, "extend: %s", name)
+			require.ErrorIs(t, f.tp.Release(ctx, lease), repository.ErrInvalidParams, "release: %s", name)
+			require.ErrorIs(t, f.tp.Complete(ctx, repository.CompleteParams{Consumer: consumer, Key: "k", Owner: "owner-a", Now: valid.Now}),
+				repository.ErrInvalidParams, "complete: %s", name)
+		}
+		for name, owner := range map[string]string{"owner with NUL": "own\x00er", "owner with invalid UTF-8": "own\xffer"} {
+			p := valid
+			p.Owner = owner
 			_, err := f.tp.Acquire(ctx, p)
 			require.ErrorIs(t, err, repository.ErrInvalidParams, "acquire: %s", name)
 		}

@@ -268,6 +268,26 @@ func RunVersionGuard(t *testing.T, b VersionBackend) {
 			b.Name, len(queue), workers, applied.Load(), stale.Load(), retries.Load())
 	})
 
+	t.Run("UnstorableEntitiesAreStoredSafely", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		for _, e := range unstorable {
+			p := repository.AdvanceParams{Consumer: "orders", Entity: e.value, Version: 1}
+			require.True(t, advance(t, s, p), "%s: first version applies", e.name)
+			require.False(t, advance(t, s, p), "%s: the same version again is stale", e.name)
+			p.Version = 2
+			require.True(t, advance(t, s, p), "%s: a newer version applies", e.name)
+			require.Equal(t, int64(2), last(t, s, "orders", e.value), e.name)
+		}
+		// Long entities sharing a prefix are hashed whole, never truncated.
+		prefix := strings.Repeat("e", repository.MaxEntityLength)
+		require.True(t, advance(t, s, repository.AdvanceParams{Consumer: "orders", Entity: prefix + "-one", Version: 5}))
+		require.True(t, advance(t, s, repository.AdvanceParams{Consumer: "orders", Entity: prefix + "-two", Version: 1}),
+			"entities sharing a %d-byte prefix must not collide", repository.MaxEntityLength)
+		// The entity with its NUL byte removed is another entity.
+		require.True(t, advance(t, s, repository.AdvanceParams{Consumer: "orders", Entity: "order-1", Version: 1}))
+	})
+
 	t.Run("InvalidParamsAreRefused", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)
@@ -276,13 +296,15 @@ func RunVersionGuard(t *testing.T, b VersionBackend) {
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback() }()
 		for name, p := range map[string]repository.AdvanceParams{
-			"no consumer":   {Entity: "e", Version: 1},
-			"no entity":     {Consumer: "c", Version: 1},
-			"long entity":   {Consumer: "c", Entity: strings.Repeat("e", repository.MaxEntityLength+1), Version: 1},
-			"long consumer": {Consumer: strings.Repeat("c", repository.MaxConsumerLength+1), Entity: "e", Version: 1},
-			"min version":   {Consumer: "c", Entity: "e", Version: math.MinInt64},
+			"no consumer": {Entity: "e", Version: 1},
+			"no entity":   {Consumer: "c", Version: 1},
+			"min version": {Consumer: "c", Entity: "e", Version: math.MinInt64},
 		} {
 			_, err := s.AdvanceTx(ctx, tx, p)
+			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
+		}
+		for name, consumer := range invalidConsumers {
+			_, err := s.AdvanceTx(ctx, tx, repository.AdvanceParams{Consumer: consumer, Entity: "e", Version: 1})
 			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
 		}
 	})

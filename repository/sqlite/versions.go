@@ -100,10 +100,11 @@ func (s *VersionStore) Migrate(ctx context.Context) error {
 // from its start, so transactions on the same entity run one after the
 // other.
 func (s *VersionStore) AdvanceTx(ctx context.Context, tx repository.Querier, p repository.AdvanceParams) (bool, error) {
-	if err := repository.ValidateAdvance(p); err != nil {
+	stored, err := repository.PrepareAdvance(p)
+	if err != nil {
 		return false, err
 	}
-	res, err := tx.ExecContext(ctx, s.advanceSQL, p.Consumer, p.Entity, p.Version)
+	res, err := tx.ExecContext(ctx, s.advanceSQL, stored.Consumer, stored.Entity, stored.Version)
 	if err != nil {
 		return false, fmt.Errorf("sqlite: advance version of %q: %w", p.Entity, err)
 	}
@@ -115,10 +116,11 @@ func (s *VersionStore) AdvanceTx(ctx context.Context, tx repository.Querier, p r
 }
 
 // LastVersion returns the last applied version of (consumer, entity), or
-// repository.ErrNotFound if none was applied.
+// repository.ErrNotFound if none was applied. entity is the one given to
+// AdvanceTx; it is looked up in its stored form (repository.StorageKey).
 func (s *VersionStore) LastVersion(ctx context.Context, consumer, entity string) (int64, error) {
 	var v int64
-	err := s.db.QueryRowContext(ctx, s.lastSQL, consumer, entity).Scan(&v)
+	err := s.db.QueryRowContext(ctx, s.lastSQL, consumer, repository.StorageKey(entity)).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, fmt.Errorf("sqlite: last version of %q: %w", entity, repository.ErrNotFound)
 	}

@@ -1,0 +1,52 @@
+package repository
+
+import (
+	"errors"
+	"strings"
+)
+
+// sqlStateClassDataException is the SQLSTATE class (first two characters)
+// of the SQL standard's "data exception": a value in the statement that
+// the database cannot accept — PostgreSQL 22021 (a NUL byte or invalid
+// UTF-8 in text), 22001 (string too long), 22003 (numeric out of range),
+// 22P02 (invalid text representation), 22008 (datetime out of range),
+// 22012 (division by zero).
+const sqlStateClassDataException = "22"
+
+var dataDetectors detectors
+
+// RegisterDataException adds a detector that IsDataException consults
+// after its built-in check, like RegisterUniqueViolation: importing
+// repository/mysql registers MySQL/MariaDB data errors. A detector must
+// recognise errors by code, never by message text, and must be safe for
+// concurrent use.
+func RegisterDataException(detector func(error) bool) {
+	dataDetectors.add(detector)
+}
+
+// IsDataException reports whether err, or any error it wraps, is the
+// database refusing a value of the statement — the same statement with the
+// same values fails the same way however often it is retried:
+//
+//   - PostgreSQL: SQLSTATE class 22 ("data exception"), from any error
+//     with a SQLState() string method (pgx's *pgconn.PgError, lib/pq's
+//     *pq.Error);
+//   - MySQL/MariaDB: SQLSTATE class 22, and errors 1366 (incorrect string
+//     or integer value) and 1300 (invalid character string), which MySQL
+//     reports under the generic SQLSTATE HY000, once repository/mysql is
+//     imported.
+//
+// SQLite is not covered: its columns take any value the backends write
+// (dynamic typing, no length limit short of SQLITE_MAX_LENGTH, 1 GB by
+// default). Constraint violations (class 23), connection, lock and
+// serialization errors are not data exceptions. A nil err is not one.
+func IsDataException(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) && strings.HasPrefix(pg.SQLState(), sqlStateClassDataException) {
+		return true
+	}
+	return dataDetectors.match(err)
+}
