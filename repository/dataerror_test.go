@@ -60,9 +60,9 @@ func TestIsDataException(t *testing.T) {
 				{"too long", exec(`INSERT INTO `+table+` (id, s) VALUES (?, ?)`, "c", "toolong"), true},
 				// Literals, so that the server judges them (pgx refuses some
 				// parameters before they are sent).
-				{"out of range", exec(`INSERT INTO `+table+` (id, n) VALUES ('d', 100000)`), true},
-				{"not a number", exec(`INSERT INTO `+table+` (id, n) VALUES ('e', 'abc')`), true},
-				{"not a time", exec(`INSERT INTO `+table+` (id, ts) VALUES ('f', 'not a time')`), true},
+				{"out of range", exec(`INSERT INTO ` + table + ` (id, n) VALUES ('d', 100000)`), true},
+				{"not a number", exec(`INSERT INTO ` + table + ` (id, n) VALUES ('e', 'abc')`), true},
+				{"not a time", exec(`INSERT INTO ` + table + ` (id, ts) VALUES ('f', 'not a time')`), true},
 				{"primary key", exec(`INSERT INTO `+table+` (id) VALUES (?)`, "a"), false},
 				{"not null", exec(`INSERT INTO `+table+` (id, must) VALUES (?, NULL)`, "g"), false},
 				{"no such table", exec(`INSERT INTO nowhere_` + table + ` VALUES (1)`), false},
