@@ -29,7 +29,7 @@ func TestIsDataException(t *testing.T) {
 		t.Run(db.name, func(t *testing.T) {
 			t.Parallel()
 			conn := db.open(t)
-			table := "data_exc_" + strings.ReplaceAll(t.Name(), "/", "_")
+			table := "data_exc_" + randomSuffix(t)
 			exec := func(query string, args ...any) error {
 				for i := range args {
 					query = strings.Replace(query, "?", db.placeholder(i+1), 1)

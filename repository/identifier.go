@@ -1,6 +1,8 @@
 package repository
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"regexp"
 	"strings"
@@ -42,15 +44,45 @@ func QuoteTableName(name, quote string) (string, error) {
 	return strings.Join(parts, "."), nil
 }
 
-// IndexName derives an index name from a table name and a suffix, for DDL.
-// The schema part, if any, is dropped (indexes live in the table's schema).
+// maxIdentifierLength is the longest identifier every supported database
+// keeps whole: PostgreSQL truncates longer ones to 63 bytes, MySQL refuses
+// more than 64 characters, SQLite has no limit.
+const maxIdentifierLength = 63
+
+// IndexName derives the name of an object that belongs to a table — an
+// index, a trigger, a function — from the table's name and a suffix
+// naming the object ("expires_at_idx"), for DDL. The schema part of table,
+// if any, is dropped (the object lives in the table's schema). Every
+// backend derives its names here, so the rule holds on each:
+//
+//   - when table + "_" + suffix fits in 63 bytes, it is the name: longer
+//     than the table, so never equal to it;
+//   - otherwise the name is a prefix of the table, "_", 8 hex digits of
+//     the SHA-256 of table + "_" + suffix, "_" and the suffix, 63 bytes in
+//     all: never truncated by PostgreSQL, never equal to the table (were
+//     the table itself spelled that way, the separator before the hash
+//     becomes "x"), and distinct for distinct tables and suffixes unless
+//     their hashes collide.
+//
+// PostgreSQL and SQLite keep tables and indexes in one namespace, so an
+// index named like its table would make CREATE INDEX IF NOT EXISTS skip
+// it (PostgreSQL) or fail (SQLite). suffix is a short constant of the
+// caller's; one longer than 32 bytes is cut to 32 in the hashed form.
 func IndexName(table, suffix string) string {
 	if i := strings.LastIndexByte(table, '.'); i >= 0 {
 		table = table[i+1:]
 	}
 	name := table + "_" + suffix
-	if len(name) > 63 {
-		name = name[:63]
+	if len(name) <= maxIdentifierLength {
+		return name
 	}
-	return name
+	sum := sha256.Sum256([]byte(name))
+	hash := hex.EncodeToString(sum[:4])
+	suffix = suffix[:min(len(suffix), 32)]
+	keep := min(len(table), maxIdentifierLength-len(hash)-len(suffix)-2)
+	derived := table[:keep] + "_" + hash + "_" + suffix
+	if derived == table {
+		derived = table[:keep] + "x" + hash + "_" + suffix
+	}
+	return derived
 }

@@ -2,6 +2,8 @@ package repository_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -31,7 +33,7 @@ func TestIsUniqueViolation(t *testing.T) {
 		t.Run(db.name, func(t *testing.T) {
 			t.Parallel()
 			conn := db.open(t)
-			suffix := strings.ReplaceAll(t.Name(), "/", "_")
+			suffix := randomSuffix(t)
 			parent, child := "uniq_parent_"+suffix, "uniq_child_"+suffix
 			exec := func(query string, args ...any) error {
 				for i := range args {
@@ -80,6 +82,16 @@ func TestIsUniqueViolation(t *testing.T) {
 			require.True(t, repository.IsUniqueViolation(err), "a unique violation by UPDATE: %v", err)
 		})
 	}
+}
+
+// randomSuffix returns a suffix for table names no other run uses: the
+// tests share their servers with concurrent runs.
+func randomSuffix(t *testing.T) string {
+	t.Helper()
+	var b [6]byte
+	_, err := rand.Read(b[:])
+	require.NoError(t, err)
+	return hex.EncodeToString(b[:])
 }
 
 func TestIsUniqueViolationOfNonDatabaseErrors(t *testing.T) {
