@@ -513,3 +513,44 @@ func BenchmarkRepository(b *testing.B) {
 		},
 	})
 }
+
+// TestMigrateCreatesIndexesAtEveryTableNameLength migrates an inbox
+// table of every length repository.ValidateTableName accepts (1 to 63
+// characters; MySQL allows 64) and checks that each has its primary key
+// and expires_at index.
+func TestMigrateCreatesIndexesAtEveryTableNameLength(t *testing.T) {
+	db := testenv.MySQL(t)
+	ctx := t.Context()
+	// A database of this run's own, so that short names collide with
+	// nothing.
+	var b [6]byte
+	_, err := rand.Read(b[:])
+	require.NoError(t, err)
+	schema := "idx_" + hex.EncodeToString(b[:])
+	_, err = db.ExecContext(ctx, "CREATE DATABASE `"+schema+"`")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := db.ExecContext(context.Background(), "DROP DATABASE `"+schema+"`")
+		require.NoError(t, err)
+	})
+	for n := 1; n <= 63; n++ {
+		table := "t" + strings.Repeat("x", n-1)
+		repo, err := mysql.NewRepository(db, mysql.Config{Table: schema + "." + table})
+		require.NoError(t, err, "%d characters", n)
+		require.NoError(t, repo.Migrate(ctx), "%d characters", n)
+		require.NoError(t, repo.Migrate(ctx), "%d characters, again", n)
+
+		rows, err := db.QueryContext(ctx, `SELECT DISTINCT index_name FROM information_schema.statistics
+WHERE table_schema = ? AND table_name = ? ORDER BY index_name`, schema, table)
+		require.NoError(t, err)
+		var names []string
+		for rows.Next() {
+			var name string
+			require.NoError(t, rows.Scan(&name))
+			names = append(names, name)
+		}
+		require.NoError(t, rows.Err())
+		require.ElementsMatch(t, []string{"PRIMARY", repository.IndexName(table, "expires_at_idx")}, names,
+			"%d-character table %q", n, table)
+	}
+}
