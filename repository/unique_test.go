@@ -3,8 +3,8 @@ package repository_test
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
