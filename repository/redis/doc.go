@@ -49,7 +49,13 @@
 // expires_at is not after the caller's Now as absent, so expiry looks the
 // same from both clocks' side.
 //
-// Durability is Redis's: with asynchronous replication or without AOF
-// fsync, a failover or restart can lose recently written records, and a
-// lost record means a redelivery is processed again.
+// Durability is Redis's. Without AOF (appendonly no) a restart loses
+// every record: completed keys are processed again on redelivery, and an
+// in-flight lease vanishes, so a second attempt runs the effect while the
+// first may still be running — the Intervene policy cannot stop it.
+// Run Redis with appendonly yes (appendfsync always to lose nothing
+// acknowledged on a power loss, everysec to risk about a second) and
+// maxmemory-policy noeviction (every record has a TTL, so the volatile
+// policies would evict markers). A failover to an asynchronous replica can
+// still lose the latest records. docs/storage.md has the measured cost.
 package redis
