@@ -177,10 +177,11 @@ func TestRouterUnstorableInputIsStoredSafely(t *testing.T) {
 			require.Equal(t, 1, applied[c.value], "%s: the entity's version applies once", c.name)
 			require.Equal(t, 1, s.chargesFor(t, "first-"+c.name), c.name)
 			require.Zero(t, s.chargesFor(t, "stale-"+c.name), c.name)
-			rec, err := s.repo.Get(t.Context(), "billing", c.value)
+			// The inbox "billing" on the handler "billing" scopes by both.
+			rec, err := s.repo.Get(t.Context(), "billing/billing", c.value)
 			require.NoError(t, err, c.name)
 			require.Equal(t, repository.StorageKey(c.value), rec.Key, c.name)
-			v, err := lastVersion("billing", c.value)
+			v, err := lastVersion("billing/billing", c.value)
 			require.NoError(t, err, c.name)
 			require.EqualValues(t, 1, v, c.name)
 		}
@@ -225,7 +226,7 @@ func TestRouterUnstorableKeyTwoPhase(t *testing.T) {
 		require.Empty(t, f.downstreamOf(poisonTopic))
 		for _, c := range unstorable {
 			require.Equal(t, 1, api.callsFor(c.value), "%s: the effect runs once; the redelivery is a duplicate", c.name)
-			rec, err := repo.Get(t.Context(), "payments", c.value)
+			rec, err := repo.Get(t.Context(), "payments/payments", c.value)
 			require.NoError(t, err, c.name)
 			require.Equal(t, repository.StateCompleted, rec.State, c.name)
 			require.Equal(t, repository.StorageKey(c.value), rec.Key, c.name)
@@ -269,7 +270,7 @@ func TestRouterDataExceptionIsPoisoned(t *testing.T) {
 		require.Equal(t, "m-bad", poisoned[0].UUID)
 		require.EqualValues(t, 2, runs.Load())
 		require.Equal(t, 1, s.totalCharges(t))
-		_, err = s.repo.Get(t.Context(), "billing", "m-bad")
+		_, err = s.repo.Get(t.Context(), "billing/billing", "m-bad")
 		require.ErrorIs(t, err, repository.ErrNotFound, "the marker rolled back with the write")
 	}, "postgres", "mysql")
 }
