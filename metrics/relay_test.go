@@ -89,6 +89,7 @@ func TestRelayMetrics(t *testing.T) {
 			require.NoError(t, ob.Migrate(ctx, db))
 			t.Cleanup(func() {
 				_, _ = db.Exec(`DROP TABLE ` + table)
+				_, _ = db.Exec(`DROP TABLE IF EXISTS ` + outbox.DeadLetterTableName(table))
 				if dialect == outbox.PostgreSQL {
 					_, _ = db.Exec(`DROP FUNCTION IF EXISTS ` + table + `_notify()`)
 				}

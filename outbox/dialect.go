@@ -40,43 +40,114 @@ func SchemaDDL(d Dialect, table string) string {
 	if (Config{Dialect: d, Table: table}).Validate() != nil {
 		return ""
 	}
-	return newDialect(d, table).ddl
+	return strings.Join(newDialect(d, table).ddl, "")
+}
+
+// DeadLetterTableName returns the dead-letter table of an outbox table:
+// table + "_dead_letters", or, when that exceeds the 63-byte identifier
+// limit, a prefix of it with a hash of the whole name (never equal to
+// table). A schema qualifier is kept. Migrate creates it; the shipped SQL
+// files include it.
+func DeadLetterTableName(table string) string {
+	schema, name := "", table
+	if i := strings.LastIndexByte(table, '.'); i >= 0 {
+		schema, name = table[:i+1], table[i+1:]
+	}
+	const suffix = "_dead_letters"
+	if len(name)+len(suffix) <= 63 {
+		return schema + name + suffix
+	}
+	sum := sha256.Sum256([]byte(table))
+	h := "_dl_" + hex.EncodeToString(sum[:8]) // 20 bytes
+	return schema + name[:63-len(h)] + h
 }
 
 // dialect holds the statements for one table in one SQL flavour, built
 // once from a validated table name.
 type dialect struct {
-	kind    Dialect
-	table   string // quoted
-	channel string // PostgreSQL NOTIFY channel
-	ddl     string
+	kind      Dialect
+	table     string // quoted
+	deadTable string // quoted dead-letter table
+	channel   string // PostgreSQL NOTIFY channel
+	ddl       []string
 
-	selectSQL  string
+	// claimSQL locks the next rows in id order and returns their sizes,
+	// not their payloads, so a batch can be bounded by bytes before any
+	// payload is read.
+	claimSQL   string
 	backlogSQL string
+	// chargeSQL counts one failed publish attempt of a row.
+	chargeSQL string
+	// deadLetterSQL copies a claimed row into the dead-letter table with
+	// its attempts raised by the second argument and the last error;
+	// deleteOneSQL then removes it, in the same transaction.
+	deadLetterSQL string
+	deleteOneSQL  string
+	// Operator statements on the dead-letter table.
+	listDeadSQL    string
+	countDeadSQL   string
+	requeueDeadSQL string // PostgreSQL: one statement; MySQL: see requeue
 }
 
 func newDialect(kind Dialect, table string) dialect {
 	d := dialect{kind: kind}
+	dead := DeadLetterTableName(table)
 	switch kind {
 	case PostgreSQL:
 		d.table, _ = repository.QuoteTableName(table, `"`)
+		d.deadTable, _ = repository.QuoteTableName(dead, `"`)
 		d.channel = notifyChannel(table)
-		d.ddl = postgresDDL(table, d.table, d.channel)
+		d.ddl = postgresDDL(table, d.table, d.deadTable, d.channel)
+		// octet_length of a TOASTed bytea reads its stored size without
+		// detoasting the payload.
+		d.claimSQL = `SELECT id, octet_length(payload) + octet_length(metadata::text) + octet_length(uuid) + octet_length(topic) FROM ` + d.table +
+			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 		// Ages are computed by the database, on its clock, in
 		// microseconds: the application's clock may be skewed.
-		d.selectSQL = `SELECT id, topic, uuid, payload, metadata, ` + pgAgeMicros(`created_at`) + ` FROM ` + d.table +
-			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
-		d.backlogSQL = `SELECT COUNT(*), COALESCE(` + pgAgeMicros(`MIN(created_at)`) + `, 0) FROM ` + d.table
+		d.backlogSQL = `SELECT COUNT(*), COALESCE(` + pgAgeMicros(`MIN(created_at)`) + `, 0), (SELECT COUNT(*) FROM ` + d.deadTable + `) FROM ` + d.table
+		d.chargeSQL = `UPDATE ` + d.table + ` SET attempts = attempts + 1 WHERE id = $1`
+		d.deadLetterSQL = `INSERT INTO ` + d.deadTable + ` (outbox_id, topic, uuid, payload, metadata, attempts, last_error, created_at)
+SELECT id, topic, uuid, payload, metadata, attempts + $2, $3, created_at FROM ` + d.table + ` WHERE id = $1`
+		d.deleteOneSQL = `DELETE FROM ` + d.table + ` WHERE id = $1`
+		d.listDeadSQL = `SELECT id, outbox_id, topic, uuid, payload, metadata::text, attempts, last_error, ` +
+			pgEpochMicros(`created_at`) + `, ` + pgEpochMicros(`dead_lettered_at`) + ` FROM ` + d.deadTable +
+			` WHERE id > $1 AND ($2 = '' OR topic = $2) ORDER BY id LIMIT $3`
+		d.countDeadSQL = `SELECT COUNT(*) FROM ` + d.deadTable
+		// One statement: the DELETE locks the rows, so of two concurrent
+		// requeues of one row the second finds nothing to move.
+		d.requeueDeadSQL = `WITH moved AS (DELETE FROM ` + d.deadTable + ` WHERE id = ANY($1) RETURNING id, topic, uuid, payload, metadata)
+INSERT INTO ` + d.table + ` (topic, uuid, payload, metadata) SELECT topic, uuid, payload, metadata FROM moved ORDER BY id`
 	case MySQL:
 		d.table, _ = repository.QuoteTableName(table, "`")
-		d.ddl = mysqlDDL(d.table)
+		d.deadTable, _ = repository.QuoteTableName(dead, "`")
+		d.ddl = mysqlDDL(d.table, d.deadTable)
 		// FORCE INDEX: a table scan with a sort would lock every row, not
 		// just the batch.
-		d.selectSQL = "SELECT `id`, `topic`, `uuid`, `payload`, `metadata`, TIMESTAMPDIFF(MICROSECOND, `created_at`, NOW(6)) FROM " + d.table +
+		d.claimSQL = "SELECT `id`, LENGTH(`payload`) + LENGTH(`metadata`) + LENGTH(`uuid`) + LENGTH(`topic`) FROM " + d.table +
 			" FORCE INDEX (PRIMARY) ORDER BY `id` LIMIT ? FOR UPDATE SKIP LOCKED"
-		d.backlogSQL = "SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(`created_at`), NOW(6)), 0) FROM " + d.table
+		d.backlogSQL = "SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(`created_at`), NOW(6)), 0), (SELECT COUNT(*) FROM " + d.deadTable + ") FROM " + d.table
+		d.chargeSQL = "UPDATE " + d.table + " SET `attempts` = `attempts` + 1 WHERE `id` = ?"
+		d.deadLetterSQL = "INSERT INTO " + d.deadTable + " (`outbox_id`, `topic`, `uuid`, `payload`, `metadata`, `attempts`, `last_error`, `created_at`)" +
+			" SELECT `id`, `topic`, `uuid`, `payload`, `metadata`, `attempts` + ?, ?, `created_at` FROM " + d.table + " WHERE `id` = ?"
+		d.deleteOneSQL = "DELETE FROM " + d.table + " WHERE `id` = ?"
+		d.listDeadSQL = "SELECT `id`, `outbox_id`, `topic`, `uuid`, `payload`, `metadata`, `attempts`, `last_error`, " +
+			mysqlEpochMicros("`created_at`") + ", " + mysqlEpochMicros("`dead_lettered_at`") + " FROM " + d.deadTable +
+			" WHERE `id` > ? AND (? = '' OR `topic` = ?) ORDER BY `id` LIMIT ?"
+		d.countDeadSQL = "SELECT COUNT(*) FROM " + d.deadTable
 	}
 	return d
+}
+
+// pgEpochMicros is the SQL for a timestamptz as microseconds since the
+// Unix epoch.
+func pgEpochMicros(ts string) string {
+	return `(EXTRACT(EPOCH FROM ` + ts + `) * 1000000)::bigint`
+}
+
+// mysqlEpochMicros is the SQL for a DATETIME(6), read in the session time
+// zone, as microseconds since the Unix epoch.
+func mysqlEpochMicros(ts string) string {
+	return "CAST(UNIX_TIMESTAMP(" + ts + ") * 1000000 AS SIGNED)"
 }
 
 // pgAgeMicros is the SQL for the microseconds from ts to the start of the
@@ -95,7 +166,7 @@ func notifyChannel(table string) string {
 	return table[:46] + "_" + hex.EncodeToString(sum[:8])
 }
 
-func postgresDDL(table, quoted, channel string) string {
+func postgresDDL(table, quoted, deadQuoted, channel string) []string {
 	fn := `"` + repository.IndexName(table, "notify") + `"`
 	if i := strings.LastIndexByte(table, '.'); i >= 0 {
 		fn = `"` + table[:i] + `".` + fn
@@ -104,43 +175,79 @@ func postgresDDL(table, quoted, channel string) string {
 	// The statement-level trigger queues one NOTIFY per inserting
 	// statement; PostgreSQL delivers it only when the transaction commits
 	// and folds identical notifications of one transaction into one.
-	return `CREATE TABLE IF NOT EXISTS ` + quoted + ` (
+	// attempts counts failed publishes charged to the row (see
+	// Relay); ADD COLUMN IF NOT EXISTS upgrades a table created before it
+	// existed, without a rewrite.
+	return []string{`CREATE TABLE IF NOT EXISTS ` + quoted + ` (
     id         BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
     topic      VARCHAR(255) NOT NULL,
     uuid       VARCHAR(255) NOT NULL,
     payload    BYTEA        NOT NULL,
     metadata   JSON         NOT NULL,
-    created_at TIMESTAMPTZ  NOT NULL DEFAULT CURRENT_TIMESTAMP
+    created_at TIMESTAMPTZ  NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    attempts   INTEGER      NOT NULL DEFAULT 0
 );
-CREATE OR REPLACE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+`, `ALTER TABLE ` + quoted + ` ADD COLUMN IF NOT EXISTS attempts INTEGER NOT NULL DEFAULT 0;
+`, `CREATE OR REPLACE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify(TG_ARGV[0], '');
     RETURN NULL;
 END
 $$;
-CREATE OR REPLACE TRIGGER ` + trigger + ` AFTER INSERT ON ` + quoted + `
+`, `CREATE OR REPLACE TRIGGER ` + trigger + ` AFTER INSERT ON ` + quoted + `
     FOR EACH STATEMENT EXECUTE FUNCTION ` + fn + `('` + channel + `');
-`
+`, `CREATE TABLE IF NOT EXISTS ` + deadQuoted + ` (
+    id               BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    outbox_id        BIGINT       NOT NULL,
+    topic            VARCHAR(255) NOT NULL,
+    uuid             VARCHAR(255) NOT NULL,
+    payload          BYTEA        NOT NULL,
+    metadata         JSON         NOT NULL,
+    attempts         INTEGER      NOT NULL,
+    last_error       TEXT         NOT NULL,
+    created_at       TIMESTAMPTZ  NOT NULL,
+    dead_lettered_at TIMESTAMPTZ  NOT NULL DEFAULT CURRENT_TIMESTAMP
+);
+`}
 }
 
-func mysqlDDL(quoted string) string {
-	return "CREATE TABLE IF NOT EXISTS " + quoted + ` (
+func mysqlDDL(quoted, deadQuoted string) []string {
+	return []string{"CREATE TABLE IF NOT EXISTS " + quoted + ` (
     ` + "`id`         BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY," + `
     ` + "`topic`      VARCHAR(255) NOT NULL," + `
     ` + "`uuid`       VARCHAR(255) NOT NULL," + `
     ` + "`payload`    LONGBLOB     NOT NULL," + `
     ` + "`metadata`   LONGTEXT     NOT NULL," + `
-    ` + "`created_at` DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)" + `
+    ` + "`created_at` DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)," + `
+    ` + "`attempts`   INT          NOT NULL DEFAULT 0" + `
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
-`
+`, "CREATE TABLE IF NOT EXISTS " + deadQuoted + ` (
+    ` + "`id`               BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY," + `
+    ` + "`outbox_id`        BIGINT       NOT NULL," + `
+    ` + "`topic`            VARCHAR(255) NOT NULL," + `
+    ` + "`uuid`             VARCHAR(255) NOT NULL," + `
+    ` + "`payload`          LONGBLOB     NOT NULL," + `
+    ` + "`metadata`         LONGTEXT     NOT NULL," + `
+    ` + "`attempts`         INT          NOT NULL," + `
+    ` + "`last_error`       TEXT         NOT NULL," + `
+    ` + "`created_at`       DATETIME(6)  NOT NULL," + `
+    ` + "`dead_lettered_at` DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)" + `
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+`}
 }
 
 func (d dialect) migrate(ctx context.Context, db *sql.DB) error {
 	if d.kind == MySQL {
 		// CREATE TABLE IF NOT EXISTS is atomic under InnoDB's metadata
-		// lock; concurrent runs need no extra serialization.
-		_, err := db.ExecContext(ctx, d.ddl)
-		return err
+		// lock; concurrent runs need no extra serialization. One
+		// statement per Exec: the driver refuses several unless the DSN
+		// enables multiStatements.
+		for _, stmt := range d.ddl {
+			if _, err := db.ExecContext(ctx, stmt); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -152,7 +259,7 @@ func (d dialect) migrate(ctx context.Context, db *sql.DB) error {
 	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext('watermill-idempotent-outbox-migrate'))`); err != nil {
 		return fmt.Errorf("lock: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, d.ddl); err != nil {
+	if _, err := tx.ExecContext(ctx, strings.Join(d.ddl, "")); err != nil {
 		return err
 	}
 	return tx.Commit()
@@ -208,6 +315,16 @@ func (d dialect) deleteQuery(ids []int64) (string, []any) {
 	// until the late transaction ends). Driving the join from the id list
 	// makes every row access a primary-key lookup of a row this
 	// transaction already holds.
+	return "DELETE o FROM " + mysqlIDTable + " STRAIGHT_JOIN " + d.table +
+		" AS o ON o.`id` = k.`id`", []any{jsonIDs(ids)}
+}
+
+// mysqlIDTable turns a JSON array of ids (the one argument) into a table
+// k(id) to drive a primary-key join; see deleteQuery.
+const mysqlIDTable = "JSON_TABLE(?, '$[*]' COLUMNS (`id` BIGINT PATH '$')) AS k"
+
+// jsonIDs encodes ids as a JSON array for mysqlIDTable.
+func jsonIDs(ids []int64) string {
 	var b strings.Builder
 	b.WriteByte('[')
 	for i, id := range ids {
@@ -217,8 +334,73 @@ func (d dialect) deleteQuery(ids []int64) (string, []any) {
 		b.WriteString(strconv.FormatInt(id, 10))
 	}
 	b.WriteByte(']')
-	return "DELETE o FROM JSON_TABLE(?, '$[*]' COLUMNS (`id` BIGINT PATH '$')) AS k STRAIGHT_JOIN " + d.table +
-		" AS o ON o.`id` = k.`id`", []any{b.String()}
+	return b.String()
+}
+
+// fetchQuery reads the claimed rows ids (already locked by claimSQL), in
+// no particular order.
+func (d dialect) fetchQuery(ids []int64) (string, []any) {
+	if d.kind == PostgreSQL {
+		return `SELECT id, topic, uuid, payload, metadata, attempts, ` + pgAgeMicros(`created_at`) + ` FROM ` + d.table +
+			` WHERE id = ANY($1)`, []any{ids}
+	}
+	return "SELECT o.`id`, o.`topic`, o.`uuid`, o.`payload`, o.`metadata`, o.`attempts`, TIMESTAMPDIFF(MICROSECOND, o.`created_at`, NOW(6)) FROM " +
+		mysqlIDTable + " STRAIGHT_JOIN " + d.table + " AS o ON o.`id` = k.`id`", []any{jsonIDs(ids)}
+}
+
+// deadLetterArgs are deadLetterSQL's arguments: the row, the attempts to
+// add to its count, the last error.
+func (d dialect) deadLetterArgs(id int64, addAttempts int, lastError string) []any {
+	if d.kind == PostgreSQL {
+		return []any{id, addAttempts, lastError}
+	}
+	return []any{addAttempts, lastError, id}
+}
+
+// deleteDeadQuery deletes dead letters by id.
+func (d dialect) deleteDeadQuery(ids []int64) (string, []any) {
+	if d.kind == PostgreSQL {
+		return `DELETE FROM ` + d.deadTable + ` WHERE id = ANY($1)`, []any{ids}
+	}
+	return "DELETE o FROM " + mysqlIDTable + " STRAIGHT_JOIN " + d.deadTable +
+		" AS o ON o.`id` = k.`id`", []any{jsonIDs(ids)}
+}
+
+// requeueMySQL moves dead letters ids back into the outbox inside tx, in
+// three statements (MySQL has no DELETE … RETURNING): lock the rows, copy
+// them, delete them. The lock makes the database decide between two
+// concurrent requeues of one row: the second finds it gone.
+func (d dialect) requeueMySQL(ctx context.Context, tx *sql.Tx, ids []int64) (int, error) {
+	rows, err := tx.QueryContext(ctx, "SELECT o.`id` FROM "+mysqlIDTable+" STRAIGHT_JOIN "+d.deadTable+
+		" AS o ON o.`id` = k.`id` ORDER BY o.`id` FOR UPDATE", jsonIDs(ids))
+	if err != nil {
+		return 0, err
+	}
+	var locked []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		locked = append(locked, id)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	rows.Close()
+	if len(locked) == 0 {
+		return 0, nil
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO "+d.table+" (`topic`, `uuid`, `payload`, `metadata`) SELECT o.`topic`, o.`uuid`, o.`payload`, o.`metadata` FROM "+
+		mysqlIDTable+" STRAIGHT_JOIN "+d.deadTable+" AS o ON o.`id` = k.`id` ORDER BY o.`id`", jsonIDs(locked)); err != nil {
+		return 0, err
+	}
+	q, args := d.deleteDeadQuery(locked)
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return 0, err
+	}
+	return len(locked), nil
 }
 
 // schemaAdapter lets watermill-sql's Publisher write into the outbox

@@ -81,6 +81,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 			b.outbox = ob
 			t.Cleanup(func() {
 				_, _ = b.db.Exec(`DROP TABLE ` + b.table)
+				_, _ = b.db.Exec(`DROP TABLE IF EXISTS ` + outbox.DeadLetterTableName(b.table))
 				if b.dialect == outbox.PostgreSQL {
 					_, _ = b.db.Exec(`DROP FUNCTION IF EXISTS ` + b.table + `_notify()`)
 				}

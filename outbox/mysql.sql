@@ -4,5 +4,18 @@ CREATE TABLE IF NOT EXISTS `watermill_outbox` (
     `uuid`       VARCHAR(255) NOT NULL,
     `payload`    LONGBLOB     NOT NULL,
     `metadata`   LONGTEXT     NOT NULL,
-    `created_at` DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+    `created_at` DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    `attempts`   INT          NOT NULL DEFAULT 0
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+CREATE TABLE IF NOT EXISTS `watermill_outbox_dead_letters` (
+    `id`               BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    `outbox_id`        BIGINT       NOT NULL,
+    `topic`            VARCHAR(255) NOT NULL,
+    `uuid`             VARCHAR(255) NOT NULL,
+    `payload`          LONGBLOB     NOT NULL,
+    `metadata`         LONGTEXT     NOT NULL,
+    `attempts`         INT          NOT NULL,
+    `last_error`       TEXT         NOT NULL,
+    `created_at`       DATETIME(6)  NOT NULL,
+    `dead_lettered_at` DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

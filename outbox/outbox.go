@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
@@ -122,10 +123,12 @@ func New(config Config) (*Outbox, error) {
 func (o *Outbox) Config() Config { return o.config }
 
 // SchemaDDL returns the statements Migrate runs for this outbox's table.
-func (o *Outbox) SchemaDDL() string { return o.dialect.ddl }
+func (o *Outbox) SchemaDDL() string { return strings.Join(o.dialect.ddl, "") }
 
-// Migrate creates the outbox table (and, on PostgreSQL, the trigger that
-// sends NOTIFY on commit) if it does not exist. It is idempotent, runs in
+// Migrate creates the outbox table, its dead-letter table
+// (DeadLetterTableName) and, on PostgreSQL, the trigger that sends NOTIFY
+// on commit, if they do not exist; on PostgreSQL it also adds the
+// attempts column to an outbox table created by an earlier version. It is idempotent, runs in
 // its own transaction on PostgreSQL and is serialized across processes by
 // an advisory lock (PostgreSQL) or a named lock (MySQL). Never run it
 // inside a business transaction: DDL commits implicitly on MySQL.

@@ -1,13 +1,18 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -16,6 +21,9 @@ import (
 // Relay defaults.
 const (
 	DefaultBatchSize           = 500
+	DefaultMaxBatchBytes       = 16 << 20
+	DefaultMaxAttempts         = 10
+	DefaultCloseTimeout        = 30 * time.Second
 	DefaultPollInterval        = 100 * time.Millisecond
 	DefaultNotifyPollInterval  = time.Second
 	DefaultRelayRetryInterval  = time.Second
@@ -23,8 +31,15 @@ const (
 	defaultListenRetryInterval = time.Second
 )
 
-// ErrRelayClosed is returned by Run after Close.
-var ErrRelayClosed = errors.New("outbox: relay is closed")
+var (
+	// ErrRelayClosed is returned by Run after Close.
+	ErrRelayClosed = errors.New("outbox: relay is closed")
+	// ErrCloseTimeout is returned by Close when the batch in flight did
+	// not finish within RelayConfig.CloseTimeout (typically a Publish
+	// call that blocks). That batch is abandoned: its rows stay in the
+	// outbox and are published again.
+	ErrCloseTimeout = errors.New("outbox: relay close timed out")
+)
 
 // RelayConfig configures a Relay.
 type RelayConfig struct {
@@ -39,6 +54,23 @@ type RelayConfig struct {
 	// messages published again after a crash. Default: DefaultBatchSize
 	// (500); at most 10,000.
 	BatchSize int
+	// MaxBatchBytes bounds a batch by size as well: the relay reads the
+	// sizes of the claimed rows (payload, metadata, UUID and topic) first
+	// and then only the longest prefix within MaxBatchBytes, so its memory
+	// stays near MaxBatchBytes whatever the rows weigh. A single larger
+	// row still goes, alone. Default: DefaultMaxBatchBytes (16 MiB).
+	MaxBatchBytes int
+	// MaxAttempts is how many failed publishes are charged to a row
+	// before it is moved to the dead-letter table (see ForwardBatch for
+	// when a failure is charged; a publisher outage is not). Rows whose
+	// metadata cannot be decoded are moved at once. Default:
+	// DefaultMaxAttempts (10).
+	MaxAttempts int
+	// CloseTimeout bounds Close: it lets the batch in flight finish
+	// (publish, acknowledge, commit) for at most this long, then cancels
+	// it and returns ErrCloseTimeout. Default: DefaultCloseTimeout (30s,
+	// as Watermill's router).
+	CloseTimeout time.Duration
 	// PollInterval is how long the relay waits after finding the outbox
 	// empty before it looks again. On PostgreSQL with LISTEN/NOTIFY it is
 	// only the fallback (rows claimed by a relay that then died, a lost
@@ -71,6 +103,15 @@ func (c *RelayConfig) setDefaults() {
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
+	if c.MaxBatchBytes == 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = DefaultCloseTimeout
+	}
 	if c.PollInterval == 0 {
 		if c.notify() {
 			c.PollInterval = DefaultNotifyPollInterval
@@ -96,6 +137,15 @@ func (c RelayConfig) Validate() error {
 	}
 	if c.BatchSize <= 0 || c.BatchSize > 10_000 {
 		errs = append(errs, fmt.Errorf("RelayConfig.BatchSize must be in 1..10000, got %d", c.BatchSize))
+	}
+	if c.MaxBatchBytes <= 0 {
+		errs = append(errs, fmt.Errorf("RelayConfig.MaxBatchBytes must be positive, got %d", c.MaxBatchBytes))
+	}
+	if c.MaxAttempts <= 0 {
+		errs = append(errs, fmt.Errorf("RelayConfig.MaxAttempts must be positive, got %d", c.MaxAttempts))
+	}
+	if c.CloseTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("RelayConfig.CloseTimeout must be positive, got %s", c.CloseTimeout))
 	}
 	if c.PollInterval <= 0 {
 		errs = append(errs, fmt.Errorf("RelayConfig.PollInterval must be positive, got %s", c.PollInterval))
@@ -143,6 +193,8 @@ type Backlog struct {
 	// OldestAge is the age of the oldest row by the database's clock
 	// (now minus its created_at); 0 when the outbox is empty.
 	OldestAge time.Duration
+	// DeadLetters is the number of rows in the dead-letter table.
+	DeadLetters int
 }
 
 // BatchStats describes one relay batch.
@@ -152,6 +204,9 @@ type BatchStats struct {
 	// Published is the number of messages published and acknowledged
 	// (deleted) in the batch's commit — 0 if the commit failed.
 	Published int
+	// DeadLettered is the number of rows moved to the dead-letter table
+	// in the batch's commit.
+	DeadLettered int
 	// Duration is the batch's wall time from BEGIN to COMMIT.
 	Duration time.Duration
 	// Lag holds, for each of the Published messages in publish order,
@@ -167,14 +222,17 @@ type BatchStats struct {
 
 // Relay forwards messages from the outbox table to a Watermill publisher.
 //
-// Each batch is one transaction: claim up to BatchSize rows in id order
-// with SELECT … FOR UPDATE SKIP LOCKED, publish them (consecutive rows of
-// one topic in one Publish call), delete the published rows, commit.
-// Delivery is at least once with UUIDs, metadata and payload unchanged: a
-// crash or a cancelled context after publishing and before the commit
-// leaves the rows in place, and they are published again. A row is never
-// skipped: it is deleted only after it was published, and a row whose
-// transaction commits late is simply claimed when it becomes visible.
+// Each batch is one transaction: claim up to BatchSize rows (and at most
+// MaxBatchBytes) in id order with SELECT … FOR UPDATE SKIP LOCKED,
+// publish them (consecutive rows of one topic in one Publish call),
+// delete the published rows, commit. Delivery is at least once with
+// UUIDs, metadata and payload unchanged: a crash or a cancelled context
+// after publishing and before the commit leaves the rows in place, and
+// they are published again. A row is never skipped: it is deleted only
+// after it was published or moved to the dead-letter table (a row the
+// publisher refused MaxAttempts times, or whose metadata cannot be
+// decoded), and a row whose transaction commits late is simply claimed
+// when it becomes visible.
 //
 // Order: with one relay, messages of one transaction are published in
 // insertion order, and a transaction that committed before another began
@@ -185,16 +243,22 @@ type BatchStats struct {
 // A Relay holds no goroutine until Run; Run's goroutines stop before it
 // returns.
 type Relay struct {
-	db     *sql.DB
-	pub    message.Publisher
-	config RelayConfig
-	d      dialect
-	logger watermill.LoggerAdapter
+	db              *sql.DB
+	pub             message.Publisher
+	config          RelayConfig
+	d               dialect
+	deadLetterTable string
+	logger          watermill.LoggerAdapter
 
+	// isolating is set after a Publish failure: the next batches publish
+	// in halves until one has no failure.
+	isolating atomic.Bool
+
+	stop    chan struct{} // closed by Close
 	mu      sync.Mutex
 	running bool
 	closed  bool
-	cancel  context.CancelFunc
+	abort   context.CancelCauseFunc // cancels the batch in flight
 	done    chan struct{}
 }
 
@@ -216,24 +280,28 @@ func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logge
 		logger = watermill.NopLogger{}
 	}
 	return &Relay{
-		db:     db,
-		pub:    publisher,
-		config: config,
-		d:      newDialect(config.Dialect, config.Table),
-		logger: logger.With(watermill.LogFields{"outbox_table": config.Table}),
+		db:              db,
+		pub:             publisher,
+		config:          config,
+		d:               newDialect(config.Dialect, config.Table),
+		deadLetterTable: DeadLetterTableName(config.Table),
+		logger:          logger.With(watermill.LogFields{"outbox_table": config.Table}),
+		stop:            make(chan struct{}),
 	}, nil
 }
 
 // Run forwards batches until ctx ends or Close is called. After a batch
-// that published something it looks again at once; after an empty one it
-// waits for a NOTIFY (PostgreSQL) or PollInterval. A failed batch is
-// logged, reported to Metrics and retried after RetryInterval: database or
-// broker outages do not end Run.
+// that published or dead-lettered something it looks again at once; after
+// an empty one it waits for a NOTIFY (PostgreSQL) or PollInterval. A
+// failed batch is logged, reported to Metrics and retried after
+// RetryInterval: database or broker outages do not end Run.
 //
 // Run returns nil after Close, ctx's error when ctx ends, ErrRelayClosed
 // if the relay was closed before, and an error if Run is already running.
-// When it returns, every goroutine it started has stopped; the batch in
-// flight, if any, was abandoned (its rows will be published again).
+// When it returns, every goroutine it started has stopped. After Close,
+// the batch in flight finished first (published and acknowledged: nothing
+// is published twice) unless it outlasted CloseTimeout; when ctx ends,
+// the batch in flight is abandoned and its rows will be published again.
 func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.closed {
@@ -244,16 +312,19 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.mu.Unlock()
 		return errors.New("outbox: relay is already running")
 	}
-	parent := ctx
-	ctx, cancel := context.WithCancel(ctx)
+	// Batches run on batchCtx, which Close does not cancel (it only
+	// stops the loop) unless the batch outlasts CloseTimeout.
+	batchCtx, abort := context.WithCancelCause(ctx)
+	loopCtx, stopLoop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	r.running, r.cancel, r.done = true, cancel, done
+	r.running, r.abort, r.done = true, abort, done
 	r.mu.Unlock()
 
 	wake := make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	defer func() {
-		cancel()
+		stopLoop()
+		abort(nil)
 		wg.Wait()
 		r.mu.Lock()
 		r.running = false
@@ -264,30 +335,32 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.sampleBacklog(ctx, bo)
+			r.sampleBacklog(loopCtx, bo)
 		}()
 	}
 	if r.config.notify() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.listen(ctx, wake)
+			r.listen(loopCtx, wake)
 		}()
 	}
 
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	for {
-		n, err := r.ForwardBatch(ctx)
-		if ctx.Err() != nil {
+	for r.active(ctx) {
+		res, err := r.forwardBatch(batchCtx)
+		if !r.active(ctx) || batchCtx.Err() != nil {
 			break
 		}
 		var pause time.Duration
 		switch {
 		case err != nil:
-			r.logger.Error("Outbox relay batch failed, retrying", err, watermill.LogFields{"published": n, "retry_in": r.config.RetryInterval})
+			r.logger.Error("Outbox relay batch failed, retrying", err, watermill.LogFields{
+				"published": len(res.lag), "dead_lettered": res.deadLettered, "retry_in": r.config.RetryInterval,
+			})
 			pause = r.config.RetryInterval
-		case n > 0:
+		case res.progressed():
 			continue
 		default:
 			pause = r.config.PollInterval
@@ -295,12 +368,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		timer.Reset(pause)
 		select {
 		case <-ctx.Done():
+		case <-r.stop:
 		case <-timer.C:
 		case <-wake:
 			if err != nil {
 				// A failed batch waits its retry interval even when woken.
 				select {
 				case <-ctx.Done():
+				case <-r.stop:
 				case <-timer.C:
 				}
 			}
@@ -311,32 +386,54 @@ func (r *Relay) Run(ctx context.Context) error {
 			default:
 			}
 		}
-		if ctx.Err() != nil {
-			break
-		}
 	}
-	r.mu.Lock()
-	closed := r.closed
-	r.mu.Unlock()
-	if closed && parent.Err() == nil {
-		return nil
+	if ctx.Err() == nil {
+		return nil // closed
 	}
-	return parent.Err()
+	return ctx.Err()
 }
 
-// Close stops Run, waits until it has returned and makes later Run calls
-// return ErrRelayClosed. The batch in flight is abandoned, not
-// acknowledged. Close is idempotent and safe to call concurrently with Run.
+// active reports whether Run should start another batch.
+func (r *Relay) active(ctx context.Context) bool {
+	select {
+	case <-r.stop:
+		return false
+	default:
+		return ctx.Err() == nil
+	}
+}
+
+// Close stops Run and makes later Run calls return ErrRelayClosed. It is
+// graceful: Run starts no new batch, and the batch in flight finishes —
+// its messages are published and acknowledged, so a clean shutdown
+// publishes nothing twice. Close waits for Run to return for at most
+// CloseTimeout; then it cancels the batch (its rows stay in the outbox and
+// are published again; a publisher that honours the messages' context
+// gives up) and returns ErrCloseTimeout without waiting further — Run
+// returns once the blocked call does. Close is idempotent and safe to call
+// concurrently with Run.
 func (r *Relay) Close() error {
 	r.mu.Lock()
-	r.closed = true
-	running, cancel, done := r.running, r.cancel, r.done
-	r.mu.Unlock()
-	if running {
-		cancel()
-		<-done
+	if !r.closed {
+		r.closed = true
+		close(r.stop)
 	}
-	return nil
+	running, abort, done := r.running, r.abort, r.done
+	r.mu.Unlock()
+	if !running {
+		return nil
+	}
+	timer := time.NewTimer(r.config.CloseTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-timer.C:
+		err := fmt.Errorf("%w: the batch in flight did not finish within %s and was abandoned (its messages will be published again)",
+			ErrCloseTimeout, r.config.CloseTimeout)
+		abort(err)
+		return err
+	}
 }
 
 // sampleBacklog reports Backlog to o now and every BacklogInterval until
@@ -362,17 +459,18 @@ func (r *Relay) sampleBacklog(ctx context.Context, o BacklogObserver) {
 	}
 }
 
-// Backlog counts the outbox's rows and the age of the oldest with one
-// query, a full scan of the table (COUNT(*) and MIN(created_at)). It takes
+// Backlog counts the outbox's rows, the age of the oldest and the rows of
+// the dead-letter table with one query, a full scan of both tables
+// (COUNT(*) and MIN(created_at)). It takes
 // no locks: rows claimed by a batch in flight are counted until that
 // batch commits. Safe to call at any time, concurrently with Run.
 func (r *Relay) Backlog(ctx context.Context) (Backlog, error) {
-	var n int
+	var n, dead int
 	var ageMicros int64
-	if err := r.db.QueryRowContext(ctx, r.d.backlogSQL).Scan(&n, &ageMicros); err != nil {
+	if err := r.db.QueryRowContext(ctx, r.d.backlogSQL).Scan(&n, &ageMicros, &dead); err != nil {
 		return Backlog{}, fmt.Errorf("outbox: relay: backlog: %w", err)
 	}
-	return Backlog{Messages: n, OldestAge: microseconds(ageMicros)}, nil
+	return Backlog{Messages: n, OldestAge: microseconds(ageMicros), DeadLetters: dead}, nil
 }
 
 // microseconds converts an age computed by the database, never negative.
@@ -381,46 +479,221 @@ func microseconds(n int64) time.Duration {
 }
 
 type claimedRow struct {
-	id    int64
-	topic string
-	msg   *message.Message
-	age   time.Duration // at the start of the claim query, by the database's clock
+	id       int64
+	topic    string
+	msg      *message.Message
+	attempts int
+	age      time.Duration // at the start of the fetch query, by the database's clock
+	// undecodable is set when the row's metadata is not a JSON object
+	// of strings: publishing it can never succeed.
+	undecodable error
 }
 
-// ForwardBatch forwards one batch — claim up to BatchSize rows, publish,
-// delete what was published, commit — and returns the number of messages
-// published and acknowledged. Run calls it in a loop; call it yourself to
-// drain the outbox from a cron job or a test. It is safe to call from
-// several goroutines and processes at once: SKIP LOCKED gives each caller
-// different rows.
+// ForwardBatch forwards one batch and returns the number of messages
+// published and acknowledged (deleted). Run calls it in a loop; call it
+// yourself to drain the outbox from a cron job or a test. It is safe to
+// call from several goroutines and processes at once: SKIP LOCKED gives
+// each caller different rows.
 //
-// If the publisher fails partway, the messages published before the
-// failing Publish call are acknowledged and the error is returned; the
-// rest stay in the outbox. If ctx ends or the commit fails, nothing is
-// acknowledged and everything claimed is published again later.
+// A batch is one transaction: claim up to BatchSize rows in id order,
+// cut to MaxBatchBytes (a larger row goes alone), read them, publish them
+// (consecutive rows of one topic in one Publish call), delete the
+// published rows, charge failed attempts and move dead letters, commit.
+//
+// If a Publish call fails, the batch stops there: the messages published
+// before it are acknowledged and the error is returned; the rest stay in
+// the outbox, and the next batch isolates the failure by publishing in
+// halves down to single rows, so the rows around a poison row flow. A row
+// whose own Publish fails is charged one attempt when another message of
+// that batch was accepted, or when it was the batch's only row; a batch
+// in which two rows were tried and none accepted is treated as a
+// publisher outage and charges nothing. A row reaching MaxAttempts, and a
+// row whose metadata cannot be decoded, is moved to the dead-letter table
+// in the transaction that deletes it (see DeadLetters). If ctx ends or
+// the commit fails, nothing is acknowledged or charged and everything
+// claimed is published again later.
 func (r *Relay) ForwardBatch(ctx context.Context) (int, error) {
+	res, err := r.forwardBatch(ctx)
+	return len(res.lag), err
+}
+
+// forwardBatch runs forward and reports it to Metrics.
+func (r *Relay) forwardBatch(ctx context.Context) (batchResult, error) {
 	start := time.Now()
-	claimed, lag, err := r.forward(ctx)
-	published := len(lag)
+	res, err := r.forward(ctx)
 	if m := r.config.Metrics; m != nil {
-		if claimed > 0 {
-			m.BatchForwarded(BatchStats{Claimed: claimed, Published: published, Duration: time.Since(start), Lag: lag})
+		if res.claimed > 0 {
+			m.BatchForwarded(BatchStats{
+				Claimed: res.claimed, Published: len(res.lag), DeadLettered: res.deadLettered,
+				Duration: time.Since(start), Lag: res.lag,
+			})
 		}
 		if err != nil && ctx.Err() == nil {
 			m.BatchFailed(err)
 		}
 	}
-	return published, err
+	return res, err
 }
 
-// forward returns the number of rows claimed and the lag of each message
-// published and acknowledged.
-func (r *Relay) forward(ctx context.Context) (claimed int, lag []time.Duration, err error) {
+// batchResult is what one batch committed.
+type batchResult struct {
+	claimed      int
+	lag          []time.Duration // one per published and acknowledged message
+	deadLettered int
+}
+
+// progressed reports whether the batch changed the outbox, so Run looks
+// again at once.
+func (b batchResult) progressed() bool { return len(b.lag) > 0 || b.deadLettered > 0 }
+
+// Row states within a batch.
+const (
+	rowPending = iota
+	rowPublished
+	rowFailed
+)
+
+// batchPublish publishes the rows of one batch and records each row's
+// fate.
+type batchPublish struct {
+	r          *Relay
+	rows       []claimedRow
+	claimStart time.Time
+	state      []int
+	errs       []error // per failed row, the error of its own Publish
+	order      []int   // published rows in publish order
+	lag        []time.Duration
+	accepted   int
+	stopped    bool // isolating found no accepted message in two rows: an outage
+}
+
+// publish sends the rows idx, all of one topic, in one Publish call.
+func (p *batchPublish) publish(idx []int) error {
+	msgs := make([]*message.Message, len(idx))
+	for k, i := range idx {
+		msgs[k] = p.rows[i].msg
+	}
+	if err := p.r.pub.Publish(p.rows[idx[0]].topic, msgs...); err != nil {
+		return err
+	}
+	sinceClaim := time.Since(p.claimStart)
+	for _, i := range idx {
+		p.state[i] = rowPublished
+		p.order = append(p.order, i)
+		p.lag = append(p.lag, p.rows[i].age+sinceClaim)
+	}
+	p.accepted += len(idx)
+	return nil
+}
+
+// topicRuns splits the decodable rows into runs of consecutive rows of
+// one topic.
+func (p *batchPublish) topicRuns() [][]int {
+	var runs [][]int
+	for i, row := range p.rows {
+		if row.undecodable != nil {
+			continue
+		}
+		if n := len(runs); n > 0 && p.rows[runs[n-1][0]].topic == row.topic {
+			runs[n-1] = append(runs[n-1], i)
+			continue
+		}
+		runs = append(runs, []int{i})
+	}
+	return runs
+}
+
+// inOrder publishes run after run and stops at the first failure,
+// returning it; the failed run and everything after it stay pending.
+func (p *batchPublish) inOrder() error {
+	for _, run := range p.topicRuns() {
+		if err := p.publish(run); err != nil {
+			return fmt.Errorf("outbox: relay: publish %d messages to %q: %w", len(run), p.rows[run[0]].topic, err)
+		}
+	}
+	return nil
+}
+
+// isolate publishes every run, splitting a run whose Publish fails in
+// halves down to single rows, so one row the publisher refuses does not
+// hold back the others. While nothing of the batch has been accepted, a
+// single failed row is followed by a probe of the batch's last pending
+// row: if that fails too, the publisher is presumed down and the batch
+// stops, after about log2(BatchSize)+1 calls.
+func (p *batchPublish) isolate() {
+	for _, run := range p.topicRuns() {
+		p.bisect(run)
+	}
+}
+
+func (p *batchPublish) bisect(idx []int) {
+	if p.stopped {
+		return
+	}
+	pending := make([]int, 0, len(idx))
+	for _, i := range idx {
+		if p.state[i] == rowPending {
+			pending = append(pending, i)
+		}
+	}
+	if len(pending) == 0 {
+		return
+	}
+	err := p.publish(pending)
+	switch {
+	case err == nil:
+	case len(pending) == 1:
+		p.state[pending[0]], p.errs[pending[0]] = rowFailed, err
+		if p.accepted == 0 {
+			p.probe()
+		}
+	default:
+		mid := len(pending) / 2
+		p.bisect(pending[:mid])
+		p.bisect(pending[mid:])
+	}
+}
+
+// probe publishes the last pending row alone: whether the publisher
+// accepts anything at all.
+func (p *batchPublish) probe() {
+	for j := len(p.rows) - 1; j >= 0; j-- {
+		if p.state[j] != rowPending || p.rows[j].undecodable != nil {
+			continue
+		}
+		if err := p.publish([]int{j}); err != nil {
+			p.state[j], p.errs[j] = rowFailed, err
+			p.stopped = true
+		}
+		return
+	}
+}
+
+// failed returns the rows whose own Publish failed, in id order.
+func (p *batchPublish) failed() []int {
+	var out []int
+	for i, s := range p.state {
+		if s == rowFailed {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// deadLetter is a row moved to the dead-letter table.
+type deadLetter struct {
+	row      claimedRow
+	attempts int
+	err      error
+}
+
+// forward runs one batch; see ForwardBatch.
+func (r *Relay) forward(ctx context.Context) (res batchResult, err error) {
 	// READ COMMITTED: on InnoDB the locking read then takes no gap locks,
 	// so writers inserting new rows never wait for the relay.
 	tx, err := r.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return 0, nil, fmt.Errorf("outbox: relay: begin: %w", err)
+		return res, fmt.Errorf("outbox: relay: begin: %w", err)
 	}
 	committed := false
 	defer func() {
@@ -429,66 +702,163 @@ func (r *Relay) forward(ctx context.Context) (claimed int, lag []time.Duration, 
 		}
 	}()
 
-	// The rows' ages are taken at the claim statement's start; claimStart
-	// is that moment on the relay's clock, a network hop earlier.
+	// The rows' ages are taken at the fetch statement's start;
+	// claimStart is a moment on the relay's clock before it.
 	claimStart := time.Now()
 	batch, err := r.claim(ctx, tx)
 	if err != nil {
-		return 0, nil, err
+		return res, err
 	}
+	res.claimed = len(batch)
 	if len(batch) == 0 {
-		return 0, nil, nil
+		return res, nil
 	}
 
-	lag = make([]time.Duration, 0, len(batch))
-	published := 0
+	p := &batchPublish{r: r, rows: batch, claimStart: claimStart, state: make([]int, len(batch)), errs: make([]error, len(batch))}
 	var pubErr error
-	for i := 0; i < len(batch); {
-		j := i + 1
-		for j < len(batch) && batch[j].topic == batch[i].topic {
-			j++
+	var charge []int
+	if r.isolating.Load() {
+		p.isolate()
+		failed := p.failed()
+		switch {
+		case len(failed) == 0:
+			r.isolating.Store(false)
+		case p.accepted == 0 && len(failed) > 1:
+			// Nothing accepted, two rows refused: the publisher, not
+			// the rows. Charge nothing.
+			pubErr = fmt.Errorf("outbox: relay: publisher refused every message tried (%d): %w", len(failed), p.errs[failed[0]])
+		default:
+			charge = failed
+			pubErr = fmt.Errorf("outbox: relay: publisher refused %d of %d messages, each alone; first: %w", len(failed), len(batch), p.errs[failed[0]])
 		}
-		msgs := make([]*message.Message, j-i)
-		for k := range msgs {
-			msgs[k] = batch[i+k].msg
-		}
-		if err := r.pub.Publish(batch[i].topic, msgs...); err != nil {
-			pubErr = fmt.Errorf("outbox: relay: publish %d messages to %q: %w", len(msgs), batch[i].topic, err)
-			break
-		}
-		sinceClaim := time.Since(claimStart)
-		for _, row := range batch[i:j] {
-			lag = append(lag, row.age+sinceClaim)
-		}
-		i = j
-		published = j
+	} else if pubErr = p.inOrder(); pubErr != nil {
+		r.isolating.Store(true)
 	}
 
-	if published > 0 {
-		ids := make([]int64, published)
-		for i := range ids {
-			ids[i] = batch[i].id
+	var dead []deadLetter
+	var charged []deadLetter
+	for _, row := range batch {
+		if row.undecodable != nil {
+			dead = append(dead, deadLetter{row: row, attempts: row.attempts, err: row.undecodable})
+		}
+	}
+	for _, i := range charge {
+		d := deadLetter{row: batch[i], attempts: batch[i].attempts + 1, err: p.errs[i]}
+		if d.attempts >= r.config.MaxAttempts {
+			dead = append(dead, d)
+		} else {
+			charged = append(charged, d)
+		}
+	}
+	if p.accepted == 0 && len(dead) == 0 && len(charged) == 0 {
+		return res, pubErr
+	}
+
+	if p.accepted > 0 {
+		ids := make([]int64, len(p.order))
+		for k, i := range p.order {
+			ids[k] = batch[i].id
 		}
 		q, args := r.d.deleteQuery(ids)
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-			return len(batch), nil, errors.Join(pubErr, fmt.Errorf("outbox: relay: acknowledge %d rows: %w", published, err))
+			return res, errors.Join(pubErr, fmt.Errorf("outbox: relay: acknowledge %d rows: %w", len(ids), err))
 		}
-		if err := tx.Commit(); err != nil {
-			return len(batch), nil, errors.Join(pubErr, fmt.Errorf("outbox: relay: commit: %w", err))
-		}
-		committed = true
 	}
-	r.logger.Trace("Outbox relay batch", watermill.LogFields{"claimed": len(batch), "published": published})
-	return len(batch), lag, pubErr
+	for _, d := range charged {
+		if _, err := tx.ExecContext(ctx, r.d.chargeSQL, d.row.id); err != nil {
+			return res, errors.Join(pubErr, fmt.Errorf("outbox: relay: count attempt of row %d: %w", d.row.id, err))
+		}
+	}
+	for _, d := range dead {
+		if _, err := tx.ExecContext(ctx, r.d.deadLetterSQL, r.d.deadLetterArgs(d.row.id, d.attempts-d.row.attempts, errorText(d.err))...); err != nil {
+			return res, errors.Join(pubErr, fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err))
+		}
+		if _, err := tx.ExecContext(ctx, r.d.deleteOneSQL, d.row.id); err != nil {
+			return res, errors.Join(pubErr, fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err))
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return res, errors.Join(pubErr, fmt.Errorf("outbox: relay: commit: %w", err))
+	}
+	committed = true
+	res.lag, res.deadLettered = p.lag, len(dead)
+
+	for _, d := range charged {
+		r.logger.Info("Outbox relay: publisher refused a message, will retry", watermill.LogFields{
+			"message_uuid": d.row.msg.UUID, "topic": d.row.topic, "outbox_id": d.row.id,
+			"attempts": d.attempts, "max_attempts": r.config.MaxAttempts, "error": d.err.Error(),
+		})
+	}
+	for _, d := range dead {
+		r.logger.Error("Outbox relay: message moved to the dead-letter table", d.err, watermill.LogFields{
+			"message_uuid": d.row.msg.UUID, "topic": d.row.topic, "outbox_id": d.row.id,
+			"attempts": d.attempts, "dead_letter_table": r.deadLetterTable,
+		})
+	}
+	r.logger.Trace("Outbox relay batch", watermill.LogFields{"claimed": len(batch), "published": len(p.lag), "dead_lettered": len(dead)})
+	return res, pubErr
 }
 
+// maxErrorText bounds the last_error stored with a dead letter.
+const maxErrorText = 4000
+
+// errorText is err's message as both databases accept it in a text
+// column: valid UTF-8, without NUL bytes, at most maxErrorText bytes. A
+// publisher error may echo arbitrary bytes; refusing them would fail the
+// batch's commit forever.
+func errorText(err error) string {
+	s := strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "\uFFFD"), "\x00", "")
+	if len(s) <= maxErrorText {
+		return s
+	}
+	cut := maxErrorText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// claim locks up to BatchSize rows in id order, keeps the longest prefix
+// within MaxBatchBytes (at least one row) and reads those rows, sorted by
+// id. Rows locked beyond the prefix stay in the table and are skipped by
+// other relays until this batch ends.
 func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]claimedRow, error) {
-	rows, err := tx.QueryContext(ctx, r.d.selectSQL, r.config.BatchSize)
+	rows, err := tx.QueryContext(ctx, r.d.claimSQL, r.config.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
 	}
+	var ids []int64
+	var total int64
+	for rows.Next() {
+		var id, size int64
+		if err := rows.Scan(&id, &size); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("outbox: relay: claim: %w", err)
+		}
+		if len(ids) > 0 && total+size > int64(r.config.MaxBatchBytes) {
+			break
+		}
+		ids = append(ids, id)
+		total += size
+	}
+	if err := rows.Err(); err != nil {
+		rows.Close()
+		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+
+	q, args := r.d.fetchQuery(ids)
+	rows, err = tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: relay: read claimed rows: %w", err)
+	}
 	defer rows.Close()
-	batch := make([]claimedRow, 0, r.config.BatchSize)
+	batch := make([]claimedRow, 0, len(ids))
 	for rows.Next() {
 		var (
 			row             claimedRow
@@ -496,16 +866,19 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]claimedRow, error) {
 			payload, mdJSON []byte
 			ageMicros       int64
 		)
-		if err := rows.Scan(&row.id, &row.topic, &uuid, &payload, &mdJSON, &ageMicros); err != nil {
+		if err := rows.Scan(&row.id, &row.topic, &uuid, &payload, &mdJSON, &row.attempts, &ageMicros); err != nil {
 			return nil, fmt.Errorf("outbox: relay: scan: %w", err)
 		}
 		row.age = microseconds(ageMicros)
 		row.msg = message.NewMessage(uuid, payload)
+		// A publisher that honours the message's context gives up when
+		// the batch is abandoned (ctx ends, Close times out).
+		row.msg.SetContext(ctx)
 		if len(mdJSON) > 0 {
 			if err := json.Unmarshal(mdJSON, &row.msg.Metadata); err != nil {
-				// A row the relay cannot decode would block the outbox
-				// forever if skipped silently; fail loudly instead.
-				return nil, fmt.Errorf("outbox: relay: row %d: decode metadata: %w", row.id, err)
+				// It can never be published: dead-letter it at once
+				// rather than block the outbox or skip it silently.
+				row.undecodable = fmt.Errorf("outbox: relay: row %d: metadata is not a JSON object of strings: %w", row.id, err)
 			}
 			if row.msg.Metadata == nil {
 				row.msg.Metadata = message.Metadata{}
@@ -514,7 +887,8 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]claimedRow, error) {
 		batch = append(batch, row)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
+		return nil, fmt.Errorf("outbox: relay: read claimed rows: %w", err)
 	}
+	slices.SortFunc(batch, func(a, b claimedRow) int { return cmp.Compare(a.id, b.id) })
 	return batch, nil
 }

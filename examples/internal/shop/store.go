@@ -181,7 +181,7 @@ func (s *Store) OutboxBacklog(ctx context.Context) (int, error) {
 // Drop deletes the run's tables (and the outbox's notify function).
 func (s *Store) Drop(ctx context.Context) error {
 	var errs []error
-	for _, t := range []string{s.Tables.Inbox, s.Tables.Outbox, s.Tables.Charges, s.Tables.Receipts} {
+	for _, t := range []string{s.Tables.Inbox, s.Tables.Outbox, outbox.DeadLetterTableName(s.Tables.Outbox), s.Tables.Charges, s.Tables.Receipts} {
 		if _, err := s.DB.ExecContext(ctx, `DROP TABLE IF EXISTS `+t); err != nil {
 			errs = append(errs, fmt.Errorf("dropping %s: %w", t, err))
 		}
