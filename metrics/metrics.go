@@ -86,10 +86,12 @@ type Metrics struct {
 
 	relayPublished  *prometheus.CounterVec
 	relayFailed     *prometheus.CounterVec
+	relayDead       *prometheus.CounterVec
 	relayLag        *prometheus.HistogramVec
 	relayBatch      *prometheus.HistogramVec
 	outboxBacklog   *prometheus.GaugeVec
 	outboxOldestAge *prometheus.GaugeVec
+	outboxDead      *prometheus.GaugeVec
 
 	// sampleMu orders ObserveRecordCounts calls; it guards the fields
 	// below, the last sample applied.
@@ -140,6 +142,10 @@ func New(config Config) (*Metrics, error) {
 			Namespace: ns, Name: "relay_failed_batches_total",
 			Help: "Outbox relay batches that failed (database or publisher error) and were retried, by relay.",
 		}, []string{"relay"}),
+		relayDead: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "relay_dead_lettered_messages_total",
+			Help: "Outbox rows a relay moved to the dead-letter table (refused by the publisher MaxAttempts times, or undecodable), by relay.",
+		}, []string{"relay"}),
 		relayLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "relay_lag_seconds",
 			Help:    "Time from an outbox row's created_at (database clock) until the relay published it, one sample per published message, by relay.",
@@ -158,10 +164,14 @@ func New(config Config) (*Metrics, error) {
 			Namespace: ns, Name: "outbox_oldest_message_age_seconds",
 			Help: "Age of the oldest row in the outbox table (database clock; 0 when empty), as last sampled by the relay.",
 		}, []string{"relay"}),
+		outboxDead: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "outbox_dead_letters",
+			Help: "Rows in the outbox's dead-letter table, waiting for an operator, as last sampled by the relay.",
+		}, []string{"relay"}),
 	}
 	for _, c := range []prometheus.Collector{
 		m.deliveries, m.claimSeconds, m.txSeconds, m.records, m.janitorDeleted, m.janitorErrors,
-		m.relayPublished, m.relayFailed, m.relayLag, m.relayBatch, m.outboxBacklog, m.outboxOldestAge,
+		m.relayPublished, m.relayFailed, m.relayDead, m.relayLag, m.relayBatch, m.outboxBacklog, m.outboxOldestAge, m.outboxDead,
 	} {
 		if err := config.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: register: %w", err)
@@ -238,13 +248,15 @@ func (m *Metrics) ObserveRecordCounts(now time.Time, counts []repository.RecordC
 // a relay given it as RelayConfig.Metrics also samples its backlog. It is
 // safe for concurrent use.
 type RelayObserver struct {
-	published prometheus.Counter
-	failed    prometheus.Counter
-	lag       prometheus.Observer
-	batch     prometheus.Observer
-	backlog   *prometheus.GaugeVec
-	oldestAge *prometheus.GaugeVec
-	name      string
+	published    prometheus.Counter
+	failed       prometheus.Counter
+	deadLettered prometheus.Counter
+	lag          prometheus.Observer
+	batch        prometheus.Observer
+	backlog      *prometheus.GaugeVec
+	oldestAge    *prometheus.GaugeVec
+	deadLetters  *prometheus.GaugeVec
+	name         string
 }
 
 var (
@@ -260,20 +272,24 @@ var (
 // replicas of one relay with sum (counters, histograms) or max (gauges).
 func (m *Metrics) Relay(name string) *RelayObserver {
 	return &RelayObserver{
-		published: m.relayPublished.WithLabelValues(name),
-		failed:    m.relayFailed.WithLabelValues(name),
-		lag:       m.relayLag.WithLabelValues(name),
-		batch:     m.relayBatch.WithLabelValues(name),
-		backlog:   m.outboxBacklog,
-		oldestAge: m.outboxOldestAge,
-		name:      name,
+		published:    m.relayPublished.WithLabelValues(name),
+		failed:       m.relayFailed.WithLabelValues(name),
+		deadLettered: m.relayDead.WithLabelValues(name),
+		lag:          m.relayLag.WithLabelValues(name),
+		batch:        m.relayBatch.WithLabelValues(name),
+		backlog:      m.outboxBacklog,
+		oldestAge:    m.outboxOldestAge,
+		deadLetters:  m.outboxDead,
+		name:         name,
 	}
 }
 
 // BatchForwarded implements outbox.RelayMetrics: it counts the published
-// messages, observes each one's lag and the batch's duration.
+// and dead-lettered messages, observes each one's lag and the batch's
+// duration.
 func (o *RelayObserver) BatchForwarded(s outbox.BatchStats) {
 	o.published.Add(float64(s.Published))
+	o.deadLettered.Add(float64(s.DeadLettered))
 	for _, lag := range s.Lag {
 		o.lag.Observe(lag.Seconds())
 	}
@@ -284,8 +300,9 @@ func (o *RelayObserver) BatchForwarded(s outbox.BatchStats) {
 func (o *RelayObserver) BatchFailed(error) { o.failed.Inc() }
 
 // ObserveBacklog implements outbox.BacklogObserver: it sets the backlog
-// gauges.
+// and dead-letter gauges.
 func (o *RelayObserver) ObserveBacklog(b outbox.Backlog) {
 	o.backlog.WithLabelValues(o.name).Set(float64(b.Messages))
 	o.oldestAge.WithLabelValues(o.name).Set(b.OldestAge.Seconds())
+	o.deadLetters.WithLabelValues(o.name).Set(float64(b.DeadLetters))
 }

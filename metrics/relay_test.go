@@ -201,18 +201,23 @@ func TestRelayObserverSeries(t *testing.T) {
 	require.NoError(t, err)
 	obs := m.Relay("orders")
 	for name, want := range map[string]int{
-		"watermill_idempotent_relay_published_messages_total":    1,
-		"watermill_idempotent_relay_failed_batches_total":        1,
-		"watermill_idempotent_relay_lag_seconds":                 1,
-		"watermill_idempotent_relay_batch_duration_seconds":      1,
-		"watermill_idempotent_outbox_backlog_messages":           0,
-		"watermill_idempotent_outbox_oldest_message_age_seconds": 0,
+		"watermill_idempotent_relay_published_messages_total":     1,
+		"watermill_idempotent_relay_failed_batches_total":         1,
+		"watermill_idempotent_relay_dead_lettered_messages_total": 1,
+		"watermill_idempotent_outbox_dead_letters":                0,
+		"watermill_idempotent_relay_lag_seconds":                  1,
+		"watermill_idempotent_relay_batch_duration_seconds":       1,
+		"watermill_idempotent_outbox_backlog_messages":            0,
+		"watermill_idempotent_outbox_oldest_message_age_seconds":  0,
 	} {
 		n, err := testutil.GatherAndCount(reg, name)
 		require.NoError(t, err)
 		require.Equal(t, want, n, name)
 	}
-	obs.ObserveBacklog(outbox.Backlog{Messages: 3, OldestAge: 1500 * time.Millisecond})
+	obs.ObserveBacklog(outbox.Backlog{Messages: 3, OldestAge: 1500 * time.Millisecond, DeadLetters: 2})
 	require.Equal(t, 1.5, relayMetric(t, reg, "watermill_idempotent_outbox_oldest_message_age_seconds").GetGauge().GetValue())
 	require.Equal(t, 3.0, relayMetric(t, reg, "watermill_idempotent_outbox_backlog_messages").GetGauge().GetValue())
+	require.Equal(t, 2.0, relayMetric(t, reg, "watermill_idempotent_outbox_dead_letters").GetGauge().GetValue())
+	obs.BatchForwarded(outbox.BatchStats{Claimed: 4, Published: 3, DeadLettered: 1})
+	require.Equal(t, 1.0, relayMetric(t, reg, "watermill_idempotent_relay_dead_lettered_messages_total").GetCounter().GetValue())
 }

@@ -29,9 +29,10 @@ type DeadLetter struct {
 	ID int64
 	// OutboxID is the row's id in the outbox table when it was moved.
 	OutboxID int64
-	Topic    string
-	UUID     string
-	Payload  []byte
+	// Topic, UUID and Payload are the message's, unchanged.
+	Topic   string
+	UUID    string
+	Payload []byte
 	// Metadata is the stored metadata exactly as it was in the outbox
 	// (JSON; for a row dead-lettered because it could not be decoded,
 	// whatever it held).

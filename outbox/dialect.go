@@ -30,7 +30,8 @@ var PostgresSchemaSQL string
 //go:embed mysql.sql
 var MySQLSchemaSQL string
 
-// Both databases cap a statement at 65,535 placeholders; four per row.
+// Both databases cap a statement at 65,535 placeholders; four per row
+// (five on MySQL).
 const maxRowsPerInsert = 1000
 
 // SchemaDDL returns the statements Migrate runs for dialect and table, for
@@ -123,7 +124,11 @@ INSERT INTO ` + d.table + ` (topic, uuid, payload, metadata) SELECT topic, uuid,
 		d.ddl = mysqlDDL(d.table, d.deadTable)
 		// FORCE INDEX: a table scan with a sort would lock every row, not
 		// just the batch.
-		d.claimSQL = "SELECT `id`, LENGTH(`payload`) + LENGTH(`metadata`) + LENGTH(`uuid`) + LENGTH(`topic`) FROM " + d.table +
+		// message_bytes is written with the row: LENGTH(payload) at claim
+		// time would read every claimed row's BLOB, and so does a
+		// generated column on MariaDB (measured: 8 s to claim 20 rows of
+		// 10 MiB).
+		d.claimSQL = "SELECT `id`, `message_bytes` FROM " + d.table +
 			" FORCE INDEX (PRIMARY) ORDER BY `id` LIMIT ? FOR UPDATE SKIP LOCKED"
 		d.backlogSQL = "SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(`created_at`), NOW(6)), 0), (SELECT COUNT(*) FROM " + d.deadTable + ") FROM " + d.table
 		d.chargeSQL = "UPDATE " + d.table + " SET `attempts` = `attempts` + 1 WHERE `id` = ?"
@@ -219,7 +224,8 @@ func mysqlDDL(quoted, deadQuoted string) []string {
     ` + "`payload`    LONGBLOB     NOT NULL," + `
     ` + "`metadata`   LONGTEXT     NOT NULL," + `
     ` + "`created_at` DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)," + `
-    ` + "`attempts`   INT          NOT NULL DEFAULT 0" + `
+    ` + "`attempts`   INT          NOT NULL DEFAULT 0," + `
+    ` + "`message_bytes` BIGINT       NOT NULL DEFAULT 0" + `
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 `, "CREATE TABLE IF NOT EXISTS " + deadQuoted + ` (
     ` + "`id`               BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY," + `
@@ -279,15 +285,19 @@ func (d dialect) insertQuery(msgs []Outgoing) (wsql.Query, error) {
 	if d.kind == PostgreSQL {
 		b.WriteString(`INSERT INTO ` + d.table + ` (topic, uuid, payload, metadata) VALUES `)
 	} else {
-		b.WriteString("INSERT INTO " + d.table + " (`topic`, `uuid`, `payload`, `metadata`) VALUES ")
+		b.WriteString("INSERT INTO " + d.table + " (`topic`, `uuid`, `payload`, `metadata`, `message_bytes`) VALUES ")
 	}
-	args := make([]any, 0, 4*len(msgs))
+	args := make([]any, 0, 5*len(msgs))
 	for i, m := range msgs {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		n := 4 * i
-		fmt.Fprintf(&b, "(%s,%s,%s,%s)", d.placeholder(n+1), d.placeholder(n+2), d.placeholder(n+3), d.placeholder(n+4))
+		if d.kind == PostgreSQL {
+			n := 4 * i
+			fmt.Fprintf(&b, "(%s,%s,%s,%s)", d.placeholder(n+1), d.placeholder(n+2), d.placeholder(n+3), d.placeholder(n+4))
+		} else {
+			b.WriteString("(?,?,?,?,?)")
+		}
 		md := []byte("{}")
 		if len(m.Message.Metadata) > 0 {
 			var err error
@@ -300,6 +310,9 @@ func (d dialect) insertQuery(msgs []Outgoing) (wsql.Query, error) {
 			payload = []byte{} // the column is NOT NULL; an empty payload stays empty
 		}
 		args = append(args, m.Topic, m.Message.UUID, payload, string(md))
+		if d.kind == MySQL {
+			args = append(args, len(payload)+len(md)+len(m.Message.UUID)+len(m.Topic))
+		}
 	}
 	return wsql.Query{Query: b.String(), Args: args}, nil
 }
@@ -392,7 +405,8 @@ func (d dialect) requeueMySQL(ctx context.Context, tx *sql.Tx, ids []int64) (int
 	if len(locked) == 0 {
 		return 0, nil
 	}
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+d.table+" (`topic`, `uuid`, `payload`, `metadata`) SELECT o.`topic`, o.`uuid`, o.`payload`, o.`metadata` FROM "+
+	if _, err := tx.ExecContext(ctx, "INSERT INTO "+d.table+" (`topic`, `uuid`, `payload`, `metadata`, `message_bytes`)"+
+		" SELECT o.`topic`, o.`uuid`, o.`payload`, o.`metadata`, LENGTH(o.`payload`) + LENGTH(o.`metadata`) + LENGTH(o.`uuid`) + LENGTH(o.`topic`) FROM "+
 		mysqlIDTable+" STRAIGHT_JOIN "+d.deadTable+" AS o ON o.`id` = k.`id` ORDER BY o.`id`", jsonIDs(locked)); err != nil {
 		return 0, err
 	}

@@ -31,7 +31,11 @@
 // batches, so a transaction that commits late (holding an earlier id)
 // is never skipped, and several relays can share one table. On
 // PostgreSQL a statement-level trigger sends NOTIFY on commit and the
-// relay LISTENs, with polling as the fallback. docs/outbox.md explains
+// relay LISTENs, with polling as the fallback. A message the publisher
+// keeps refusing is isolated and, after RelayConfig.MaxAttempts, moved to
+// a dead-letter table that DeadLetters lists and requeues; batches are
+// bounded by bytes (MaxBatchBytes); Close finishes the batch in flight
+// within CloseTimeout. docs/outbox.md explains
 // the guarantees per database and why watermill-sql's subscriber is not
 // used for reading.
 package outbox

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -65,9 +66,16 @@ func randomSuffix() string {
 // each with its own outbox table, dropped when the subtest ends.
 func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 	t.Helper()
+	forEachBackendMode(t, true, fn)
+}
+
+func forEachBackendMode(t *testing.T, parallel bool, fn func(t *testing.T, b backend)) {
+	t.Helper()
 	for _, name := range []string{"postgres", "mariadb"} {
 		t.Run(name, func(t *testing.T) {
-			t.Parallel()
+			if parallel {
+				t.Parallel()
+			}
 			b := backend{name: name, table: "outbox_" + randomSuffix()}
 			if name == "postgres" {
 				b.db, b.dialect = testenv.Postgres(t), outbox.PostgreSQL
@@ -312,4 +320,22 @@ func (c *consumerInbox) effectCount(t *testing.T) (rows, distinct int) {
 	t.Helper()
 	require.NoError(t, c.db.QueryRow(`SELECT COUNT(*), COUNT(DISTINCT uuid) FROM `+c.effects).Scan(&rows, &distinct))
 	return rows, distinct
+}
+
+// forEachBackendSequential is forEachBackend without t.Parallel, for
+// tests that measure the process.
+func forEachBackendSequential(t *testing.T, fn func(t *testing.T, b backend)) {
+	t.Helper()
+	forEachBackendMode(t, false, fn)
+}
+
+func getenvInt(t *testing.T, name string) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(t, err, name)
+	return n
 }

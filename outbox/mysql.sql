@@ -5,7 +5,8 @@ CREATE TABLE IF NOT EXISTS `watermill_outbox` (
     `payload`    LONGBLOB     NOT NULL,
     `metadata`   LONGTEXT     NOT NULL,
     `created_at` DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-    `attempts`   INT          NOT NULL DEFAULT 0
+    `attempts`   INT          NOT NULL DEFAULT 0,
+    `message_bytes` BIGINT       NOT NULL DEFAULT 0
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 CREATE TABLE IF NOT EXISTS `watermill_outbox_dead_letters` (
     `id`               BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
