@@ -72,10 +72,16 @@ type dialect struct {
 	channel   string // PostgreSQL NOTIFY channel
 	ddl       []string
 
-	// claimSQL locks the next rows in id order and returns their sizes,
-	// not their payloads, so a batch can be bounded by bytes before any
-	// payload is read.
+	// claimSQL returns the ids and sizes, not the payloads, of the next
+	// rows in id order after an id, so a batch can be bounded by bytes
+	// before any payload is read; fetchQuery then reads the rows that
+	// fit. On PostgreSQL claimSQL takes the row locks (FOR UPDATE SKIP
+	// LOCKED; it never reads a TOASTed payload). On MySQL a locking read
+	// fetches whole rows, BLOBs included, whatever the select list, so
+	// claimSQL is a plain read and fetchQuery locks (SKIP LOCKED) the
+	// rows it reads.
 	claimSQL   string
+	claimLocks bool
 	backlogSQL string
 	// chargeSQL counts one failed publish attempt of a row.
 	chargeSQL string
@@ -101,8 +107,9 @@ func newDialect(kind Dialect, table string) dialect {
 		d.ddl = postgresDDL(table, d.table, d.deadTable, d.channel)
 		// octet_length of a TOASTed bytea reads its stored size without
 		// detoasting the payload.
-		d.claimSQL = `SELECT id, octet_length(payload) + octet_length(metadata::text) + octet_length(uuid) + octet_length(topic) FROM ` + d.table +
-			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+		d.claimSQL = `SELECT id, octet_length(payload)::bigint + octet_length(metadata::text) + octet_length(uuid) + octet_length(topic) FROM ` + d.table +
+			` WHERE id > $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED`
+		d.claimLocks = true
 		// Ages are computed by the database, on its clock, in
 		// microseconds: the application's clock may be skewed.
 		d.backlogSQL = `SELECT COUNT(*), COALESCE(` + pgAgeMicros(`MIN(created_at)`) + `, 0), (SELECT COUNT(*) FROM ` + d.deadTable + `) FROM ` + d.table
@@ -122,14 +129,12 @@ INSERT INTO ` + d.table + ` (topic, uuid, payload, metadata) SELECT topic, uuid,
 		d.table, _ = repository.QuoteTableName(table, "`")
 		d.deadTable, _ = repository.QuoteTableName(dead, "`")
 		d.ddl = mysqlDDL(d.table, d.deadTable)
-		// FORCE INDEX: a table scan with a sort would lock every row, not
-		// just the batch.
-		// message_bytes is written with the row: LENGTH(payload) at claim
-		// time would read every claimed row's BLOB, and so does a
-		// generated column on MariaDB (measured: 8 s to claim 20 rows of
-		// 10 MiB).
+		// message_bytes is written with the row: LENGTH(payload), or a
+		// generated column, would read every row's BLOB (measured on
+		// MariaDB: 8 s for 20 rows of 10 MiB), and so does any locking
+		// read (0.8 s for 10), hence the plain read; see claimSQL.
 		d.claimSQL = "SELECT `id`, `message_bytes` FROM " + d.table +
-			" FORCE INDEX (PRIMARY) ORDER BY `id` LIMIT ? FOR UPDATE SKIP LOCKED"
+			" FORCE INDEX (PRIMARY) WHERE `id` > ? ORDER BY `id` LIMIT ?"
 		d.backlogSQL = "SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(`created_at`), NOW(6)), 0), (SELECT COUNT(*) FROM " + d.deadTable + ") FROM " + d.table
 		d.chargeSQL = "UPDATE " + d.table + " SET `attempts` = `attempts` + 1 WHERE `id` = ?"
 		d.deadLetterSQL = "INSERT INTO " + d.deadTable + " (`outbox_id`, `topic`, `uuid`, `payload`, `metadata`, `attempts`, `last_error`, `created_at`)" +
@@ -350,15 +355,17 @@ func jsonIDs(ids []int64) string {
 	return b.String()
 }
 
-// fetchQuery reads the claimed rows ids (already locked by claimSQL), in
-// no particular order.
+// fetchQuery reads the rows ids, in no particular order: on PostgreSQL
+// rows claimSQL locked; on MySQL it locks them, skipping rows another
+// relay holds (primary-key lookups only, in id order, so no gap locks
+// and no waits).
 func (d dialect) fetchQuery(ids []int64) (string, []any) {
 	if d.kind == PostgreSQL {
 		return `SELECT id, topic, uuid, payload, metadata, attempts, ` + pgAgeMicros(`created_at`) + ` FROM ` + d.table +
 			` WHERE id = ANY($1)`, []any{ids}
 	}
 	return "SELECT o.`id`, o.`topic`, o.`uuid`, o.`payload`, o.`metadata`, o.`attempts`, TIMESTAMPDIFF(MICROSECOND, o.`created_at`, NOW(6)) FROM " +
-		mysqlIDTable + " STRAIGHT_JOIN " + d.table + " AS o ON o.`id` = k.`id`", []any{jsonIDs(ids)}
+		mysqlIDTable + " STRAIGHT_JOIN " + d.table + " AS o ON o.`id` = k.`id` FOR UPDATE SKIP LOCKED", []any{jsonIDs(ids)}
 }
 
 // deadLetterArgs are deadLetterSQL's arguments: the row, the attempts to

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -818,42 +819,68 @@ func errorText(err error) string {
 	return s[:cut]
 }
 
+// claimWindows is how many windows of BatchSize rows a MySQL claim
+// looks at when every row of a window is locked by other relays.
+const claimWindows = 4
+
 // claim locks up to BatchSize rows in id order, keeps the longest prefix
 // within MaxBatchBytes (at least one row) and reads those rows, sorted by
-// id. Rows locked beyond the prefix stay in the table and are skipped by
-// other relays until this batch ends.
+// id. On PostgreSQL, rows locked beyond the prefix stay in the table and
+// are skipped by other relays until this batch ends.
 func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]claimedRow, error) {
-	rows, err := tx.QueryContext(ctx, r.d.claimSQL, r.config.BatchSize)
+	after := int64(math.MinInt64)
+	for range claimWindows {
+		ids, err := r.claimWindow(ctx, tx, after)
+		if err != nil || len(ids) == 0 {
+			return nil, err
+		}
+		batch, err := r.fetch(ctx, tx, ids)
+		if err != nil || len(batch) > 0 || r.d.claimLocks {
+			return batch, err
+		}
+		// MySQL: other relays hold every row of this prefix; look past
+		// it.
+		after = ids[len(ids)-1]
+	}
+	return nil, nil
+}
+
+// claimWindow returns the ids of the next rows after id after that fit
+// MaxBatchBytes (at least one).
+func (r *Relay) claimWindow(ctx context.Context, tx *sql.Tx, after int64) ([]int64, error) {
+	rows, err := tx.QueryContext(ctx, r.d.claimSQL, after, r.config.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
 	}
+	defer rows.Close()
 	var ids []int64
 	var total int64
+	full := false
 	for rows.Next() {
 		var id, size int64
 		if err := rows.Scan(&id, &size); err != nil {
-			rows.Close()
 			return nil, fmt.Errorf("outbox: relay: claim: %w", err)
 		}
-		if len(ids) > 0 && total+size > int64(r.config.MaxBatchBytes) {
-			break
+		// Read on to the end: on PostgreSQL every row the query
+		// returns is locked anyway, and the result is small.
+		if full || (len(ids) > 0 && total+size > int64(r.config.MaxBatchBytes)) {
+			full = true
+			continue
 		}
 		ids = append(ids, id)
 		total += size
 	}
 	if err := rows.Err(); err != nil {
-		rows.Close()
 		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
 	}
-	if err := rows.Close(); err != nil {
-		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
-	}
-	if len(ids) == 0 {
-		return nil, nil
-	}
+	return ids, nil
+}
 
+// fetch reads the rows ids; on MySQL it also locks them, skipping rows
+// locked by others.
+func (r *Relay) fetch(ctx context.Context, tx *sql.Tx, ids []int64) ([]claimedRow, error) {
 	q, args := r.d.fetchQuery(ids)
-	rows, err = tx.QueryContext(ctx, q, args...)
+	rows, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: read claimed rows: %w", err)
 	}
