@@ -31,11 +31,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-func TestSchemaFileMatchesMigrate(t *testing.T) {
-	require.Equal(t, sqlite.SchemaDDL(repository.DefaultTableName), sqlite.SchemaSQL,
-		"schema.sql is stale: regenerate it with `go run ./internal/cmd/gen-schema`")
-}
-
 func BenchmarkRepository(b *testing.B) {
 	db := testenv.SQLite(b)
 	repotest.Bench(b, repotest.BenchBackend{

@@ -10,17 +10,14 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
-	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
 func main() {
 	for path, ddl := range map[string]string{
 		"repository/mysql/schema.sql":      mysql.SchemaDDL(repository.DefaultTableName),
 		"repository/postgres/schema.sql":   postgres.SchemaDDL(repository.DefaultTableName),
-		"repository/sqlite/schema.sql":     sqlite.SchemaDDL(repository.DefaultTableName),
 		"repository/mysql/versions.sql":    mysql.VersionsSchemaDDL(repository.DefaultVersionsTableName),
 		"repository/postgres/versions.sql": postgres.VersionsSchemaDDL(repository.DefaultVersionsTableName),
-		"repository/sqlite/versions.sql":   sqlite.VersionsSchemaDDL(repository.DefaultVersionsTableName),
 		"outbox/postgres.sql":              outbox.SchemaDDL(outbox.PostgreSQL, outbox.DefaultTableName),
 		"outbox/mysql.sql":                 outbox.SchemaDDL(outbox.MySQL, outbox.DefaultTableName),
 	} {

@@ -1,3 +1,4 @@
+-- The inbox table. Timestamps are Unix microseconds.
 CREATE TABLE IF NOT EXISTS "watermill_inbox" (
     consumer     TEXT    NOT NULL,
     dedup_key    TEXT    NOT NULL,

@@ -1,0 +1,303 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// attempts bounds how often an operation runs again when the record it
+// collided with is gone before it can be read (released in between), or
+// when the database picked its statement as a deadlock victim. Each run is
+// one atomic statement (or transaction), so running it again is safe.
+const attempts = 32
+
+const (
+	columns = `consumer, dedup_key, state, payload_hash, result, attempts, lease_owner, lease_until, created_at, completed_at, expires_at`
+	byKey   = ` WHERE consumer = $1 AND dedup_key = $2`
+	fenced  = byKey + ` AND state = 'in_progress' AND lease_owner = $3`
+	// operatorFence adds an expired lease and a live record at $4.
+	operatorFence = fenced + ` AND lease_until <= $4 AND expires_at > $4`
+)
+
+// Inbox stores inbox records in one SQL table. It implements
+// repository.Transactional, TwoPhase, Reader, Cleaner, Operator and Stats
+// and is safe for concurrent use.
+type Inbox struct {
+	migrator
+	q struct {
+		claim, get, lockedGet, save, exists, deleteExpired, pickExpired stmt
+		acquire, reclaim, extend, extendCheck, complete, release        stmt
+		list, resolveComplete, resolveRelease, live, count              stmt
+	}
+}
+
+// NewInbox returns the inbox store of dialect d over db. It does not
+// create the table: call Migrate, or apply the dialect's migration files.
+func NewInbox(d *Dialect, db DB, config Config) (*Inbox, error) {
+	if config.Table == "" {
+		config.Table = repository.DefaultTableName
+	}
+	m, err := newMigrator(d, db, "inbox", repository.DefaultTableName, config.Table)
+	if err != nil {
+		return nil, err
+	}
+	s := &Inbox{migrator: m}
+	b := func(q string) stmt { return d.bind(m.t.quoted, q) }
+	ins := `INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, `
+	s.q.claim = b(ins + `created_at, completed_at, expires_at) VALUES ($1, $2, 'completed', $3, 1, $4, $4, $5)` + d.IgnoreConflict)
+	s.q.get = b(`SELECT ` + columns + ` FROM {T}` + byKey)
+	s.q.lockedGet = b(`SELECT ` + columns + ` FROM {T}` + byKey + d.LockingRead)
+	s.q.save = b(`UPDATE {T} SET result = $3` + byKey)
+	s.q.exists = b(`SELECT COUNT(*) FROM {T}` + byKey + d.LockingRead)
+	s.q.deleteExpired = b(d.DeleteExpired)
+	s.q.pickExpired = b(d.PickExpired)
+	s.q.acquire = b(ins + `lease_owner, lease_until, created_at, expires_at) VALUES ($1, $2, 'in_progress', $3, 1, $4, $5, $6, $7)` + d.IgnoreConflict)
+	reclaim := `UPDATE {T} SET lease_owner = $4, lease_until = $6, attempts = attempts + 1` + fenced + ` AND lease_until <= $5`
+	if d.Returning {
+		reclaim += ` RETURNING ` + columns
+	}
+	s.q.reclaim = b(reclaim)
+	s.q.extend = b(`UPDATE {T} SET lease_until = $4` + fenced)
+	s.q.extendCheck = b(`SELECT COUNT(*) FROM {T}` + fenced + ` AND lease_until = $4`)
+	s.q.complete = b(`UPDATE {T} SET state = 'completed', result = $4, completed_at = $5` + fenced)
+	s.q.release = b(`DELETE FROM {T}` + fenced)
+	s.q.list = b(`SELECT ` + columns + ` FROM {T} WHERE state = 'in_progress' AND lease_until <= $1 AND expires_at > $1 AND ($2 = '' OR consumer = $2)
+ORDER BY lease_until, consumer` + d.ByteOrder + `, dedup_key` + d.ByteOrder + ` LIMIT $3`)
+	s.q.resolveComplete = b(`UPDATE {T} SET state = 'completed', result = $5, completed_at = $4` + operatorFence)
+	s.q.resolveRelease = b(`DELETE FROM {T}` + operatorFence)
+	s.q.live = b(`SELECT COUNT(*) FROM {T}` + byKey + ` AND expires_at > $3`)
+	s.q.count = b(`SELECT consumer,
+	COUNT(CASE WHEN state = 'in_progress' AND lease_until > $1 THEN 1 END),
+	COUNT(CASE WHEN state = 'in_progress' AND lease_until <= $1 THEN 1 END),
+	COUNT(CASE WHEN state = 'completed' THEN 1 END)
+FROM {T} WHERE expires_at > $1
+GROUP BY consumer ORDER BY consumer` + d.ByteOrder)
+	return s, nil
+}
+
+// ClaimTx implements repository.Transactional with one conditional insert
+// in the caller's transaction: INSERT … ON CONFLICT DO NOTHING, or (MySQL)
+// a plain INSERT of which only a duplicate-key error, recognised by code,
+// means "taken". On a duplicate it reads the stored record in the same
+// transaction, with a locking read where a snapshot could hide it. A
+// concurrent claim of the same key waits on the first one's row lock.
+func (s *Inbox) ClaimTx(ctx context.Context, tx repository.Querier, p repository.ClaimParams) (repository.Claim, error) {
+	if err := repository.ValidateClaim(p); err != nil {
+		return repository.Claim{}, err
+	}
+	args, err := s.args(p.PayloadHash, p.Consumer, repository.StorageKey(p.Key), p.PayloadHash, p.Now, p.ExpiresAt)
+	if err != nil {
+		return repository.Claim{}, err
+	}
+	ex := StdQuerier(tx)
+	n, err := s.exec(ctx, ex, s.q.claim, args...)
+	if s.d.IsUniqueViolation(err) {
+		n, err = 0, nil
+	}
+	if err != nil {
+		return repository.Claim{}, s.wrap("claim", err)
+	}
+	if n == 1 {
+		return repository.Claim{Claimed: true}, nil
+	}
+	rec, err := s.get(ctx, ex, s.q.lockedGet, args[0], args[1])
+	if errors.Is(err, repository.ErrNotFound) {
+		// The key collided with a row that does not match it exactly: it
+		// was deleted in between (cleanup), or (MySQL, non-strict sql_mode)
+		// the value was cut to fit a narrower column. Report it rather than
+		// guess: the broker retries and the next claim decides.
+		return repository.Claim{}, s.wrap("claim", fmt.Errorf("key is taken but no record matches it exactly: %w", err))
+	}
+	if err != nil {
+		return repository.Claim{}, s.wrap("read duplicate", err)
+	}
+	return repository.Claim{Existing: rec}, nil
+}
+
+// SaveResultTx implements repository.Transactional with one UPDATE; it
+// returns repository.ErrNotFound if there is no such record.
+func (s *Inbox) SaveResultTx(ctx context.Context, tx repository.Querier, p repository.SaveResultParams) error {
+	if err := repository.ValidateSaveResult(p); err != nil {
+		return err
+	}
+	ex, key := StdQuerier(tx), repository.StorageKey(p.Key)
+	n, err := s.exec(ctx, ex, s.q.save, p.Consumer, key, p.Result)
+	if err == nil && n == 0 && s.d.ChangedRows {
+		n, err = s.count(ctx, ex, s.q.exists, p.Consumer, key)
+	}
+	if err == nil && n == 0 {
+		err = repository.ErrNotFound
+	}
+	return s.wrap("save result", err)
+}
+
+// Get implements repository.Reader.
+func (s *Inbox) Get(ctx context.Context, consumer, key string) (repository.Record, error) {
+	if err := repository.ValidateGet(consumer, key); err != nil {
+		return repository.Record{}, err
+	}
+	rec, err := s.get(ctx, s.db, s.q.get, consumer, repository.StorageKey(key))
+	return rec, s.wrap("get", err)
+}
+
+// DeleteExpired implements repository.Cleaner: one statement deleting by
+// primary key the oldest expired rows, skipping rows claims hold locked.
+// Where that is not one statement (MySQL), one short READ COMMITTED
+// transaction picks them with FOR UPDATE SKIP LOCKED and deletes them by
+// primary key in statements of at most 500 keys.
+func (s *Inbox) DeleteExpired(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("%s: delete expired: %w: limit must be positive", s.d.Name, repository.ErrInvalidParams)
+	}
+	cutoff, err := s.args(nil, before)
+	if err != nil {
+		return 0, s.wrap("delete expired", err)
+	}
+	if s.d.DeleteByKeys == nil {
+		n, err := s.exec(ctx, s.db, s.q.deleteExpired, cutoff[0], limit)
+		return int(n), s.wrap("delete expired", err)
+	}
+	deleted := 0
+	err = s.db.InTx(ctx, true, func(tx Executor) error {
+		pks, err := collect(ctx, tx, s.q.pickExpired, func(r Row) ([2][]byte, error) {
+			var pk [2][]byte
+			return pk, r.Scan(&pk[0], &pk[1])
+		}, cutoff[0], limit)
+		for len(pks) > 0 && err == nil {
+			chunk := pks[:min(len(pks), 500)]
+			pks = pks[len(chunk):]
+			args := make([]any, 0, 2*len(chunk))
+			for _, pk := range chunk {
+				args = append(args, pk[0], pk[1])
+			}
+			var n int64
+			n, err = tx.Exec(ctx, s.d.bind(s.t.quoted, s.d.DeleteByKeys(len(chunk))).text, args...)
+			deleted += int(n)
+		}
+		return err
+	})
+	if err != nil {
+		return 0, s.wrap("delete expired", err)
+	}
+	return deleted, nil
+}
+
+// args checks that the payload hash fits and encodes the times in vals
+// for the dialect; other values pass unchanged.
+func (s *Inbox) args(hash []byte, vals ...any) ([]any, error) {
+	if s.d.MaxPayloadHash > 0 && len(hash) > s.d.MaxPayloadHash {
+		return nil, fmt.Errorf("%w: PayloadHash is %d bytes, at most %d fit", repository.ErrInvalidParams, len(hash), s.d.MaxPayloadHash)
+	}
+	out := make([]any, len(vals))
+	for i, v := range vals {
+		out[i] = v
+		if t, ok := v.(time.Time); ok {
+			var err error
+			if out[i], err = s.d.EncodeTime(t); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// exec runs st on ex with args in $n order.
+func (s *Inbox) exec(ctx context.Context, ex Executor, st stmt, args ...any) (int64, error) {
+	return ex.Exec(ctx, st.text, st.values(args)...)
+}
+
+// count runs a SELECT COUNT(*).
+func (s *Inbox) count(ctx context.Context, ex Executor, st stmt, args ...any) (int64, error) {
+	var n int64
+	err := ex.QueryRow(ctx, st.text, st.values(args)...).Scan(&n)
+	return n, err
+}
+
+// get reads one record, ErrNotFound if there is none.
+func (s *Inbox) get(ctx context.Context, ex Executor, st stmt, args ...any) (repository.Record, error) {
+	rec, err := s.scan(ex.QueryRow(ctx, st.text, st.values(args)...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return rec, repository.ErrNotFound
+	}
+	return rec, err
+}
+
+// retry runs fn again while it fails with a retryable error, at most
+// attempts times.
+func (s *Inbox) retry(fn func() error) error {
+	var err error
+	for range attempts {
+		if err = fn(); err == nil || s.d.IsRetryable == nil || !s.d.IsRetryable(err) {
+			return err
+		}
+	}
+	return err
+}
+
+// scan reads the record columns of one row.
+func (s *Inbox) scan(r Row) (repository.Record, error) {
+	var (
+		rec   repository.Record
+		state string
+		owner sql.NullString
+		times [4]timeColumn
+	)
+	for i := range times {
+		times[i].d = s.d
+	}
+	if err := r.Scan(&rec.Consumer, &rec.Key, &state, &rec.PayloadHash, &rec.Result, &rec.Attempts,
+		&owner, &times[0], &times[1], &times[2], &times[3]); err != nil {
+		return repository.Record{}, err
+	}
+	rec.State, rec.LeaseOwner = repository.State(state), owner.String
+	rec.LeaseUntil, rec.CreatedAt, rec.CompletedAt, rec.ExpiresAt = times[0].t, times[1].t, times[2].t, times[3].t
+	return rec, nil
+}
+
+// timeColumn scans a nullable timestamp with the dialect's codec.
+type timeColumn struct {
+	d *Dialect
+	t time.Time
+}
+
+func (c *timeColumn) Scan(v any) error {
+	if v == nil {
+		c.t = time.Time{}
+		return nil
+	}
+	var err error
+	c.t, err = c.d.DecodeTime(v)
+	return err
+}
+
+// collect reads every row of a query with scan.
+func collect[T any](ctx context.Context, ex Executor, st stmt, scan func(Row) (T, error), args ...any) ([]T, error) {
+	rows, err := ex.Query(ctx, st.text, st.values(args)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+var (
+	_ repository.Transactional = (*Inbox)(nil)
+	_ repository.TwoPhase      = (*Inbox)(nil)
+	_ repository.Reader        = (*Inbox)(nil)
+	_ repository.Cleaner       = (*Inbox)(nil)
+	_ repository.Operator      = (*Inbox)(nil)
+	_ repository.Stats         = (*Inbox)(nil)
+)

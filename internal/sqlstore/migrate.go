@@ -1,0 +1,193 @@
+package sqlstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// MigrationsTable records the applied migrations of every table the store
+// manages, in the schema of that table.
+const MigrationsTable = "watermill_idempotent_migrations"
+
+// migrationsDDL is portable: every dialect accepts it as written.
+const migrationsDDL = `CREATE TABLE IF NOT EXISTS {T} (
+    subject    VARCHAR(255) NOT NULL,
+    version    INTEGER      NOT NULL,
+    name       VARCHAR(255) NOT NULL,
+    applied_at TIMESTAMP    NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    PRIMARY KEY (subject, version)
+)`
+
+// Migration is one migration file set; Migrate returns those it applied.
+type Migration struct {
+	// Version is the file's number (0001_… is 1).
+	Version int
+	// Name is the file name without its number and extension.
+	Name string
+	// Duration is how long applying it took.
+	Duration time.Duration
+}
+
+// migrator applies the migration line (inbox, versions) of one table.
+type migrator struct {
+	d    *Dialect
+	db   DB
+	t    tableName
+	line string // folder in Dialect.Migrations and subject prefix
+	def  string // the table name the files are written for
+}
+
+func newMigrator(d *Dialect, db DB, line, def, table string) (migrator, error) {
+	if db == nil {
+		return migrator{}, fmt.Errorf("%s: db is nil", d.Name)
+	}
+	t, err := d.table(table)
+	return migrator{d: d, db: db, t: t, line: line, def: def}, err
+}
+
+// wrap prefixes err with the dialect and operation, and says what a
+// deadlock victim's caller must do; nil stays nil.
+func (m *migrator) wrap(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case m.d.IsRetryable != nil && m.d.IsRetryable(err):
+		return fmt.Errorf("%s: %s: deadlock: the database rolled the whole transaction back; roll back and retry: %w", m.d.Name, op, err)
+	}
+	return fmt.Errorf("%s: %s: %w", m.d.Name, op, err)
+}
+
+// Migrate applies the table's pending migrations; see Migrations.
+func (m *migrator) Migrate(ctx context.Context) error {
+	_, err := m.Migrations(ctx)
+	return err
+}
+
+// Migrations applies the migrations of this table that are not yet
+// recorded in MigrationsTable (in the table's schema), in version order,
+// under one lock: the dialect's migration lock (PostgreSQL: an advisory
+// lock; MySQL: GET_LOCK), or SQLite's write transaction. It records each
+// and returns those it applied, none when the schema is up to date.
+//
+// On PostgreSQL and SQLite every pending migration and its record commit
+// in one transaction, or none does. MySQL commits DDL statement by
+// statement: a migration interrupted there must be finished by hand.
+// Migration 1 creates the table IF NOT EXISTS, so a table created by an
+// earlier version of this package is adopted as it is.
+func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
+	files, err := m.files()
+	if err != nil {
+		return nil, m.wrap("migrate", err)
+	}
+	var applied []Migration
+	run := func(ex Executor) error {
+		applied = nil
+		if m.d.MigrateLock != "" {
+			var got int
+			if err := ex.QueryRow(ctx, m.d.MigrateLock).Scan(&got); err != nil || got != 1 {
+				return fmt.Errorf("lock (got %d): %w", got, err)
+			}
+		}
+		if m.d.MigrateUnlock != "" {
+			defer func() { _, _ = ex.Exec(context.WithoutCancel(ctx), m.d.MigrateUnlock) }()
+		}
+		table := m.d.sibling(m.t, MigrationsTable)
+		if _, err := ex.Exec(ctx, m.d.bind(table, migrationsDDL).text); err != nil {
+			return err
+		}
+		subject := m.line + ":" + m.t.name
+		done, err := collect(ctx, ex, m.d.bind(table, `SELECT version FROM {T} WHERE subject = $1`), func(r Row) (int, error) {
+			var v int
+			return v, r.Scan(&v)
+		}, subject)
+		if err != nil {
+			return err
+		}
+		record := m.d.bind(table, `INSERT INTO {T} (subject, version, name) VALUES ($1, $2, $3)`)
+		for _, f := range files {
+			if slices.Contains(done, f.Version) {
+				continue
+			}
+			start := time.Now()
+			for _, st := range statements(m.d.render(f.sql, m.def, m.t)) {
+				if _, err := ex.Exec(ctx, st); err != nil {
+					return fmt.Errorf("%04d_%s: %w", f.Version, f.Name, err)
+				}
+			}
+			if _, err := ex.Exec(ctx, record.text, record.values([]any{subject, f.Version, f.Name})...); err != nil {
+				return err
+			}
+			f.Duration = time.Since(start)
+			applied = append(applied, f.Migration)
+		}
+		return nil
+	}
+	if m.d.MigrateUnlock != "" {
+		err = m.db.OnSession(ctx, run)
+	} else {
+		err = m.db.InTx(ctx, false, run)
+	}
+	if err != nil {
+		return nil, m.wrap("migrate "+m.t.name, err)
+	}
+	return applied, nil
+}
+
+type migrationFile struct {
+	Migration
+	sql string
+}
+
+var fileRe = regexp.MustCompile(`^(\d+)_(\w+)\.up\.sql$`)
+
+// files reads the line's up migrations in version order.
+func (m *migrator) files() ([]migrationFile, error) {
+	entries, err := fs.ReadDir(m.d.Migrations, m.line)
+	if err != nil {
+		return nil, err
+	}
+	var out []migrationFile
+	for _, e := range entries {
+		match := fileRe.FindStringSubmatch(e.Name())
+		if match == nil {
+			continue
+		}
+		b, err := fs.ReadFile(m.d.Migrations, path.Join(m.line, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		v, _ := strconv.Atoi(match[1])
+		out = append(out, migrationFile{Migration{Version: v, Name: match[2]}, string(b)})
+	}
+	slices.SortFunc(out, func(a, b migrationFile) int { return a.Version - b.Version })
+	if len(out) == 0 {
+		return nil, errors.New("no migrations in " + m.line)
+	}
+	return out, nil
+}
+
+var statementEnd = regexp.MustCompile(`;\s*(\n|$)`)
+
+// statements splits a migration file into its statements (each ends with
+// ';' at the end of a line), leaving out comment-only pieces: MySQL runs
+// one statement per call.
+func statements(sql string) []string {
+	var out []string
+	for _, part := range statementEnd.Split(sql, -1) {
+		for _, line := range strings.Split(part, "\n") {
+			if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "--") {
+				out = append(out, strings.TrimSpace(part))
+				break
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,210 @@
+package sqlstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// Acquire implements repository.TwoPhase with one conditional insert in
+// its own statement. When the key exists it reads the stored record; if
+// that record was released between the insert and the read, or the
+// insert was a deadlock victim, it tries again (a bounded number of times).
+func (s *Inbox) Acquire(ctx context.Context, p repository.AcquireParams) (repository.Acquisition, error) {
+	if err := repository.ValidateAcquire(p); err != nil {
+		return repository.Acquisition{}, err
+	}
+	args, err := s.args(p.PayloadHash, p.Consumer, repository.StorageKey(p.Key), p.PayloadHash, p.Owner, p.LeaseUntil, p.Now, p.ExpiresAt)
+	if err != nil {
+		return repository.Acquisition{}, err
+	}
+	for range attempts {
+		n, err := s.exec(ctx, s.db, s.q.acquire, args...)
+		switch {
+		case s.d.IsUniqueViolation(err):
+		case s.d.IsRetryable != nil && s.d.IsRetryable(err):
+			continue
+		case err != nil:
+			return repository.Acquisition{}, s.wrap("acquire", err)
+		case n == 1:
+			return repository.Acquisition{Acquired: true}, nil
+		}
+		rec, err := s.get(ctx, s.db, s.q.get, args[0], args[1])
+		if errors.Is(err, repository.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return repository.Acquisition{}, s.wrap("acquire: read existing", err)
+		}
+		return repository.Acquisition{Existing: rec}, nil
+	}
+	return repository.Acquisition{}, fmt.Errorf("%s: acquire: gave up after %d attempts (the record was deleted between insert and read, or deadlocks)", s.d.Name, attempts)
+}
+
+// Reclaim implements repository.TwoPhase with one conditional UPDATE,
+// fenced by state, previous owner and an expired lease, that returns the
+// row (RETURNING, or a read of the row it holds locked in the same
+// transaction). Racing reclaims queue on the row lock; after the first
+// commits, the others re-check the owner, match nothing and get
+// repository.ErrLeaseLost.
+func (s *Inbox) Reclaim(ctx context.Context, p repository.ReclaimParams) (repository.Record, error) {
+	if err := repository.ValidateReclaim(p); err != nil {
+		return repository.Record{}, err
+	}
+	args, err := s.args(nil, p.Consumer, repository.StorageKey(p.Key), p.PrevOwner, p.Owner, p.Now, p.LeaseUntil)
+	if err != nil {
+		return repository.Record{}, err
+	}
+	var rec repository.Record
+	err = s.retry(func() error {
+		if s.d.Returning {
+			rec, err = s.get(ctx, s.db, s.q.reclaim, args...)
+			return err
+		}
+		return s.db.InTx(ctx, false, func(tx Executor) error {
+			// The new owner always differs from the previous one
+			// (ValidateReclaim), so a matched row is a changed row.
+			n, err := s.exec(ctx, tx, s.q.reclaim, args...)
+			if err == nil && n == 0 {
+				return repository.ErrNotFound
+			}
+			if err == nil {
+				rec, err = s.get(ctx, tx, s.q.get, args[0], args[1])
+			}
+			return err
+		})
+	})
+	if errors.Is(err, repository.ErrNotFound) {
+		err = repository.ErrLeaseLost
+	}
+	return rec, s.wrap("reclaim", err)
+}
+
+// Extend implements repository.TwoPhase with one conditional UPDATE.
+// Extending to the deadline already stored succeeds, also where such an
+// update reports no changed row (MySQL): the fenced lease with that
+// deadline is then checked to exist.
+func (s *Inbox) Extend(ctx context.Context, p repository.LeaseParams) error {
+	if err := repository.ValidateExtend(p); err != nil {
+		return err
+	}
+	args, err := s.args(nil, p.Consumer, repository.StorageKey(p.Key), p.Owner, p.LeaseUntil)
+	if err != nil {
+		return err
+	}
+	err = s.fenced(ctx, "extend", s.q.extend, args...)
+	if errors.Is(err, repository.ErrLeaseLost) && s.d.ChangedRows {
+		if n, cerr := s.count(ctx, s.db, s.q.extendCheck, args...); cerr != nil || n == 1 {
+			return s.wrap("extend", cerr)
+		}
+	}
+	return err
+}
+
+// Complete implements repository.TwoPhase with one conditional UPDATE that
+// stores the result and marks the record completed.
+func (s *Inbox) Complete(ctx context.Context, p repository.CompleteParams) error {
+	if err := repository.ValidateComplete(p); err != nil {
+		return err
+	}
+	args, err := s.args(nil, p.Consumer, repository.StorageKey(p.Key), p.Owner, p.Result, p.Now)
+	if err != nil {
+		return err
+	}
+	return s.fenced(ctx, "complete", s.q.complete, args...)
+}
+
+// Release implements repository.TwoPhase with one conditional DELETE.
+func (s *Inbox) Release(ctx context.Context, p repository.LeaseParams) error {
+	if err := repository.ValidateRelease(p); err != nil {
+		return err
+	}
+	return s.fenced(ctx, "release", s.q.release, p.Consumer, repository.StorageKey(p.Key), p.Owner)
+}
+
+// fenced runs a write guarded by state and owner (run again if it was a
+// deadlock victim) and reports repository.ErrLeaseLost when it matched no
+// row.
+func (s *Inbox) fenced(ctx context.Context, op string, st stmt, args ...any) error {
+	var n int64
+	err := s.retry(func() (err error) {
+		n, err = s.exec(ctx, s.db, st, args...)
+		return err
+	})
+	if err == nil && n == 0 {
+		err = repository.ErrLeaseLost
+	}
+	return s.wrap(op, err)
+}
+
+// ListStuck implements repository.Operator with one SELECT that reads
+// without locking, on the partial index of in-progress leases (migration
+// 2), so its cost grows with the in-progress records, not the table.
+func (s *Inbox) ListStuck(ctx context.Context, p repository.ListStuckParams) ([]repository.Record, error) {
+	p, err := repository.ValidateListStuck(p)
+	if err != nil {
+		return nil, err
+	}
+	args, err := s.args(nil, p.Now, p.Consumer, p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := collect(ctx, s.db, s.q.list, s.scan, args...)
+	return recs, s.wrap("list stuck", err)
+}
+
+// Resolve implements repository.Operator with one UPDATE (complete) or
+// DELETE (release) fenced by state, owner, expired lease and record
+// expiry; the UPDATE always changes the state, so its affected-row count
+// is exact on every dialect. When it matches no row, a second read tells
+// repository.ErrNotFound from repository.ErrLeaseLost.
+func (s *Inbox) Resolve(ctx context.Context, p repository.ResolveParams) error {
+	if err := repository.ValidateResolve(p); err != nil {
+		return err
+	}
+	args, err := s.args(nil, p.Consumer, p.Key, p.ExpectedOwner, p.Now, p.Result)
+	if err != nil {
+		return err
+	}
+	st := s.q.resolveRelease
+	if p.Action == repository.ResolveComplete {
+		st = s.q.resolveComplete
+	}
+	var n int64
+	err = s.retry(func() (err error) {
+		n, err = s.exec(ctx, s.db, st, args...)
+		return err
+	})
+	if err == nil && n == 0 {
+		if n, err = s.count(ctx, s.db, s.q.live, args[0], args[1], args[3]); err == nil && n == 0 {
+			return fmt.Errorf("%s: resolve (%s) %q/%q: %w", s.d.Name, p.Action, p.Consumer, p.Key, repository.ErrNotFound)
+		}
+		if err == nil {
+			return fmt.Errorf("%s: resolve (%s) %q/%q: the record is no longer in progress under an expired lease of %q: %w",
+				s.d.Name, p.Action, p.Consumer, p.Key, p.ExpectedOwner, repository.ErrLeaseLost)
+		}
+	}
+	return s.wrap(fmt.Sprintf("resolve (%s)", p.Action), err)
+}
+
+// CountRecords implements repository.Stats with one aggregate SELECT, a
+// consistent snapshot that takes no row locks. It counts every live
+// record, so it reads the whole table: run it at janitor intervals, not
+// per message.
+func (s *Inbox) CountRecords(ctx context.Context, now time.Time) ([]repository.RecordCount, error) {
+	if err := repository.ValidateCountRecords(now); err != nil {
+		return nil, err
+	}
+	args, err := s.args(nil, now)
+	if err != nil {
+		return nil, err
+	}
+	counts, err := collect(ctx, s.db, s.q.count, func(r Row) (repository.RecordCount, error) {
+		var c repository.RecordCount
+		return c, r.Scan(&c.Consumer, &c.InProgress, &c.Stale, &c.Completed)
+	}, args...)
+	return counts, s.wrap("count records", err)
+}

@@ -1,0 +1,81 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// Versions keeps the last applied version per (consumer, entity). It
+// implements repository.VersionGuard and is safe for concurrent use. Rows
+// never expire: deleting one would let an old version apply again; delete
+// it when the entity itself is deleted.
+type Versions struct {
+	migrator
+	advance []stmt
+	last    stmt
+}
+
+// NewVersions returns the version store of dialect d over db. It does not
+// create the table: call Migrate, or apply the dialect's migration files.
+func NewVersions(d *Dialect, db DB, config VersionConfig) (*Versions, error) {
+	if config.Table == "" {
+		config.Table = repository.DefaultVersionsTableName
+	}
+	m, err := newMigrator(d, db, "versions", repository.DefaultVersionsTableName, config.Table)
+	if err != nil {
+		return nil, err
+	}
+	s := &Versions{migrator: m}
+	advance := d.Advance
+	if advance == nil {
+		advance = []string{`INSERT INTO {T} AS v (consumer, entity, version) VALUES ($1, $2, $3)
+ON CONFLICT (consumer, entity) DO UPDATE SET version = excluded.version WHERE v.version < excluded.version`}
+	}
+	for _, q := range advance {
+		s.advance = append(s.advance, d.bind(m.t.quoted, q))
+	}
+	// math.MinInt64 (refused by PrepareAdvance) marks a row locked before
+	// any version applied (MySQL).
+	s.last = d.bind(m.t.quoted, `SELECT version FROM {T} WHERE consumer = $1 AND entity = $2 AND version > -9223372036854775808`)
+	return s, nil
+}
+
+// AdvanceTx implements repository.VersionGuard in the caller's
+// transaction with the dialect's atomic conditional upsert: one row
+// affected means applied, none means stale. A concurrent transaction on
+// the same entity waits for the row lock and then compares against what
+// the first committed. Under PostgreSQL's REPEATABLE READ or SERIALIZABLE
+// it fails with a serialization error instead (SQLSTATE 40001); on MySQL
+// a deadlock victim (1213) has had its whole transaction rolled back:
+// roll back and retry in both cases.
+func (s *Versions) AdvanceTx(ctx context.Context, tx repository.Querier, p repository.AdvanceParams) (bool, error) {
+	stored, err := repository.PrepareAdvance(p)
+	if err != nil {
+		return false, err
+	}
+	var n int64
+	for _, st := range s.advance {
+		if n, err = StdQuerier(tx).Exec(ctx, st.text, st.values([]any{stored.Consumer, stored.Entity, stored.Version})...); err != nil {
+			return false, s.wrap(fmt.Sprintf("advance version of %q", p.Entity), err)
+		}
+	}
+	return n == 1, nil
+}
+
+// LastVersion returns the last applied version of (consumer, entity), or
+// repository.ErrNotFound if none was applied. entity is the one given to
+// AdvanceTx; it is looked up in its stored form (repository.StorageKey).
+func (s *Versions) LastVersion(ctx context.Context, consumer, entity string) (int64, error) {
+	var v int64
+	err := s.db.QueryRow(ctx, s.last.text, s.last.values([]any{consumer, repository.StorageKey(entity)})...).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = repository.ErrNotFound
+	}
+	return v, s.wrap(fmt.Sprintf("last version of %q", entity), err)
+}
+
+var _ repository.VersionGuard = (*Versions)(nil)
