@@ -81,12 +81,17 @@ func (m *migrator) Migrate(ctx context.Context) error {
 // in one transaction, or none does. MySQL commits DDL statement by
 // statement: a migration interrupted there must be finished by hand.
 // Migration 1 creates the table IF NOT EXISTS, so a table created by an
-// earlier version of this package is adopted as it is.
+// earlier version of this package is adopted as it is; a table dropped
+// after it was migrated is migrated again. On PostgreSQL and SQLite every
+// migration is written so that it can run twice (IF NOT EXISTS).
 func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 	files, err := m.files()
 	if err != nil {
 		return nil, m.wrap("migrate", err)
 	}
+	// Records of a table dropped since are void: it is migrated afresh.
+	probe := m.d.bind(m.t.quoted, `SELECT COUNT(*) FROM {T} WHERE 1 = 0`)
+	missing := m.db.QueryRow(ctx, probe.text).Scan(new(int)) != nil
 	var applied []Migration
 	run := func(ex Executor) error {
 		applied = nil
@@ -99,11 +104,23 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 		if m.d.MigrateUnlock != "" {
 			defer func() { _, _ = ex.Exec(context.WithoutCancel(ctx), m.d.MigrateUnlock) }()
 		}
+		if missing && m.d.MigrateUnlock != "" {
+			// Outside a transaction, look again under the lock: another
+			// process may have migrated it meanwhile, and MySQL's files
+			// cannot all be run twice.
+			missing = ex.QueryRow(ctx, probe.text).Scan(new(int)) != nil
+		}
 		table := m.d.sibling(m.t, MigrationsTable)
 		if _, err := ex.Exec(ctx, m.d.bind(table, migrationsDDL).text); err != nil {
 			return err
 		}
 		subject := m.line + ":" + m.t.name
+		if missing {
+			forget := m.d.bind(table, `DELETE FROM {T} WHERE subject = $1`)
+			if _, err := ex.Exec(ctx, forget.text, subject); err != nil {
+				return err
+			}
+		}
 		done, err := collect(ctx, ex, m.d.bind(table, `SELECT version FROM {T} WHERE subject = $1`), func(r Row) (int, error) {
 			var v int
 			return v, r.Scan(&v)

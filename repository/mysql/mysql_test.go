@@ -37,11 +37,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-func TestSchemaFileMatchesMigrate(t *testing.T) {
-	require.Equal(t, mysql.SchemaDDL(repository.DefaultTableName), mysql.SchemaSQL,
-		"schema.sql is stale: regenerate it with `go run ./internal/cmd/gen-schema`")
-}
-
 // TestClaimReportsNonDuplicateErrors proves that only a duplicate key is
 // reported as a duplicate. The table's columns are narrowed after
 // migration so that a claim can hit errors INSERT IGNORE would hide:

@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
-	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/repotest"
 )
@@ -32,9 +31,4 @@ func TestVersionGuardConformance(t *testing.T) {
 			return s, s.Migrate(t.Context()) // idempotent
 		},
 	})
-}
-
-func TestVersionsSchemaFileMatchesMigrate(t *testing.T) {
-	require.Equal(t, mysql.VersionsSchemaDDL(repository.DefaultVersionsTableName), mysql.VersionsSchemaSQL,
-		"versions.sql is stale: regenerate it with `go run ./internal/cmd/gen-schema`")
 }

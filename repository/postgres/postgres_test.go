@@ -34,11 +34,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-func TestSchemaFileMatchesMigrate(t *testing.T) {
-	require.Equal(t, postgres.SchemaDDL(repository.DefaultTableName), postgres.SchemaSQL,
-		"schema.sql is stale: regenerate it with `go run ./internal/cmd/gen-schema`")
-}
-
 func BenchmarkRepository(b *testing.B) {
 	db := testenv.Postgres(b)
 	repotest.Bench(b, repotest.BenchBackend{

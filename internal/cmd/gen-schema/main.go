@@ -1,5 +1,7 @@
-// Command gen-schema writes each SQL backend's schema.sql from the DDL its
-// Migrate runs, so the shipped files never drift from the code.
+// Command gen-schema writes the outbox's shipped .sql files from the DDL
+// its Migrate runs, so they never drift from the code. The inbox and
+// version tables need no generation: their migration files
+// (repository/<backend>/migrations) are the source of truth.
 package main
 
 import (
@@ -7,19 +9,12 @@ import (
 	"os"
 
 	"github.com/idemkit/watermill-idempotent/outbox"
-	"github.com/idemkit/watermill-idempotent/repository"
-	"github.com/idemkit/watermill-idempotent/repository/mysql"
-	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
 func main() {
 	for path, ddl := range map[string]string{
-		"repository/mysql/schema.sql":      mysql.SchemaDDL(repository.DefaultTableName),
-		"repository/postgres/schema.sql":   postgres.SchemaDDL(repository.DefaultTableName),
-		"repository/mysql/versions.sql":    mysql.VersionsSchemaDDL(repository.DefaultVersionsTableName),
-		"repository/postgres/versions.sql": postgres.VersionsSchemaDDL(repository.DefaultVersionsTableName),
-		"outbox/postgres.sql":              outbox.SchemaDDL(outbox.PostgreSQL, outbox.DefaultTableName),
-		"outbox/mysql.sql":                 outbox.SchemaDDL(outbox.MySQL, outbox.DefaultTableName),
+		"outbox/postgres.sql": outbox.SchemaDDL(outbox.PostgreSQL, outbox.DefaultTableName),
+		"outbox/mysql.sql":    outbox.SchemaDDL(outbox.MySQL, outbox.DefaultTableName),
 	} {
 		if err := os.WriteFile(path, []byte(ddl), 0o644); err != nil {
 			log.Fatal(err)

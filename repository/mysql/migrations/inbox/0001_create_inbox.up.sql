@@ -1,3 +1,10 @@
+-- consumer, dedup_key and lease_owner are VARBINARY(255): byte-exact
+-- comparison on every server (case, accents and trailing spaces all
+-- count), and 255 bytes is exactly repository.MaxKeyLength. A utf8mb4
+-- column would not do: the _ci collations fold case and accents,
+-- utf8mb4_bin ignores trailing spaces (PAD SPACE), and the one exact
+-- collation, utf8mb4_0900_bin, exists only on MySQL 8. Timestamps are
+-- DATETIME(6) in UTC.
 CREATE TABLE IF NOT EXISTS `watermill_inbox` (
     consumer     VARBINARY(255) NOT NULL,
     dedup_key    VARBINARY(255) NOT NULL,
