@@ -56,6 +56,9 @@ type Dialect struct {
 	// anyway). Without it they run in one transaction, which holds the
 	// lock until it ends. Empty: the transaction itself is the lock.
 	MigrateLock, MigrateUnlock string
+	// IsApplied recognises the error of a migration statement whose effect
+	// is already there (MySQL has no CREATE INDEX IF NOT EXISTS); nil: none.
+	IsApplied func(error) bool
 
 	// IgnoreConflict ends an INSERT so that a duplicate primary key inserts
 	// nothing; empty when the dialect reports duplicates as errors

@@ -79,7 +79,8 @@ func (m *migrator) Migrate(ctx context.Context) error {
 //
 // On PostgreSQL and SQLite every pending migration and its record commit
 // in one transaction, or none does. MySQL commits DDL statement by
-// statement: a migration interrupted there must be finished by hand.
+// statement; a statement whose effect is already there (an index created
+// before a crash, or by another tool) counts as applied.
 // Migration 1 creates the table IF NOT EXISTS, so a table created by an
 // earlier version of this package is adopted as it is; a table dropped
 // after it was migrated is migrated again. On PostgreSQL and SQLite every
@@ -135,7 +136,7 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 			}
 			start := time.Now()
 			for _, st := range statements(m.d.render(f.sql, m.def, m.t)) {
-				if _, err := ex.Exec(ctx, st); err != nil {
+				if _, err := ex.Exec(ctx, st); err != nil && (m.d.IsApplied == nil || !m.d.IsApplied(err)) {
 					return fmt.Errorf("%04d_%s: %w", f.Version, f.Name, err)
 				}
 			}

@@ -35,6 +35,7 @@ var dialect = &sqlstore.Dialect{
 	// drops the lock. It waits up to a minute.
 	MigrateLock:   `SELECT GET_LOCK('watermill_idempotent_migrate', 60)`,
 	MigrateUnlock: `DO RELEASE_LOCK('watermill_idempotent_migrate')`,
+	IsApplied:     func(err error) bool { return hasNumber(err, 1050, 1061) }, // table, index exists
 	// A locking read returns the latest committed row, not the row as of
 	// the transaction's REPEATABLE READ snapshot, which may predate it.
 	// LOCK IN SHARE MODE is understood by MySQL 8 and every MariaDB.

@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS "watermill_inbox_lease_until_idx";
