@@ -101,30 +101,19 @@ type Dialect struct {
 	IsRetryable func(error) bool
 }
 
-// Config configures an inbox store: postgres.Config, mysql.Config and
-// sqlite.Config are this type.
+// Config configures a store: the Config and VersionConfig types of
+// repository/postgres, mysql and sqlite are this type.
 type Config struct {
-	// Table is the inbox table, optionally qualified by a schema (or a
+	// Table is the store's table, optionally qualified by a schema (or a
 	// MySQL database, or an attached SQLite database) as "schema.table".
-	// Default: repository.DefaultTableName. It is validated with
-	// repository.ValidateTableName.
+	// Default: repository.DefaultTableName for the inbox,
+	// repository.DefaultVersionsTableName for versions. It is validated
+	// with repository.ValidateTableName.
 	Table string
 }
 
 // Validate reports whether the configuration is usable.
 func (c Config) Validate() error { return repository.ValidateTableName(c.Table) }
-
-// VersionConfig configures a version store: postgres.VersionConfig,
-// mysql.VersionConfig and sqlite.VersionConfig are this type.
-type VersionConfig struct {
-	// Table is the versions table, optionally schema-qualified. Default:
-	// repository.DefaultVersionsTableName. It is validated with
-	// repository.ValidateTableName.
-	Table string
-}
-
-// Validate reports whether the configuration is usable.
-func (c VersionConfig) Validate() error { return repository.ValidateTableName(c.Table) }
 
 // stmt is a statement bound for the dialect: order maps each placeholder
 // to its argument where the dialect cannot reuse arguments, and max is

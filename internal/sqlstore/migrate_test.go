@@ -15,10 +15,10 @@ import (
 
 	driver "github.com/go-sql-driver/mysql"
 	"github.com/golang-migrate/migrate/v4"
+	"github.com/golang-migrate/migrate/v4/database"
 	gmmysql "github.com/golang-migrate/migrate/v4/database/mysql"
 	gmpgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	gmsqlite "github.com/golang-migrate/migrate/v4/database/sqlite"
-	"github.com/golang-migrate/migrate/v4/database"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/stretchr/testify/require"
 
@@ -46,8 +46,12 @@ type backend struct {
 var backends = []backend{
 	{
 		name: "sqlite", open: testenv.SQLite, quote: `"`, migrations: sqlite.Migrations,
-		inbox:    func(db *sql.DB, t string) (*sqlstore.Inbox, error) { return sqlite.NewRepository(db, sqlite.Config{Table: t}) },
-		versions: func(db *sql.DB, t string) (*sqlstore.Versions, error) { return sqlite.NewVersionStore(db, sqlite.VersionConfig{Table: t}) },
+		inbox: func(db *sql.DB, t string) (*sqlstore.Inbox, error) {
+			return sqlite.NewRepository(db, sqlite.Config{Table: t})
+		},
+		versions: func(db *sql.DB, t string) (*sqlstore.Versions, error) {
+			return sqlite.NewVersionStore(db, sqlite.VersionConfig{Table: t})
+		},
 		oldDDL: `CREATE TABLE IF NOT EXISTS "%[1]s" (
     consumer     TEXT    NOT NULL, dedup_key    TEXT    NOT NULL, state        TEXT    NOT NULL,
     payload_hash BLOB, result       BLOB, attempts     INTEGER NOT NULL DEFAULT 1,
@@ -57,8 +61,12 @@ CREATE INDEX IF NOT EXISTS "%[1]s_expires_at_idx" ON "%[1]s" (expires_at);`,
 	},
 	{
 		name: "postgres", open: testenv.Postgres, quote: `"`, migrations: postgres.Migrations,
-		inbox:    func(db *sql.DB, t string) (*sqlstore.Inbox, error) { return postgres.NewRepository(db, postgres.Config{Table: t}) },
-		versions: func(db *sql.DB, t string) (*sqlstore.Versions, error) { return postgres.NewVersionStore(db, postgres.VersionConfig{Table: t}) },
+		inbox: func(db *sql.DB, t string) (*sqlstore.Inbox, error) {
+			return postgres.NewRepository(db, postgres.Config{Table: t})
+		},
+		versions: func(db *sql.DB, t string) (*sqlstore.Versions, error) {
+			return postgres.NewVersionStore(db, postgres.VersionConfig{Table: t})
+		},
 		oldDDL: `CREATE TABLE IF NOT EXISTS "%[1]s" (
     consumer VARCHAR(255) NOT NULL, dedup_key VARCHAR(255) NOT NULL, state VARCHAR(16) NOT NULL,
     payload_hash BYTEA, result BYTEA, attempts INTEGER NOT NULL DEFAULT 1,
@@ -68,8 +76,12 @@ CREATE INDEX IF NOT EXISTS "%[1]s_expires_at_idx" ON "%[1]s" (expires_at);`,
 	},
 	{
 		name: "mysql", open: testenv.MySQL, quote: "`", migrations: mysql.Migrations,
-		inbox:    func(db *sql.DB, t string) (*sqlstore.Inbox, error) { return mysql.NewRepository(db, mysql.Config{Table: t}) },
-		versions: func(db *sql.DB, t string) (*sqlstore.Versions, error) { return mysql.NewVersionStore(db, mysql.VersionConfig{Table: t}) },
+		inbox: func(db *sql.DB, t string) (*sqlstore.Inbox, error) {
+			return mysql.NewRepository(db, mysql.Config{Table: t})
+		},
+		versions: func(db *sql.DB, t string) (*sqlstore.Versions, error) {
+			return mysql.NewVersionStore(db, mysql.VersionConfig{Table: t})
+		},
 		oldDDL: "CREATE TABLE IF NOT EXISTS `%[1]s` (" + `
     consumer VARBINARY(255) NOT NULL, dedup_key VARBINARY(255) NOT NULL, state VARCHAR(16) NOT NULL,
     payload_hash VARBINARY(255), result LONGBLOB, attempts INT NOT NULL DEFAULT 1,

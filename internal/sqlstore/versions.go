@@ -21,7 +21,7 @@ type Versions struct {
 
 // NewVersions returns the version store of dialect d over db. It does not
 // create the table: call Migrate, or apply the dialect's migration files.
-func NewVersions(d *Dialect, db DB, config VersionConfig) (*Versions, error) {
+func NewVersions(d *Dialect, db DB, config Config) (*Versions, error) {
 	if config.Table == "" {
 		config.Table = repository.DefaultVersionsTableName
 	}

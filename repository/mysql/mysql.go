@@ -70,7 +70,7 @@ type Config = sqlstore.Config
 
 // VersionConfig configures a VersionStore: Table is the versions table,
 // default repository.DefaultVersionsTableName.
-type VersionConfig = sqlstore.VersionConfig
+type VersionConfig = sqlstore.Config
 
 // Repository stores inbox records in MySQL or MariaDB (InnoDB). It
 // implements repository.Transactional, TwoPhase, Reader, Cleaner, Operator

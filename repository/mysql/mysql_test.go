@@ -14,28 +14,14 @@ import (
 	driver "github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstoretest"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
-	"github.com/idemkit/watermill-idempotent/repository/repotest"
 )
 
-func TestConformance(t *testing.T) {
-	db := testenv.MySQL(t)
-	repotest.Run(t, repotest.Backend{
-		Name:     "mysql",
-		DB:       db,
-		Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true, Stats: true},
-		New: func(t *testing.T, table string) (repotest.Repository, error) {
-			repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
-			if err != nil {
-				return nil, err
-			}
-			t.Cleanup(func() { dropTable(t, db, table) })
-			return repo, repo.Migrate(t.Context())
-		},
-	})
-}
+func TestConformance(t *testing.T)     { sqlstoretest.Run(t, sqlstoretest.MySQL(t)) }
+func BenchmarkRepository(b *testing.B) { sqlstoretest.Bench(b, sqlstoretest.MySQL(b)) }
 
 // TestClaimReportsNonDuplicateErrors proves that only a duplicate key is
 // reported as a duplicate. The table's columns are narrowed after
@@ -489,30 +475,10 @@ func randomSuffix() string {
 	return hex.EncodeToString(b[:])
 }
 
-func BenchmarkRepository(b *testing.B) {
-	db := testenv.MySQL(b)
-	repotest.Bench(b, repotest.BenchBackend{
-		Name:     "mysql",
-		DB:       db,
-		Features: repotest.Features{Transactional: true, TwoPhase: true},
-		New: func(tb testing.TB, table string) (repotest.Repository, error) {
-			repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
-			if err != nil {
-				return nil, err
-			}
-			tb.Cleanup(func() {
-				_, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+table+"`")
-				require.NoError(tb, err)
-			})
-			return repo, repo.Migrate(context.Background())
-		},
-	})
-}
-
 // TestMigrateCreatesIndexesAtEveryTableNameLength migrates an inbox
 // table of every length repository.ValidateTableName accepts (1 to 63
 // characters; MySQL allows 64) and checks that each has its primary key
-// and expires_at index.
+// expires_at and lease_until indexes.
 func TestMigrateCreatesIndexesAtEveryTableNameLength(t *testing.T) {
 	db := testenv.MySQL(t)
 	ctx := t.Context()
@@ -545,7 +511,7 @@ WHERE table_schema = ? AND table_name = ? ORDER BY index_name`, schema, table)
 			names = append(names, name)
 		}
 		require.NoError(t, rows.Err())
-		require.ElementsMatch(t, []string{"PRIMARY", repository.IndexName(table, "expires_at_idx")}, names,
+		require.ElementsMatch(t, []string{"PRIMARY", repository.IndexName(table, "expires_at_idx"), repository.IndexName(table, "lease_until_idx")}, names,
 			"%d-character table %q", n, table)
 	}
 }

@@ -7,56 +7,20 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstoretest"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
-	"github.com/idemkit/watermill-idempotent/repository/repotest"
-	"github.com/stretchr/testify/require"
 )
 
-func TestConformance(t *testing.T) {
-	db := testenv.Postgres(t)
-	repotest.Run(t, repotest.Backend{
-		Name:     "postgres",
-		DB:       db,
-		Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true, Stats: true},
-		New: func(t *testing.T, table string) (repotest.Repository, error) {
-			repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
-			if err != nil {
-				return nil, err
-			}
-			t.Cleanup(func() {
-				_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+table+`"`)
-				require.NoError(t, err)
-			})
-			return repo, repo.Migrate(t.Context())
-		},
-	})
-}
-
-func BenchmarkRepository(b *testing.B) {
-	db := testenv.Postgres(b)
-	repotest.Bench(b, repotest.BenchBackend{
-		Name:     "postgres",
-		DB:       db,
-		Features: repotest.Features{Transactional: true, TwoPhase: true},
-		New: func(tb testing.TB, table string) (repotest.Repository, error) {
-			repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
-			if err != nil {
-				return nil, err
-			}
-			tb.Cleanup(func() {
-				_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+table+`"`)
-				require.NoError(tb, err)
-			})
-			return repo, repo.Migrate(context.Background())
-		},
-	})
-}
+func TestConformance(t *testing.T)     { sqlstoretest.Run(t, sqlstoretest.Postgres(t)) }
+func BenchmarkRepository(b *testing.B) { sqlstoretest.Bench(b, sqlstoretest.Postgres(b)) }
 
 // TestMigrateCreatesIndexesAtEveryTableNameLength migrates an inbox
 // table of every length repository.ValidateTableName accepts (1 to 63
-// bytes) and checks that each has its expires_at index. PostgreSQL keeps
+// bytes) and checks that each has its expires_at and lease_until indexes. PostgreSQL keeps
 // tables and indexes in one namespace and cuts names to 63 bytes, so an
 // index named like its table would silently not be created by
 // CREATE INDEX IF NOT EXISTS.
@@ -99,7 +63,7 @@ WHERE i.schemaname = $1 AND i.tablename = $2`, schema, table)
 		}
 		require.NoError(t, rows.Err())
 		require.Len(t, primary, 1, "%d-byte table %q: primary key index", n, table)
-		require.Equal(t, []string{repository.IndexName(table, "expires_at_idx")}, secondary,
+		require.ElementsMatch(t, []string{repository.IndexName(table, "expires_at_idx"), repository.IndexName(table, "lease_until_idx")}, secondary,
 			"%d-byte table %q: the janitor's expires_at index", n, table)
 	}
 }

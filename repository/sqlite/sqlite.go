@@ -90,7 +90,7 @@ type Config = sqlstore.Config
 
 // VersionConfig configures a VersionStore: Table is the versions table,
 // default repository.DefaultVersionsTableName.
-type VersionConfig = sqlstore.VersionConfig
+type VersionConfig = sqlstore.Config
 
 // Repository stores inbox records in SQLite, timestamps as Unix
 // microseconds. It implements repository.Transactional, TwoPhase, Reader,

@@ -1,0 +1,118 @@
+// Package sqlstoretest wires a SQL backend into the conformance suites
+// (repotest.Run, repotest.RunVersionGuard, repotest.Bench), so that a
+// backend's test names only its constructors:
+//
+//	func TestConformance(t *testing.T) { sqlstoretest.Run(t, sqlstoretest.Postgres(t)) }
+package sqlstoretest
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/repository/mysql"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/repository/repotest"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+// Backend is a SQL backend under test.
+type Backend struct {
+	Name string
+	DB   *sql.DB
+	// Quote quotes the table names the suites pick, to drop them.
+	Quote    string
+	Inbox    func(table string) (*sqlstore.Inbox, error)
+	Versions func(table string) (*sqlstore.Versions, error)
+}
+
+// Postgres is the PostgreSQL backend on the test database.
+func Postgres(tb testing.TB) Backend {
+	db := testenv.Postgres(tb)
+	return Backend{Name: "postgres", DB: db, Quote: `"`,
+		Inbox: func(t string) (*sqlstore.Inbox, error) { return postgres.NewRepository(db, postgres.Config{Table: t}) },
+		Versions: func(t string) (*sqlstore.Versions, error) {
+			return postgres.NewVersionStore(db, postgres.Config{Table: t})
+		}}
+}
+
+// MySQL is the MySQL/MariaDB backend on the test database.
+func MySQL(tb testing.TB) Backend {
+	db := testenv.MySQL(tb)
+	return Backend{Name: "mysql", DB: db, Quote: "`",
+		Inbox:    func(t string) (*sqlstore.Inbox, error) { return mysql.NewRepository(db, mysql.Config{Table: t}) },
+		Versions: func(t string) (*sqlstore.Versions, error) { return mysql.NewVersionStore(db, mysql.Config{Table: t}) }}
+}
+
+// SQLite is the SQLite backend on a fresh database file.
+func SQLite(tb testing.TB) Backend {
+	db := testenv.SQLite(tb)
+	return Backend{Name: "sqlite", DB: db, Quote: `"`,
+		Inbox:    func(t string) (*sqlstore.Inbox, error) { return sqlite.NewRepository(db, sqlite.Config{Table: t}) },
+		Versions: func(t string) (*sqlstore.Versions, error) { return sqlite.NewVersionStore(db, sqlite.Config{Table: t}) }}
+}
+
+// Run runs the inbox and version guard conformance suites on tables that
+// New migrates (twice, to check that it is idempotent) and drops after.
+func Run(t *testing.T, b Backend) {
+	t.Run("Inbox", func(t *testing.T) {
+		repotest.Run(t, repotest.Backend{
+			Name:     b.Name,
+			DB:       b.DB,
+			Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true, Stats: true},
+			New: func(t *testing.T, table string) (repotest.Repository, error) {
+				repo, err := b.Inbox(table)
+				if err != nil {
+					return nil, err
+				}
+				b.dropAfter(t, table)
+				return repo, repo.Migrate(t.Context())
+			},
+		})
+	})
+	t.Run("VersionGuard", func(t *testing.T) {
+		repotest.RunVersionGuard(t, repotest.VersionBackend{
+			Name: b.Name,
+			DB:   b.DB,
+			New: func(t *testing.T, table string) (repotest.VersionStore, error) {
+				s, err := b.Versions(table)
+				if err != nil {
+					return nil, err
+				}
+				b.dropAfter(t, table)
+				if err := s.Migrate(t.Context()); err != nil {
+					return nil, err
+				}
+				return s, s.Migrate(t.Context())
+			},
+		})
+	})
+}
+
+// Bench runs the storage benchmarks.
+func Bench(tb *testing.B, b Backend) {
+	repotest.Bench(tb, repotest.BenchBackend{
+		Name:     b.Name,
+		DB:       b.DB,
+		Features: repotest.Features{Transactional: true, TwoPhase: true},
+		New: func(tb testing.TB, table string) (repotest.Repository, error) {
+			repo, err := b.Inbox(table)
+			if err != nil {
+				return nil, err
+			}
+			b.dropAfter(tb, table)
+			return repo, repo.Migrate(context.Background())
+		},
+	})
+}
+
+func (b Backend) dropAfter(tb testing.TB, table string) {
+	tb.Cleanup(func() {
+		_, err := b.DB.ExecContext(context.Background(), `DROP TABLE IF EXISTS `+b.Quote+table+b.Quote)
+		require.NoError(tb, err)
+	})
+}
