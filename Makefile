@@ -25,6 +25,7 @@ bench:
 	$(GO) run ./bench || status=$$?; \
 	exit $$status
 
-# Regenerate the shipped schema.sql files from the DDL Migrate runs.
+# Regenerate the outbox's shipped .sql files from the DDL its Migrate runs
+# (the inbox and versions tables' migration files need no generation).
 schema:
 	$(GO) run ./internal/cmd/gen-schema

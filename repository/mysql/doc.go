@@ -38,5 +38,5 @@
 //
 // Cleanup picks expired rows with FOR UPDATE SKIP LOCKED in a READ
 // COMMITTED transaction and deletes them by primary key, so it takes no
-// gap locks and never waits on a claim. The schema is in schema.sql.
+// gap locks and never waits on a claim. The schema is in migrations/.
 package mysql

@@ -10,7 +10,7 @@
 // (consumer, dedup_key): a second transaction claiming the same key waits
 // on the first one's row lock and then sees its outcome. Cleanup deletes
 // expired rows by primary key in small batches with FOR UPDATE SKIP LOCKED,
-// so it never waits on (or blocks) a claim. The schema is in schema.sql.
+// so it never waits on (or blocks) a claim. The schema is in migrations/.
 //
 // The two-phase contract (repository.TwoPhase) runs outside the caller's
 // transaction: Acquire is an INSERT … ON CONFLICT DO NOTHING, and every
