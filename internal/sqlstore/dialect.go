@@ -43,7 +43,7 @@ type Dialect struct {
 	Quote string
 	// Bind is the placeholder style.
 	Bind Bind
-	// Migrations holds one folder per table kind (inbox/, versions/) of
+	// Migrations holds migrations/inbox/ and migrations/versions/ of
 	// NNNN_name.up.sql and .down.sql files written for the default table
 	// names (see render).
 	Migrations fs.FS
@@ -206,14 +206,4 @@ func (d *Dialect) render(sql, def string, t tableName) string {
 	}
 	pairs = append(pairs, q+def+q, t.quoted)
 	return strings.NewReplacer(pairs...).Replace(sql)
-}
-
-// Sub returns the migrations folder of an embedded file system; it panics
-// if there is none (a build error, not a runtime one).
-func Sub(fsys fs.FS, dir string) fs.FS {
-	sub, err := fs.Sub(fsys, dir)
-	if err != nil {
-		panic(err)
-	}
-	return sub
 }

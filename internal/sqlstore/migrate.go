@@ -168,7 +168,8 @@ var fileRe = regexp.MustCompile(`^(\d+)_(\w+)\.up\.sql$`)
 
 // files reads the line's up migrations in version order.
 func (m *migrator) files() ([]migrationFile, error) {
-	entries, err := fs.ReadDir(m.d.Migrations, m.line)
+	dir := path.Join("migrations", m.line)
+	entries, err := fs.ReadDir(m.d.Migrations, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +179,7 @@ func (m *migrator) files() ([]migrationFile, error) {
 		if match == nil {
 			continue
 		}
-		b, err := fs.ReadFile(m.d.Migrations, path.Join(m.line, e.Name()))
+		b, err := fs.ReadFile(m.d.Migrations, path.Join(dir, e.Name()))
 		if err != nil {
 			return nil, err
 		}

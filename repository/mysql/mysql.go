@@ -30,7 +30,7 @@ var dialect = &sqlstore.Dialect{
 	Name:       "mysql",
 	Quote:      "`",
 	Bind:       sqlstore.Question,
-	Migrations: sqlstore.Sub(Migrations, "migrations"),
+	Migrations: Migrations,
 	// GET_LOCK belongs to a session; if the connection dies, the server
 	// drops the lock. It waits up to a minute.
 	MigrateLock:   `SELECT GET_LOCK('watermill_idempotent_migrate', 60)`,
@@ -162,35 +162,15 @@ func encodeTime(t time.Time) (any, error) {
 	return u.Format(datetimeLayout), nil
 }
 
-// utcTime scans a DATETIME written by datetime as UTC, whether the driver
-// hands it over as text (parseTime=false) or as a time.Time in the DSN's
-// loc (parseTime=true), whose wall clock is the stored UTC value.
-type utcTime struct{ Time time.Time }
-
+// decodeTime reads a DATETIME written by encodeTime as UTC, whether the
+// driver hands it over as text (parseTime=false) or as a time.Time in the
+// DSN's loc (parseTime=true), whose wall clock is the stored UTC value.
 func decodeTime(v any) (time.Time, error) {
-	var u utcTime
-	return u.Time, u.scan(v)
-}
-
-func (u *utcTime) scan(v any) error {
 	switch v := v.(type) {
 	case time.Time:
-		u.Time = time.Date(v.Year(), v.Month(), v.Day(), v.Hour(), v.Minute(), v.Second(), v.Nanosecond(), time.UTC)
+		return time.Date(v.Year(), v.Month(), v.Day(), v.Hour(), v.Minute(), v.Second(), v.Nanosecond(), time.UTC), nil
 	case []byte:
-		return u.parse(string(v))
-	case string:
-		return u.parse(v)
-	default:
-		return fmt.Errorf("mysql: cannot scan %T into a timestamp", v)
+		return time.ParseInLocation("2006-01-02 15:04:05.999999999", string(v), time.UTC)
 	}
-	return nil
-}
-
-func (u *utcTime) parse(s string) error {
-	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999999", s, time.UTC)
-	if err != nil {
-		return fmt.Errorf("mysql: timestamp %q: %w", s, err)
-	}
-	u.Time = t
-	return nil
+	return time.Time{}, fmt.Errorf("mysql: cannot scan %T into a timestamp", v)
 }

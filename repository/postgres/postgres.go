@@ -22,7 +22,7 @@ var dialect = &sqlstore.Dialect{
 	Name:       "postgres",
 	Quote:      `"`,
 	Bind:       sqlstore.Dollar,
-	Migrations: sqlstore.Sub(Migrations, "migrations"),
+	Migrations: Migrations,
 	// Concurrent CREATE … IF NOT EXISTS can still fail on the catalog's
 	// unique index: a transaction-level lock serialises migrations.
 	MigrateLock:    `SELECT 1 FROM pg_advisory_xact_lock(hashtext('watermill-idempotent-migrate'))`,

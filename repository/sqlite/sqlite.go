@@ -24,7 +24,7 @@ var dialect = &sqlstore.Dialect{
 	Name:           "sqlite",
 	Quote:          `"`,
 	Bind:           sqlstore.QuestionNumbered,
-	Migrations:     sqlstore.Sub(Migrations, "migrations"),
+	Migrations:     Migrations,
 	QualifyIndex:   true,
 	IgnoreConflict: ` ON CONFLICT (consumer, dedup_key) DO NOTHING`,
 	Returning:      true,
