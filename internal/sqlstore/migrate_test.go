@@ -41,6 +41,9 @@ type backend struct {
 	versions   func(*sql.DB, string) (*sqlstore.Versions, error)
 	// oldDDL is the DDL Migrate ran before migrations were versioned.
 	oldDDL string
+	// schema creates and drops a schema (%s) of a test's own; indexes
+	// lists the secondary indexes of table $2 in schema $1.
+	createSchema, dropSchema, indexes string
 }
 
 var backends = []backend{
@@ -58,6 +61,7 @@ var backends = []backend{
     lease_owner  TEXT, lease_until  INTEGER, created_at   INTEGER NOT NULL, completed_at INTEGER,
     expires_at   INTEGER NOT NULL, PRIMARY KEY (consumer, dedup_key));
 CREATE INDEX IF NOT EXISTS "%[1]s_expires_at_idx" ON "%[1]s" (expires_at);`,
+		indexes: `SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?2 AND sql IS NOT NULL AND ?1 = ''`,
 	},
 	{
 		name: "postgres", open: testenv.Postgres, quote: `"`, migrations: postgres.Migrations,
@@ -73,6 +77,9 @@ CREATE INDEX IF NOT EXISTS "%[1]s_expires_at_idx" ON "%[1]s" (expires_at);`,
     lease_owner VARCHAR(255), lease_until TIMESTAMPTZ, created_at TIMESTAMPTZ NOT NULL, completed_at TIMESTAMPTZ,
     expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (consumer, dedup_key));
 CREATE INDEX IF NOT EXISTS "%[1]s_expires_at_idx" ON "%[1]s" (expires_at);`,
+		createSchema: `CREATE SCHEMA %s`, dropSchema: `DROP SCHEMA %s CASCADE`,
+		indexes: `SELECT c.relname FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid
+JOIN pg_namespace ns ON ns.oid = t.relnamespace WHERE ns.nspname = $1 AND t.relname = $2 AND NOT x.indisprimary`,
 	},
 	{
 		name: "mysql", open: testenv.MySQL, quote: "`", migrations: mysql.Migrations,
@@ -88,6 +95,8 @@ CREATE INDEX IF NOT EXISTS "%[1]s_expires_at_idx" ON "%[1]s" (expires_at);`,
     lease_owner VARBINARY(255), lease_until DATETIME(6), created_at DATETIME(6) NOT NULL, completed_at DATETIME(6),
     expires_at DATETIME(6) NOT NULL, PRIMARY KEY (consumer, dedup_key),
     KEY ` + "`%[1]s_expires_at_idx`" + ` (expires_at)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`,
+		createSchema: "CREATE DATABASE %s", dropSchema: "DROP DATABASE %s",
+		indexes: `SELECT DISTINCT index_name FROM information_schema.statistics WHERE table_schema = ? AND table_name = ? AND index_name <> 'PRIMARY'`,
 	},
 }
 
@@ -176,6 +185,59 @@ func TestMigrateAdoptsTableFromBeforeVersions(t *testing.T) {
 			require.Equal(t, "o", stuck[0].LeaseOwner)
 		})
 	}
+}
+
+// TestMigrateCreatesIndexesAtEveryTableNameLength migrates an inbox table
+// of every length repository.ValidateTableName accepts (1 to 63 bytes)
+// and finds each of its indexes under the name repository.IndexName
+// gives. PostgreSQL and SQLite keep tables and indexes in one namespace
+// (and PostgreSQL cuts names to 63 bytes), so an index named like its
+// table would not be created by CREATE INDEX IF NOT EXISTS.
+func TestMigrateCreatesIndexesAtEveryTableNameLength(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			db, ctx, schema, prefix := b.open(t), t.Context(), "", ""
+			if b.createSchema != "" { // a schema of its own: short names collide with nothing
+				schema = randomName("idx")
+				prefix = schema + "."
+				_, err := db.ExecContext(ctx, fmt.Sprintf(b.createSchema, schema))
+				require.NoError(t, err)
+				t.Cleanup(func() {
+					_, err := db.ExecContext(context.Background(), fmt.Sprintf(b.dropSchema, schema))
+					require.NoError(t, err)
+				})
+			}
+			for n := 1; n <= 63; n++ {
+				table := "t" + strings.Repeat("x", n-1)
+				repo, err := b.inbox(db, prefix+table)
+				require.NoError(t, err, "%d bytes", n)
+				require.NoError(t, repo.Migrate(ctx), "%d bytes", n)
+				require.NoError(t, repo.Migrate(ctx), "%d bytes, again", n)
+				names, err := collectNames(ctx, db, b.indexes, schema, table)
+				require.NoError(t, err)
+				require.ElementsMatch(t, []string{repository.IndexName(table, "expires_at_idx"), repository.IndexName(table, "lease_until_idx")},
+					names, "%d-byte table %q", n, table)
+			}
+		})
+	}
+}
+
+func collectNames(ctx context.Context, db *sql.DB, query string, args ...any) ([]string, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		names = append(names, name)
+	}
+	return names, rows.Err()
 }
 
 // golangMigrate applies a backend's shipped files for line (inbox,
