@@ -49,7 +49,11 @@ func TestKafka(t *testing.T) {
 	require.Equal(t, failures, l.Failures, "injected failures")
 	require.GreaterOrEqual(t, b[middleware.OutcomeFailed], failures)
 	require.Equal(t, crashes, l.Crashes)
-	require.Equal(t, crashes, l.Restarts, "each crashed member replaced by a new one")
+	// Two crash orders in flight in one member at once (it consumes its
+	// partitions concurrently) take it down once.
+	require.GreaterOrEqual(t, l.InstancesDown, 1, "a crash takes its member down")
+	require.LessOrEqual(t, l.InstancesDown, crashes)
+	require.Equal(t, l.InstancesDown, l.Restarts, "each crashed member replaced by a new one")
 	require.GreaterOrEqual(t, b.Duplicates(), resent+crashes, "producer re-sends and crash redeliveries")
 	require.Equal(t, 1, b[middleware.OutcomePayloadMismatch])
 	require.GreaterOrEqual(t, b[middleware.OutcomeNoKey], 1)

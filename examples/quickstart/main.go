@@ -82,14 +82,15 @@ var (
 type Summary struct {
 	Orders, Published int
 
+	// BillingDeliveries = Charged + Failed + Duplicates.
 	BillingDeliveries int // deliveries the billing handler's inbox saw
-	Charged           int // handler runs that committed
+	Charged           int // handler runs that committed (Crashed included)
 	Failed            int // handler runs that failed and were redelivered
-	Crashed           int // deliveries "lost" after commit, before the ack
+	Crashed           int // of the Charged: "lost" after commit, before the ack
 	Duplicates        int // deliveries acknowledged without running the handler
 	Replayed          int // payment events republished by those duplicates
 
-	PaymentEvents   int // payment events delivered downstream (replays included)
+	PaymentEvents   int // payment events delivered downstream: Charged - Crashed + Replayed
 	ReceiptsSent    int
 	ReceiptsSkipped int
 
@@ -326,15 +327,19 @@ func chargesByCustomer(ctx context.Context, db *sql.DB) (cents, count map[string
 }
 
 func printSummary(w io.Writer, s Summary) {
-	fmt.Fprintf(w, "%d orders published as %d messages (%d re-sent by the producer)\n\n", s.Orders, s.Published, s.Published-s.Orders)
-	fmt.Fprintf(w, "billing    %2d deliveries\n", s.BillingDeliveries)
-	fmt.Fprintf(w, "           %2d processed (charged)\n", s.Charged)
-	fmt.Fprintf(w, "           %2d failed, rolled back and redelivered\n", s.Failed)
-	fmt.Fprintf(w, "           %2d crashed after commit, before ack\n", s.Crashed)
-	fmt.Fprintf(w, "           %2d duplicates acknowledged without charging\n", s.Duplicates)
-	fmt.Fprintf(w, "           %2d payment events replayed with their original UUIDs\n", s.Replayed)
-	fmt.Fprintf(w, "receipts   %2d payment events delivered\n", s.PaymentEvents)
-	fmt.Fprintf(w, "           %2d receipts sent, %d duplicates skipped\n\n", s.ReceiptsSent, s.ReceiptsSkipped)
+	resent := s.Published - s.Orders
+	fmt.Fprintf(w, "%d orders published as %d messages (%d re-sent by the producer)\n\n", s.Orders, s.Published, resent)
+	fmt.Fprintf(w, "billing    %2d deliveries = %d charged + %d failed + %d duplicates\n", s.BillingDeliveries, s.Charged, s.Failed, s.Duplicates)
+	fmt.Fprintf(w, "           %2d charged: the handler ran and its transaction committed\n", s.Charged)
+	fmt.Fprintf(w, "               %d of them crashed after the commit, before the ack: no payment published, the order redelivered\n", s.Crashed)
+	fmt.Fprintf(w, "           %2d failed: rolled back and redelivered\n", s.Failed)
+	fmt.Fprintf(w, "           %2d duplicates acknowledged without charging: %d re-sent by the producer, %d redelivered after the crash\n",
+		s.Duplicates, resent, s.Duplicates-resent)
+	fmt.Fprintf(w, "               %d replayed the payment event stored with the charge, with its original UUID\n", s.Replayed)
+	fmt.Fprintf(w, "payments   %2d published = %d after a charge (%d charged - %d crashed) + %d replayed\n",
+		s.Charged-s.Crashed+s.Replayed, s.Charged-s.Crashed, s.Charged, s.Crashed, s.Replayed)
+	fmt.Fprintf(w, "receipts   %2d payment events delivered = %d receipts sent + %d duplicates skipped\n", s.PaymentEvents, s.ReceiptsSent, s.ReceiptsSkipped)
+	fmt.Fprintf(w, "               (the replay for the crashed order was the first copy of its payment)\n\n")
 
 	want := map[string]int{}
 	wantCount := map[string]int{}

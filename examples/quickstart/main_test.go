@@ -28,7 +28,16 @@ func TestQuickstart(t *testing.T) {
 	require.Equal(t, map[string]int{"alice": 4075, "bob": 5550, "carol": 10650}, s.ChargedCents)
 	require.Equal(t, map[string]int{"alice": 4, "bob": 3, "carol": 3}, s.ChargeCount)
 
+	// The summary's parts add up to its totals: the crash is one of the
+	// charged deliveries, its redelivery one of the duplicates.
+	require.Equal(t, s.BillingDeliveries, s.Charged+s.Failed+s.Duplicates)
+	require.Equal(t, s.PaymentEvents, s.Charged-s.Crashed+s.Replayed)
+	require.Equal(t, s.PaymentEvents, s.ReceiptsSent+s.ReceiptsSkipped)
+	require.Contains(t, out.String(), "billing    15 deliveries = 10 charged + 1 failed + 4 duplicates\n")
+	require.Contains(t, out.String(), "1 of them crashed after the commit, before the ack")
+	require.Contains(t, out.String(), "4 duplicates acknowledged without charging: 3 re-sent by the producer, 1 redelivered after the crash\n")
+	require.Contains(t, out.String(), "payments   13 published = 9 after a charge (10 charged - 1 crashed) + 4 replayed\n")
+	require.Contains(t, out.String(), "receipts   13 payment events delivered = 10 receipts sent + 3 duplicates skipped\n")
 	require.Contains(t, out.String(), "every order charged exactly once")
-	require.Contains(t, out.String(), "4 duplicates acknowledged without charging")
 	require.NotContains(t, out.String(), "MISMATCH")
 }

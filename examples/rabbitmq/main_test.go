@@ -58,6 +58,7 @@ func TestRabbitMQ(t *testing.T) {
 			require.Equal(t, failures, b[middleware.OutcomeFailed])
 			require.Equal(t, failures, l.Failures)
 			require.Equal(t, crashes, l.Crashes)
+			require.Zero(t, l.InstancesDown, "a crash closes the delivery's channel; the subscriber survives")
 			require.Zero(t, l.Restarts, "watermill-amqp reconnects a crashed subscriber")
 			require.Equal(t, resent+crashes, b.Duplicates(), "producer re-sends and crash redeliveries")
 			require.Equal(t, 1, b[middleware.OutcomeNoKey])
@@ -87,6 +88,16 @@ func TestRabbitMQ(t *testing.T) {
 			require.ElementsMatch(t, l.BadUUIDs, l.Poisoned, "the poison queue holds the two bad messages and nothing else")
 			require.True(t, l.ExactlyOnce())
 			require.Contains(t, out.String(), "every order charged exactly once")
+			// The printed parts add up to the totals.
+			require.Contains(t, out.String(), "billing    58 deliveries = 40 processed + 4 failed + 12 duplicates + 2 poisoned\n")
+			require.Contains(t, out.String(), "2 of them crashed after the commit, before the ack")
+			require.Contains(t, out.String(), "12 duplicates acknowledged without charging: 10 re-sent by the producer, 2 redelivered after a crash\n")
+			if db == shop.Postgres {
+				require.Contains(t, out.String(), "none replays a payment: the payment was written to the outbox with the charge")
+				require.Contains(t, out.String(), "payments   40 published by the relay from the outbox, 40 delivered to receipts, 0 left in the outbox\n")
+			} else {
+				require.Contains(t, out.String(), "payments   50 published by the router = 38 after a charge (40 processed - 2 crashed) + 12 replayed; 50 delivered to receipts\n")
+			}
 
 			// /metrics serves what docs/observability.md documents.
 			names, body, err := shop.ServedMetrics(ms.Addr)

@@ -39,10 +39,11 @@ type Ledger struct {
 	Published   int // order messages published, re-sends and bad ones included
 	BadMessages int // deliberately bad messages among them
 
-	Billing  Outcomes // billing inbox outcomes, every delivery
-	Failures int      // injected failures (rolled back, redelivered)
-	Crashes  int      // injected crashes after commit, before ack
-	Restarts int      // instances replaced after a crash took them down (Kafka)
+	Billing       Outcomes // billing inbox outcomes, every delivery
+	Failures      int      // injected failures (rolled back, redelivered)
+	Crashes       int      // injected crashes after commit, before ack (counted in Billing as processed)
+	InstancesDown int      // instances a crash took down for good (Kafka); two crashes may hit one
+	Restarts      int      // replacement instances started for them
 
 	PaymentsPublished int // payment messages published (relay or router)
 	PaymentsDelivered int // payment deliveries the receipts inbox acknowledged
@@ -111,7 +112,9 @@ func (l *Ledger) ExactlyOnce() bool {
 	return l.ChargedOnce() && l.PaymentsComplete() && l.PoisonOnlyBad()
 }
 
-// Print writes the ledger summary.
+// Print writes the ledger summary. Each line's parts add up to its total:
+// a crash after commit is one of the processed deliveries, and the broker's
+// redelivery of it is one of the duplicates.
 func (l *Ledger) Print(w io.Writer) {
 	via := "router output (replayed to duplicates)"
 	if l.ViaOutbox {
@@ -121,22 +124,61 @@ func (l *Ledger) Print(w io.Writer) {
 		l.Run, l.Broker, l.Database, l.Instances, via)
 	fmt.Fprintf(w, "producer  %3d orders published as %d messages: %d re-sent after a lost confirmation, %d deliberately bad\n",
 		l.Orders, l.Published, l.Resent(), l.BadMessages)
+
 	b := l.Billing
-	fmt.Fprintf(w, "billing   %3d deliveries\n", b.Total())
-	fmt.Fprintf(w, "          %3d processed: charged, payment emitted\n", b[middleware.OutcomeProcessed])
-	unknown := max(l.ChargedOrders-b[middleware.OutcomeProcessed], 0)
-	if unknown > 0 {
-		fmt.Fprintf(w, "          %3d reported failed by a dying instance although its commit went through; the redelivery was a duplicate\n", unknown)
-	}
+	processed := b[middleware.OutcomeProcessed]
+	// A commit that went through while a dying instance reported it failed
+	// counts as a failure in the inbox's outcomes and as a charge in the
+	// database.
+	unknown := max(l.ChargedOrders-processed, 0)
 	failed := b[middleware.OutcomeFailed] - unknown
-	fmt.Fprintf(w, "          %3d failed, rolled back and redelivered (%d injected, %d interrupted by a crash)\n",
-		failed, l.Failures, failed-l.Failures)
-	fmt.Fprintf(w, "          %3d crashed after commit, before ack; redelivered by the broker (%d instances replaced)\n", l.Crashes, l.Restarts)
-	fmt.Fprintf(w, "          %3d duplicates acknowledged without charging (%d replayed their payment)\n", b.Duplicates(), b[middleware.OutcomeReplayed])
-	fmt.Fprintf(w, "          %3d without a key, %d reusing a key for other content: poison queue\n", b[middleware.OutcomeNoKey], b[middleware.OutcomePayloadMismatch])
-	fmt.Fprintf(w, "payments  %3d published, %d delivered to receipts (%d left in the outbox)\n", l.PaymentsPublished, l.PaymentsDelivered, l.OutboxBacklog)
-	fmt.Fprintf(w, "receipts  %3d processed, %d duplicates skipped; %d receipts for %d orders\n",
-		l.Receipts[middleware.OutcomeProcessed], l.Receipts.Duplicates(), l.ReceiptRows, l.ReceiptOrders)
+	poisoned := b[middleware.OutcomeNoKey] + b[middleware.OutcomePayloadMismatch]
+	fmt.Fprintf(w, "billing   %3d deliveries = %d processed + %d failed + %d duplicates + %d poisoned",
+		b.Total(), processed, b[middleware.OutcomeFailed], b.Duplicates(), poisoned)
+	if other := b.Total() - processed - b[middleware.OutcomeFailed] - b.Duplicates() - poisoned; other != 0 {
+		fmt.Fprintf(w, " + %d other", other)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "          %3d processed: charged and committed\n", processed)
+	if l.Crashes > 0 {
+		fmt.Fprintf(w, "              %d of them crashed after the commit, before the ack: no payment sent by the router, the broker redelivered the order",
+			l.Crashes)
+		if l.InstancesDown > 0 {
+			fmt.Fprintf(w, " (%d instances down, %d replaced)", l.InstancesDown, l.Restarts)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "          %3d failed: rolled back and redelivered (%d injected, %d interrupted by a crash)\n",
+		b[middleware.OutcomeFailed], l.Failures, failed-l.Failures)
+	if unknown > 0 {
+		fmt.Fprintf(w, "              %d of them reported failed by a dying instance although the commit went through: charged, its redelivery a duplicate\n", unknown)
+	}
+	fmt.Fprintf(w, "          %3d duplicates acknowledged without charging: %d re-sent by the producer, %d redelivered after a crash",
+		b.Duplicates(), l.Resent(), l.Crashes)
+	if other := b.Duplicates() - l.Resent() - l.Crashes; other != 0 {
+		fmt.Fprintf(w, ", %d redelivered by the broker otherwise", other)
+	}
+	fmt.Fprintln(w)
+	if l.ViaOutbox {
+		fmt.Fprintf(w, "              none replays a payment: the payment was written to the outbox with the charge (%d replayed)\n", b[middleware.OutcomeReplayed])
+	} else {
+		fmt.Fprintf(w, "              %d replayed the payment stored with the charge, with its original UUID\n", b[middleware.OutcomeReplayed])
+	}
+	fmt.Fprintf(w, "          %3d poisoned: %d without a key, %d reusing a key for other content\n",
+		poisoned, b[middleware.OutcomeNoKey], b[middleware.OutcomePayloadMismatch])
+
+	if l.ViaOutbox {
+		fmt.Fprintf(w, "payments  %3d published by the relay from the outbox, %d delivered to receipts, %d left in the outbox\n",
+			l.PaymentsPublished, l.PaymentsDelivered, l.OutboxBacklog)
+	} else {
+		fmt.Fprintf(w, "payments  %3d published by the router = %d after a charge (%d processed - %d crashed) + %d replayed; %d delivered to receipts\n",
+			l.PaymentsPublished, processed-l.Crashes, processed, l.Crashes, b[middleware.OutcomeReplayed], l.PaymentsDelivered)
+	}
+	fmt.Fprintf(w, "receipts  %3d deliveries = %d processed + %d duplicates skipped; %d receipts for %d orders\n",
+		l.Receipts.Total(), l.Receipts[middleware.OutcomeProcessed], l.Receipts.Duplicates(), l.ReceiptRows, l.ReceiptOrders)
+	if !l.ViaOutbox && l.Crashes > 0 {
+		fmt.Fprintf(w, "              (the replays for the %d crashed orders were the first copy of their payment)\n", l.Crashes)
+	}
 	fmt.Fprintf(w, "poison    %3d messages\n\n", len(l.Poisoned))
 
 	names := make([]string, 0, len(l.Expected))

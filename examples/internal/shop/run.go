@@ -214,6 +214,7 @@ func Run(ctx context.Context, config Config) (*Ledger, error) {
 		counter: newOutcomeCounter(config.Observer),
 		failed:  map[string]bool{},
 		crashed: map[string]bool{},
+		downed:  map[message.Subscriber]bool{},
 	}
 	s.publisher = &countingPublisher{Publisher: b.Publisher(), topic: topics.Payments}
 	s.ledger = &Ledger{
@@ -279,10 +280,11 @@ type scenario struct {
 	ledger    *Ledger
 
 	mu       sync.Mutex
-	failed   map[string]bool // orders whose injected failure happened
-	crashed  map[string]bool // orders whose injected crash happened
-	restarts int
-	poisoned []string // UUIDs seen on the poison topic
+	failed   map[string]bool             // orders whose injected failure happened
+	crashed  map[string]bool             // orders whose injected crash happened
+	downed   map[message.Subscriber]bool // instances a crash took down for good, by subscriber
+	restarts int                         // replacements running
+	poisoned []string                    // UUIDs seen on the poison topic
 
 	poisonSeen   atomic.Int64
 	receiptsSeen atomic.Int64 // payment deliveries the receipts inbox acknowledged
@@ -391,11 +393,28 @@ func (s *scenario) play(ctx context.Context) (err error) {
 	s.ledger.Published++
 	s.ledger.BadMessages++
 
+	// Every condition is an effect that has happened, not a guess at
+	// timing: stopping earlier cuts off work in flight and the ledger
+	// would count a state no run ends in.
 	minDeliveries := s.ledger.Published + len(s.faults.FailOnce) + len(s.faults.CrashBeforeAck)
 	if err := s.waitUntil(ctx, "the flow to settle", func() bool {
 		if s.counter.total("billing") < minDeliveries ||
 			s.receiptsSeen.Load() < s.publisher.count.Load() ||
 			s.poisonSeen.Load() < int64(s.ledger.BadMessages) {
+			return false
+		}
+		// Each instance a crash took down has its replacement running; a
+		// stop before that would leave the crashed one uncounted.
+		s.mu.Lock()
+		replaced := s.restarts >= len(s.downed)
+		s.mu.Unlock()
+		if !replaced {
+			return false
+		}
+		// The relay deletes a batch's rows after publishing it: a receipt
+		// can arrive before that delete commits, and stopping then would
+		// abandon the batch with its rows still in the outbox.
+		if backlog, err := s.store.OutboxBacklog(ctx); err != nil || backlog != 0 {
 			return false
 		}
 		_, orders, err := s.store.Receipts(ctx)
@@ -507,6 +526,10 @@ func (s *scenario) superviseBilling(ctx context.Context, name string, running ch
 		case <-router.Running():
 			if generation == 0 {
 				close(running)
+			} else {
+				s.mu.Lock()
+				s.restarts++
+				s.mu.Unlock()
 			}
 		case err := <-done:
 			return fmt.Errorf("%s did not start: %w", name, err)
@@ -518,9 +541,6 @@ func (s *scenario) superviseBilling(ctx context.Context, name string, running ch
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		s.mu.Lock()
-		s.restarts++
-		s.mu.Unlock()
 	}
 }
 
@@ -595,8 +615,16 @@ func (s *scenario) crashBeforeAck(sub message.Subscriber) message.HandlerMiddlew
 			if !crash {
 				return out, nil
 			}
-			if _, err := broker.Crash(sub); err != nil {
+			survives, err := broker.Crash(sub)
+			if err != nil {
 				return nil, err
+			}
+			if !survives {
+				// Two crash orders in flight in one instance at once (Kafka
+				// delivers partitions concurrently) take it down once.
+				s.mu.Lock()
+				s.downed[sub] = true
+				s.mu.Unlock()
 			}
 			return nil, fmt.Errorf("instance crashed after committing %s, before its ack", o.OrderID)
 		}
@@ -611,6 +639,7 @@ func (s *scenario) fillLedger(ctx context.Context) error {
 	l.Failures = len(s.failed)
 	l.Crashes = len(s.crashed)
 	l.Restarts = s.restarts
+	l.InstancesDown = len(s.downed)
 	l.Poisoned = append([]string(nil), s.poisoned...)
 	s.mu.Unlock()
 	l.PaymentsPublished = int(s.publisher.count.Load())

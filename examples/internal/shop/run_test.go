@@ -39,4 +39,12 @@ func TestRunOnGoChannel(t *testing.T) {
 	require.Equal(t, 10, l.Receipts.Duplicates())
 	require.ElementsMatch(t, l.BadUUIDs, l.Poisoned)
 	require.True(t, l.ExactlyOnce())
+
+	// The printed parts add up to the totals.
+	require.Contains(t, out.String(), "billing    58 deliveries = 40 processed + 4 failed + 12 duplicates + 2 poisoned\n")
+	require.Contains(t, out.String(), "2 of them crashed after the commit, before the ack")
+	require.Contains(t, out.String(), "12 duplicates acknowledged without charging: 10 re-sent by the producer, 2 redelivered after a crash\n")
+	require.Contains(t, out.String(), "12 replayed the payment stored with the charge")
+	require.Contains(t, out.String(), "payments   50 published by the router = 38 after a charge (40 processed - 2 crashed) + 12 replayed; 50 delivered to receipts\n")
+	require.Contains(t, out.String(), "receipts   50 deliveries = 40 processed + 10 duplicates skipped; 40 receipts for 40 orders\n")
 }
