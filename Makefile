@@ -1,7 +1,7 @@
 GO ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
-.PHONY: test lint bench schema
+.PHONY: test test-short lint tidy bench schema
 
 # The one test command: every package against the real services, with the
 # race detector. CI runs it through .ci/run.
@@ -9,7 +9,17 @@ test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 9m ./...
 
-lint:
+# The inner loop: the same packages without the race detector, skipping
+# the long tests (100k-row janitor cleanups, relay benchmarks' tests, …)
+# that check `testing.Short()`. Under a minute on the development machine.
+test-short:
+	$(GO) test -short -count=1 -timeout 5m ./...
+
+# Fails when go.mod or go.sum is not what `go mod tidy` would write.
+tidy:
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit the result"; exit 1; }
+
+lint: tidy
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@latest

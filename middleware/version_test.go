@@ -174,6 +174,9 @@ func versionDeliveries(rng *rand.Rand, entities int, n int64, redeliveries, wind
 // redeliveries and republished copies, one at a time, and checks the exact
 // outcome of every delivery against a replay of the same sequence.
 func TestVersionGuardShuffledDeliveries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: hundreds of routed deliveries per dialect; make test runs it")
+	}
 	forEachDialect(t, func(t *testing.T, d dialect) {
 		const entities, n, redeliveries = 2, 30, 1
 		v := newVersioned(t, d)
@@ -214,6 +217,9 @@ func TestVersionGuardShuffledDeliveries(t *testing.T) {
 // TestVersionGuardConcurrentDeliveries delivers the same kind of sequence
 // from several goroutines at once.
 func TestVersionGuardConcurrentDeliveries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: hundreds of routed deliveries per dialect; make test runs it")
+	}
 	forEachDialect(t, func(t *testing.T, d dialect) {
 		const entities, n, redeliveries, workers = 3, 30, 2, 8
 		v := newVersioned(t, d)

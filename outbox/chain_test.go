@@ -29,6 +29,9 @@ import (
 // → receipts inbox. Every order is charged once and every payment produces
 // one receipt.
 func TestChainInboxOutboxRelayInbox(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: a long multi-hop run per database; make test runs it")
+	}
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		const orders = 60

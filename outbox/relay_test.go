@@ -22,6 +22,9 @@ import (
 // of the other seven (all with higher ids). An id-offset reader would
 // have moved past writer 0's id; the relay must still deliver it.
 func TestOutOfOrderCommitsAreNotSkipped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: hundreds of messages per database; make test runs it")
+	}
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		const writers, txPerWriter, msgsPerTx = 8, 10, 5
@@ -119,6 +122,9 @@ func (p *crashAfter) Publish(topic string, msgs ...*message.Message) error {
 // repeats carry the same UUIDs, and a downstream inbox applies each
 // effect once.
 func TestRelayKilledMidBatchAndRestarted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: hundreds of messages per database; make test runs it")
+	}
 	forEachBackend(t, func(t *testing.T, b backend) {
 		const total, batch = 400, 50
 		consumer := newConsumerInbox(t, b)
@@ -169,6 +175,9 @@ func TestRelayKilledMidBatchAndRestarted(t *testing.T) {
 // Several relays on one table while writers keep writing: every message
 // is delivered, and SKIP LOCKED keeps them from publishing a row twice.
 func TestSeveralRelaysConcurrently(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: hundreds of messages per database; make test runs it")
+	}
 	forEachBackend(t, func(t *testing.T, b backend) {
 		const relays, writers, perWriter = 3, 4, 250
 		s := newSink(t, nil, "events")
@@ -269,6 +278,9 @@ func TestRunAndCloseLifecycle(t *testing.T) {
 // writes some events twice (a retried request) and the relay is killed
 // once after publishing and before acknowledging.
 func TestEndToEndThroughGoChannel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: hundreds of messages per database; make test runs it")
+	}
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		const orders = 120

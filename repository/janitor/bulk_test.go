@@ -69,6 +69,9 @@ func dropOnCleanup(t *testing.T, db *sql.DB, quotedTable string) {
 }
 
 func TestJanitor100kPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
+	}
 	db := testenv.Postgres(t)
 	table := uniqueTable(t)
 	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
@@ -91,6 +94,9 @@ SELECT $1, $2 || n, 'completed', 1, $3, $3, $4 FROM generate_series(1, $5::int) 
 }
 
 func TestJanitor100kSQLite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
+	}
 	db := testenv.SQLite(t)
 	table := uniqueTable(t)
 	repo, err := sqlite.NewRepository(db, sqlite.Config{Table: table})
@@ -122,6 +128,9 @@ SELECT ?1, ?2 || n, 'completed', 1, ?3, ?3, ?4 FROM s`,
 }
 
 func TestJanitor100kMariaDB(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
+	}
 	db := testenv.MySQL(t)
 	table := uniqueTable(t)
 	repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
