@@ -141,8 +141,12 @@ func (l *Ledger) Print(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "          %3d processed: charged and committed\n", processed)
 	if l.Crashes > 0 {
-		fmt.Fprintf(w, "              %d of them crashed after the commit, before the ack: no payment sent by the router, the broker redelivered the order",
-			l.Crashes)
+		effect := "no payment published"
+		if l.ViaOutbox {
+			effect = "the payment already committed to the outbox"
+		}
+		fmt.Fprintf(w, "              %d of them crashed after the commit, before the ack: %s, the broker redelivered the order",
+			l.Crashes, effect)
 		if l.InstancesDown > 0 {
 			fmt.Fprintf(w, " (%d instances down, %d replaced)", l.InstancesDown, l.Restarts)
 		}
