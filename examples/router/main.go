@@ -62,10 +62,11 @@ func run(ctx context.Context, dsn string, pub message.Publisher, sub message.Sub
 		return err
 	}
 
+	// One inbox for the whole router: keys are scoped by handler name
+	// ("billing"), so handlers sharing a topic never suppress each other.
 	inbox, err := middleware.NewInbox(middleware.Config{
 		DB:               db,
 		Repository:       repo,
-		Consumer:         "billing",      // keys are scoped per consumer
 		RedeliveryWindow: 24 * time.Hour, // retention (default 7 days) must cover it
 		Logger:           logger,
 	})
