@@ -9,9 +9,10 @@ test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 9m ./...
 
-# The inner loop: the same packages without the race detector, skipping
-# the long tests (100k-row janitor cleanups, relay benchmarks' tests, …)
-# that check `testing.Short()`. Under a minute on the development machine.
+# The inner loop: every package without the race detector, skipping the
+# long tests that check testing.Short() (100k-row janitor cleanups, the
+# relay's and the version guard's volume runs, the RabbitMQ and Kafka
+# scenarios). make test stays the full run.
 test-short:
 	$(GO) test -short -count=1 -timeout 5m ./...
 
