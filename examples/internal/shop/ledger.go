@@ -152,11 +152,12 @@ func (l *Ledger) Print(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "          %3d failed: rolled back and redelivered (%d injected, %d interrupted by a crash)\n",
-		b[middleware.OutcomeFailed], l.Failures, failed-l.Failures)
+	fmt.Fprintf(w, "          %3d failed: %d rolled back and redelivered (%d injected, %d interrupted by a crash)",
+		b[middleware.OutcomeFailed], failed, l.Failures, failed-l.Failures)
 	if unknown > 0 {
-		fmt.Fprintf(w, "              %d of them reported failed by a dying instance although the commit went through: charged, its redelivery a duplicate\n", unknown)
+		fmt.Fprintf(w, " + %d reported failed by a dying instance although the commit went through (charged; its redelivery a duplicate)", unknown)
 	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "          %3d duplicates acknowledged without charging: %d re-sent by the producer, %d redelivered after a crash",
 		b.Duplicates(), l.Resent(), l.Crashes)
 	if other := b.Duplicates() - l.Resent() - l.Crashes; other != 0 {
