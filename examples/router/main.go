@@ -54,7 +54,7 @@ func run(ctx context.Context, dsn string, pub message.Publisher, sub message.Sub
 	if err != nil {
 		return err
 	}
-	// Or apply repository/postgres/schema.sql with your migration tool.
+	// Or apply repository/postgres/migrations/inbox with your migration tool.
 	if err := repo.Migrate(ctx); err != nil {
 		return err
 	}
