@@ -122,6 +122,11 @@ func TestPoisonRowIsDeadLetteredWhileOthersFlow(t *testing.T) {
 		require.Contains(t, l.LastError, "too large")
 		require.Equal(t, []byte(poison.Payload), l.Payload)
 		require.JSONEq(t, `{"kind":"oversized"}`, string(l.Metadata))
+		// The relay reports a batch to Metrics after its commit, so the
+		// counters may trail the table by one batch.
+		poll(t, 10*time.Second, "200 published and 1 dead-lettered in the metrics", func() bool {
+			return m.published.Load() == 200 && m.deadLettered.Load() == 1
+		})
 		require.EqualValues(t, 200, m.published.Load())
 		require.EqualValues(t, 1, m.deadLettered.Load())
 		t.Logf("%s: 201 rows, one of 2 MiB refused by the publisher (limit 1 MiB): %d delivered (%d distinct, %d duplicates) %s after relay start; poison row dead-lettered after %d attempts at %s; %d Publish calls, %d refused; outbox empty",
