@@ -1,7 +1,7 @@
 GO ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
-.PHONY: test test-short lint tidy bench schema
+.PHONY: test test-short lint tidy bench schema chaos chaos-ci
 
 # The one test command: every package against the real services, with the
 # race detector. CI runs it through .ci/run.
@@ -40,3 +40,16 @@ bench:
 # (the inbox and versions tables' migration files need no generation).
 schema:
 	$(GO) run ./internal/cmd/gen-schema
+
+# The fault suite (internal/chaos; results in docs/reliability.md): worker
+# processes competing on RabbitMQ, SIGKILLs and exits between commit and
+# ack, a private PostgreSQL cluster (port 5437, created on first use with
+# pg_createcluster, which needs root or the postgres user) restarted and
+# cut off mid-stream, the outbox relay and its LISTEN connection killed; a
+# ledger counts doubled and lost effects. chaos is the full configuration
+# (thousands of orders, minutes); chaos-ci the small one .ci/run runs.
+chaos:
+	$(GO) run ./internal/chaos/cmd/chaos -config full
+
+chaos-ci:
+	$(GO) run ./internal/chaos/cmd/chaos -config ci

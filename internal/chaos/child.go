@@ -1,0 +1,321 @@
+package chaos
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+)
+
+// specEnv carries a child process's spec (JSON). Its presence makes the
+// binary a child: see IsChild.
+const specEnv = "WATERMILL_IDEMPOTENT_CHAOS_SPEC"
+
+// exitAfterCommitCode is the exit status of a worker that exits on
+// purpose after the inbox committed and before the broker saw the ack;
+// the supervisor counts it as that fault.
+const exitAfterCommitCode = 97
+
+// Child roles.
+const (
+	roleWorker = "worker"
+	roleRelay  = "relay"
+)
+
+// spec is what the orchestrator tells a child process.
+type spec struct {
+	Role, Name, Mode string
+	Names            names
+	DSN              string  // the private cluster (inbox, outbox, transactional ledger)
+	LedgerDSN        string  // the two-phase effects ledger (shared cluster, never faulted)
+	AMQPURL          string  //
+	ExitAfterCommit  float64 // probability per processed delivery
+	Lease            time.Duration
+	EffectDelay      time.Duration // two-phase: up to this long before and after the effect
+}
+
+// IsChild reports whether this process was started by the suite as a
+// worker or relay (the re-exec pattern: one binary, roles by environment).
+func IsChild() bool { return os.Getenv(specEnv) != "" }
+
+// RunChild runs the role named in the environment until SIGTERM or
+// SIGINT, then shuts down gracefully. It returns the exit status.
+func RunChild() int {
+	var s spec
+	if err := json.Unmarshal([]byte(os.Getenv(specEnv)), &s); err != nil {
+		fmt.Fprintf(os.Stderr, "chaos child: bad spec: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	logger := watermill.NewStdLogger(false, false).With(watermill.LogFields{"process": s.Name, "pid": os.Getpid()})
+	var err error
+	switch s.Role {
+	case roleWorker:
+		err = runWorker(ctx, s, logger)
+	case roleRelay:
+		err = runRelay(ctx, s, logger)
+	default:
+		err = fmt.Errorf("unknown role %q", s.Role)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintf(os.Stderr, "chaos %s: %v\n", s.Name, err)
+		return 1
+	}
+	return 0
+}
+
+func openDB(dsn string, maxConns int) (*sql.DB, error) {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(maxConns)
+	return db, nil
+}
+
+// amqpConfig is watermill-amqp's durable pub/sub with publisher confirms;
+// the queue of a topic is topic+"_workers", shared by every worker, so
+// they compete for its messages. declareTopology declares the same names.
+func amqpConfig(url string) amqp.Config {
+	c := amqp.NewDurablePubSubConfig(url, queueName)
+	c.Publish.ConfirmDelivery = true
+	return c
+}
+
+func queueName(topic string) string { return topic + "_workers" }
+
+// ranKey marks, in a delivery's context, that the handler itself ran (a
+// fresh claim, not a duplicate answered by the inbox).
+type ranKey struct{}
+
+func markRan(ctx context.Context) {
+	if ran, ok := ctx.Value(ranKey{}).(*bool); ok {
+		*ran = true
+	}
+}
+
+// exitAfterCommit is placed outside the inbox: when the inner handler ran
+// and the inbox returned success (its transaction, or the two-phase
+// Complete, committed) it exits the process with probability p, before the
+// router acks. The broker then redelivers a message whose effect is
+// already recorded.
+func exitAfterCommit(p float64) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			ran := new(bool)
+			msg.SetContext(context.WithValue(msg.Context(), ranKey{}, ran))
+			out, err := next(msg)
+			if err == nil && *ran && rand.Float64() < p {
+				os.Exit(exitAfterCommitCode)
+			}
+			return out, err
+		}
+	}
+}
+
+// order is the producer's message payload.
+type order struct {
+	OrderID string `json:"order_id"`
+	Amount  int    `json:"amount"`
+}
+
+func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) error {
+	db, err := openDB(s.DSN, 8)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	sub, err := amqp.NewSubscriber(amqpConfig(s.AMQPURL), logger)
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	pub, err := amqp.NewPublisher(amqpConfig(s.AMQPURL), logger)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, logger)
+	if err != nil {
+		return err
+	}
+	// Permanent inbox errors go to the poison queue (the orchestrator
+	// counts them); transient ones are retried with backoff in process,
+	// then nacked for the broker to redeliver.
+	poison, err := wmiddleware.PoisonQueueWithFilter(pub, s.Names.Poison, middleware.IsPermanent)
+	if err != nil {
+		return err
+	}
+	retry := wmiddleware.Retry{
+		MaxRetries: 6, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2,
+		ShouldRetry: func(p wmiddleware.RetryParams) bool { return !middleware.IsPermanent(p.Err) },
+	}
+	exit := exitAfterCommit(s.ExitAfterCommit)
+
+	switch s.Mode {
+	case Transactional:
+		repo, err := postgres.NewRepository(db, postgres.Config{Table: s.Names.Inbox})
+		if err != nil {
+			return err
+		}
+		ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: s.Names.Outbox})
+		if err != nil {
+			return err
+		}
+		billing, err := middleware.NewInbox(middleware.Config{
+			DB: db, Repository: repo, Consumer: "billing", Logger: logger,
+			Outputs: ob.Outputs(s.Names.Payments),
+		})
+		if err != nil {
+			return err
+		}
+		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "receipts", Logger: logger})
+		if err != nil {
+			return err
+		}
+		h := router.AddHandler("billing", s.Names.Orders, sub, s.Names.Payments, pub, billingHandler(s))
+		h.AddMiddleware(poison, retry.Middleware, exit, billing.Middleware)
+		r := router.AddNoPublisherHandler("receipts", s.Names.Payments, sub, receiptsHandler(s))
+		r.AddMiddleware(poison, retry.Middleware, exit, receipts.Middleware)
+	case TwoPhase:
+		ledger, err := openDB(s.LedgerDSN, 4)
+		if err != nil {
+			return err
+		}
+		defer ledger.Close()
+		repo, err := postgres.NewRepository(db, postgres.Config{Table: s.Names.Inbox})
+		if err != nil {
+			return err
+		}
+		inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{
+			Repository: repo, Consumer: "effects", Lease: s.Lease, OnExpiredLease: middleware.Intervene, Logger: logger,
+		})
+		if err != nil {
+			return err
+		}
+		h := router.AddNoPublisherHandler("effects", s.Names.Orders, sub, effectHandler(s, ledger))
+		h.AddMiddleware(poison, retry.Middleware, exit, inbox.Middleware)
+	default:
+		return fmt.Errorf("unknown mode %q", s.Mode)
+	}
+	return router.Run(ctx)
+}
+
+// billingHandler records the order's effect in the ledger table through
+// the inbox transaction and returns a payment, which the inbox writes to
+// the outbox in the same transaction.
+func billingHandler(s spec) message.HandlerFunc {
+	insert := `INSERT INTO ` + s.Names.Effects + ` (order_id, process) VALUES ($1, $2)`
+	return func(msg *message.Message) ([]*message.Message, error) {
+		markRan(msg.Context())
+		var o order
+		if err := json.Unmarshal(msg.Payload, &o); err != nil {
+			return nil, err
+		}
+		tx, ok := middleware.TxFromContext(msg.Context())
+		if !ok {
+			return nil, errors.New("billing: no inbox transaction in the context")
+		}
+		if _, err := tx.ExecContext(msg.Context(), insert, o.OrderID, s.Name); err != nil {
+			return nil, err
+		}
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
+	}
+}
+
+// receiptsHandler records a payment's arrival downstream of the relay.
+func receiptsHandler(s spec) message.NoPublishHandlerFunc {
+	insert := `INSERT INTO ` + s.Names.Receipts + ` (order_id, process) VALUES ($1, $2)`
+	return func(msg *message.Message) error {
+		markRan(msg.Context())
+		var o order
+		if err := json.Unmarshal(msg.Payload, &o); err != nil {
+			return err
+		}
+		tx, ok := middleware.TxFromContext(msg.Context())
+		if !ok {
+			return errors.New("receipts: no inbox transaction in the context")
+		}
+		_, err := tx.ExecContext(msg.Context(), insert, o.OrderID, s.Name)
+		return err
+	}
+}
+
+// effectHandler is the two-phase effect: an insert into a ledger in
+// another database (the shared cluster, which no fault touches), with a
+// pause before and after it so that SIGKILLs land during the effect.
+func effectHandler(s spec, ledger *sql.DB) message.NoPublishHandlerFunc {
+	insert := `INSERT INTO ` + s.Names.Effects + ` (order_id, process) VALUES ($1, $2)`
+	return func(msg *message.Message) error {
+		markRan(msg.Context())
+		var o order
+		if err := json.Unmarshal(msg.Payload, &o); err != nil {
+			return err
+		}
+		pause(msg.Context(), s.EffectDelay)
+		// The effect is not cancelled with the delivery: a half-sent
+		// insert would make its outcome unknown to the handler.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), 10*time.Second)
+		_, err := ledger.ExecContext(ctx, insert, o.OrderID, s.Name)
+		cancel()
+		if err != nil {
+			return err
+		}
+		pause(msg.Context(), s.EffectDelay)
+		return nil
+	}
+}
+
+func pause(ctx context.Context, upTo time.Duration) {
+	if upTo <= 0 {
+		return
+	}
+	t := time.NewTimer(rand.N(upTo))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func runRelay(ctx context.Context, s spec, logger watermill.LoggerAdapter) error {
+	db, err := openDB(s.DSN, 4)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	pub, err := amqp.NewPublisher(amqpConfig(s.AMQPURL), logger)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{
+		Dialect: outbox.PostgreSQL, Table: s.Names.Outbox, RetryInterval: 200 * time.Millisecond, BatchSize: 100,
+	}, logger)
+	if err != nil {
+		return err
+	}
+	err = relay.Run(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}

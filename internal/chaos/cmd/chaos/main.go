@@ -1,0 +1,94 @@
+// Command chaos runs the fault suite (package internal/chaos): several
+// worker processes on RabbitMQ with the inbox on a private PostgreSQL
+// cluster, killed, restarted and cut off mid-stream, and a ledger that
+// counts doubled and lost effects.
+//
+//	go run ./internal/chaos/cmd/chaos -config full   # make chaos
+//	go run ./internal/chaos/cmd/chaos -config ci     # make chaos-ci (.ci/run)
+//
+// It exits 0 when every phase kept its promise, 1 when the ledger found a
+// doubled or lost effect or the suite failed. A missing prerequisite
+// (RabbitMQ, postgresql-common, the shared PostgreSQL) is skipped with a
+// message naming it, or fails under CI=true.
+//
+// The same binary is each worker and relay process: started by the suite
+// with its spec in the environment, it runs that role instead.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/internal/chaos"
+)
+
+func main() {
+	if chaos.IsChild() {
+		os.Exit(chaos.RunChild())
+	}
+	os.Exit(run())
+}
+
+func run() int {
+	preset := flag.String("config", "ci", "preset: ci (small, under two minutes) or full (thousands of orders, minutes)")
+	orders := flag.Int("orders", 0, "transactional-phase orders (0: the preset's)")
+	twoPhase := flag.Int("two-phase-orders", -1, "two-phase-phase orders, 0 to skip the phase (-1: the preset's)")
+	workers := flag.Int("workers", 0, "worker processes per queue (0: 3)")
+	duration := flag.Duration("duration", 0, "how long the producer spreads the transactional orders over (0: the preset's)")
+	keep := flag.Bool("keep", false, "keep the run's tables and queues for inspection")
+	flag.Parse()
+
+	var config chaos.Config
+	switch *preset {
+	case "ci":
+		config = chaos.CI()
+	case "full":
+		config = chaos.Full()
+	default:
+		fmt.Fprintf(os.Stderr, "chaos: unknown -config %q (ci or full)\n", *preset)
+		return 2
+	}
+	if *orders > 0 {
+		config.Orders = *orders
+	}
+	if *twoPhase >= 0 {
+		config.TwoPhaseOrders = *twoPhase
+	}
+	if *duration > 0 {
+		config.Duration = *duration
+	}
+	config.Workers = *workers
+	config.Keep = *keep
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	start := time.Now()
+	report, err := chaos.Run(ctx, config)
+	if report != nil {
+		report.Print(os.Stdout)
+	}
+	if errors.Is(err, chaos.ErrPrerequisite) {
+		if os.Getenv("CI") == "true" {
+			fmt.Fprintf(os.Stderr, "chaos: FAILED: %v (CI=true requires it)\n", err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "chaos: skipping: %v (start it, or set CI=true to make this a failure)\n", err)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: FAILED after %s: %v\n", time.Since(start).Round(time.Second), err)
+		return 1
+	}
+	if !report.OK() {
+		fmt.Fprintf(os.Stderr, "chaos: FAILED: the ledger found doubled or lost effects (see the table above)\n")
+		return 1
+	}
+	fmt.Printf("chaos: OK in %s\n", time.Since(start).Round(time.Second))
+	return 0
+}

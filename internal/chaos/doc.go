@@ -1,0 +1,79 @@
+// Package chaos is the project's fault suite: it proves with processes,
+// a real broker and a real database server that the inbox keeps its
+// promises when things break. Run it with
+//
+//	make chaos      # go run ./internal/chaos/cmd/chaos -config full
+//	make chaos-ci   # the small configuration .ci/run uses
+//
+// # What runs
+//
+// One binary plays every part (the re-exec pattern): started plainly it is
+// the orchestrator; started by the orchestrator with a spec in its
+// environment (IsChild, RunChild) it is a worker or the outbox relay.
+// Separate processes are the point: a SIGKILL or an os.Exit takes the
+// process's connections, unacknowledged deliveries and open transactions
+// with it, as it does in production, which goroutines in one test
+// process cannot show.
+//
+// A run has two phases, each with its own tables, exchanges and queues
+// (named after a random run id, so runs never collide and a dirty
+// database does not matter):
+//
+//   - transactional: Config.Workers worker processes compete on one
+//     RabbitMQ queue (watermill-amqp, prefetch 1). Each is a Watermill
+//     router whose billing handler runs under middleware.Inbox on
+//     PostgreSQL, appends the order's effect to a ledger table in the inbox
+//     transaction and returns a payment, written to the outbox in the same
+//     transaction (Config.Outputs = outbox.Outputs). A relay process
+//     forwards the outbox to a payments queue, and a receipts handler in
+//     the same workers, under its own inbox, appends a receipt per payment.
+//   - two-phase: the workers run middleware.NewTwoPhaseInbox with
+//     Intervene; the effect is an insert into a ledger in another database
+//     (the shared PostgreSQL, never faulted), with a pause before and after
+//     it so that kills land during the effect.
+//
+// The producer (in the orchestrator) spreads the orders over a duration,
+// so faults fall mid-stream, and publishes a fraction of them twice with
+// the same UUID, half at once and half later.
+//
+// # Faults
+//
+// A deck of fault kinds is shuffled and dealt one at a time, so every
+// kind is injected before any is repeated, until every order took effect:
+// a worker SIGKILLed (the supervisor restarts it), the relay SIGKILLed,
+// the children's connections terminated (pg_terminate_backend), the
+// relay's LISTEN connection terminated, the private cluster restarted in
+// fast mode and in immediate mode (crash recovery). Besides, every worker
+// exits by itself right after the inbox committed a fresh delivery and
+// before the ack, with probability Config.ExitAfterCommit: a middleware
+// outside the inbox calls os.Exit.
+//
+// The database faults hit a private PostgreSQL cluster created with
+// Debian's postgresql-common (pg_createcluster VERSION chaos -p 5437,
+// trust on 127.0.0.1; creating it needs root or the postgres user once),
+// started at the beginning and stopped at the end. The shared cluster on
+// port 5432 is never stopped, restarted or cut off: the code refuses to
+// manage a cluster named main or on that port. Runs on one cluster are
+// serialised by a lock file.
+//
+// # The ledger
+//
+// The ledger tables are append-only with no unique constraint, so a
+// doubled effect is a second row to count rather than an error that
+// would hide it. After the last order took effect the faults stop, the
+// queues and the outbox are drained (the workers are stopped gracefully
+// and started again until nothing is left), and then, per order:
+//
+//   - transactional: effects and receipts each exactly once — 0 doubled,
+//     0 lost — and nothing poisoned;
+//   - two-phase with Intervene: 0 doubled; an order without effect must
+//     have its key left in progress (routed to an operator), reported as
+//     needing intervention together with how many of those had their
+//     effect applied.
+//
+// The command prints the fault table (faults injected by kind) and the
+// ledger table (messages, doubled, lost) and exits 1 if a promise was
+// broken. A missing prerequisite (RabbitMQ, postgresql-common, the shared
+// PostgreSQL) wraps ErrPrerequisite: the command skips naming it, or
+// fails under CI=true.
+package chaos
