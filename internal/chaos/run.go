@@ -249,9 +249,12 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 		return ph, err
 	}
 
-	kinds := []string{faultWorkerKill, faultWorkerKill, faultTerminate, faultRestartFast}
+	// A restart takes seconds, the other faults none: the deck holds
+	// more of those so that they are frequent too.
+	kinds := []string{faultWorkerKill, faultWorkerKill, faultWorkerKill, faultTerminate, faultRestartFast}
 	if mode == Transactional {
-		kinds = []string{faultWorkerKill, faultWorkerKill, faultRelayKill, faultTerminate, faultListenKill, faultRestartFast, faultRestartCrash}
+		kinds = []string{faultWorkerKill, faultWorkerKill, faultWorkerKill, faultRelayKill, faultTerminate, faultTerminate,
+			faultListenKill, faultRestartFast, faultRestartCrash}
 	}
 	// Workers are replaced by restarts; the injector always sees the
 	// current slots (a proc is a slot, not a process).
