@@ -193,7 +193,7 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 		}
 		h := router.AddHandler("billing", s.Names.Orders, sub, s.Names.Payments, pub, billingHandler(s))
 		h.AddMiddleware(poison, retry.Middleware, exit, billing.Middleware)
-		r := router.AddNoPublisherHandler("receipts", s.Names.Payments, sub, receiptsHandler(s))
+		r := router.AddConsumerHandler("receipts", s.Names.Payments, sub, receiptsHandler(s))
 		r.AddMiddleware(poison, retry.Middleware, exit, receipts.Middleware)
 	case TwoPhase:
 		ledger, err := openDB(s.LedgerDSN, 4)
@@ -211,7 +211,7 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 		if err != nil {
 			return err
 		}
-		h := router.AddNoPublisherHandler("effects", s.Names.Orders, sub, effectHandler(s, ledger))
+		h := router.AddConsumerHandler("effects", s.Names.Orders, sub, effectHandler(s, ledger))
 		h.AddMiddleware(poison, retry.Middleware, exit, inbox.Middleware)
 	default:
 		return fmt.Errorf("unknown mode %q", s.Mode)

@@ -22,6 +22,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
@@ -47,6 +48,15 @@ func namesFor(run, mode string) names {
 		Inbox: t + "inbox", Outbox: t + "outbox", Effects: t + "effects", Receipts: t + "receipts",
 		Orders: topic + "orders", Payments: topic + "payments", Poison: topic + "poison",
 	}
+}
+
+// validate checks the table names, which reach SQL unquoted.
+func (n names) validate() error {
+	var errs []error
+	for _, t := range []string{n.Inbox, n.Outbox, n.Effects, n.Receipts} {
+		errs = append(errs, repository.ValidateTableName(t))
+	}
+	return errors.Join(errs...)
 }
 
 // Run runs the suite: prerequisites, the private cluster, the
@@ -370,6 +380,9 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 }
 
 func (e *env) setup(ctx context.Context, mode string, n names, conn *amqp091.Connection) error {
+	if err := n.validate(); err != nil {
+		return err
+	}
 	repo, err := postgres.NewRepository(e.admin, postgres.Config{Table: n.Inbox})
 	if err != nil {
 		return err
@@ -703,7 +716,7 @@ type Phase struct {
 	Messages int // messages published, producer duplicates included
 	Faults   map[string]int
 	Backends map[string]int // backends terminated, by fault kind
-	Notes    []string // unexpected child exits and the like
+	Notes    []string       // unexpected child exits and the like
 	Effects  Tally
 	Receipts *Tally // transactional: the payments' arrival behind the outbox relay
 	// Two-phase: keys left in progress (routed to intervention), how many

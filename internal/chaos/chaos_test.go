@@ -1,0 +1,66 @@
+package chaos
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestClusterRefusesTheSharedOne(t *testing.T) {
+	for _, c := range []cluster{
+		{version: "15", name: "main", port: DefaultPort},
+		{version: "15", name: "chaos", port: sharedPort},
+		{version: "15", name: "", port: DefaultPort},
+	} {
+		require.Error(t, c.safe(), "%s", c)
+		require.Error(t, c.ctl(t.Context(), "restart", "-m", "fast"), "%s", c)
+	}
+	require.NoError(t, cluster{version: "15", name: "chaos", port: DefaultPort}.safe())
+
+	config := CI()
+	config.PGPort = sharedPort
+	config.setDefaults()
+	require.ErrorContains(t, config.Validate(), "must not be the shared one")
+}
+
+func TestNamesAreValidAndPerRunAndMode(t *testing.T) {
+	seen := map[string]bool{}
+	for _, run := range []string{"c0123abcd", "cffff0000"} {
+		for _, mode := range []string{Transactional, TwoPhase} {
+			n := namesFor(run, mode)
+			require.NoError(t, n.validate())
+			for _, name := range []string{n.Inbox, n.Outbox, n.Effects, n.Receipts, n.Orders, n.Payments, n.Poison} {
+				require.False(t, seen[name], "%s used twice", name)
+				seen[name] = true
+			}
+		}
+	}
+}
+
+func TestPhaseVerdict(t *testing.T) {
+	clean := Tally{Applied: 10}
+	tx := Phase{Mode: Transactional, Orders: 10, Effects: clean, Receipts: &clean}
+	require.True(t, tx.OK())
+
+	doubled := tx
+	doubled.Effects = Tally{Applied: 10, Doubled: 1}
+	require.False(t, doubled.OK())
+
+	lostReceipt := tx
+	lostReceipt.Receipts = &Tally{Applied: 9, Lost: 1}
+	require.False(t, lostReceipt.OK())
+
+	poisoned := tx
+	poisoned.Poisoned = 1
+	require.False(t, poisoned.OK(), "nothing may be poisoned in transactional mode")
+
+	// Two-phase with Intervene: a missing effect is fine when an operator
+	// holds the key, a doubled one never is.
+	tp := Phase{Mode: TwoPhase, Orders: 10, Effects: Tally{Applied: 9, Lost: 1}, Intervention: 2, InterventionApplied: 1, Poisoned: 2}
+	require.True(t, tp.OK())
+	tp.UnexplainedLost = 1
+	require.False(t, tp.OK())
+	tp.UnexplainedLost = 0
+	tp.Effects.Doubled = 1
+	require.False(t, tp.OK())
+}
