@@ -91,10 +91,14 @@ type injector struct {
 	every    time.Duration
 	kinds    []string
 	progress func(string)
+	// dealt is closed once the first deck has been dealt: every kind
+	// injected at least once.
+	dealt chan struct{}
 }
 
 func (in *injector) run(ctx context.Context) error {
 	var deck []string
+	decks := 0
 	for {
 		wait := in.every/2 + rand.N(in.every)
 		select {
@@ -103,6 +107,9 @@ func (in *injector) run(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 		if len(deck) == 0 {
+			if decks++; decks == 2 {
+				close(in.dealt)
+			}
 			deck = append(deck, in.kinds...)
 			rand.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
 		}

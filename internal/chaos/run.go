@@ -269,7 +269,7 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 	// Workers are replaced by restarts; the injector always sees the
 	// current slots (a proc is a slot, not a process).
 	in := &injector{cluster: e.cluster, admin: e.admin, workers: append([]*proc(nil), workers...), relay: relay,
-		faults: faults, every: faultEvery, kinds: kinds, progress: func(string) {}}
+		faults: faults, every: faultEvery, kinds: kinds, progress: func(string) {}, dealt: make(chan struct{})}
 	if os.Getenv("CHAOS_VERBOSE") != "" {
 		in.progress = func(s string) { e.say("%s %s", time.Now().Format("15:04:05.000"), s) }
 	}
@@ -277,9 +277,11 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 	defer stopFaults()
 	var faultErr error
 	var faultWG sync.WaitGroup
+	faultDone := make(chan struct{})
 	faultWG.Add(1)
 	go func() {
 		defer faultWG.Done()
+		defer close(faultDone)
 		faultErr = in.run(faultCtx)
 	}()
 	stopInjector := func() error {
@@ -302,8 +304,15 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 	e.say("%s phase: %d messages published for %d orders in %s", mode, messages, orders, time.Since(start).Round(time.Second))
 
 	// Faults go on until every order took effect, so they hit redeliveries
-	// and the relay's backlog too.
-	if err := e.waitFor(ctx, mode+" phase: every order took effect", func(ctx context.Context) (bool, string, error) {
+	// and the relay's backlog too, and until every kind was injected.
+	if err := e.waitFor(ctx, mode+" phase: every order took effect and every fault kind was injected", func(ctx context.Context) (bool, string, error) {
+		select {
+		case <-faultDone:
+			return true, "", nil // the injector failed: stopInjector reports it
+		case <-in.dealt:
+		default:
+			return false, "not every fault kind injected yet", nil
+		}
 		return e.settled(ctx, mode, n, orders)
 	}); err != nil {
 		_ = stopInjector()
