@@ -88,7 +88,11 @@ func (s *supervisor) loop(p *proc, errc chan<- error) {
 		p.mu.Unlock()
 		if err != nil {
 			_ = log.Close()
-			errc <- fmt.Errorf("starting %s: %w", p.spec.Name, err)
+			err = fmt.Errorf("starting %s: %w", p.spec.Name, err)
+			if generation > 0 {
+				s.faults.note(err.Error() + "; the slot stays empty")
+			}
+			errc <- err
 			return
 		}
 		if generation == 0 {
