@@ -531,7 +531,7 @@ func (e *env) waitFor(ctx context.Context, what string, cond func(context.Contex
 		if err == nil && ok {
 			return nil
 		}
-		if s != "" {
+		if s != "" && err == nil {
 			status = s
 		}
 		lastErr = err // errors are expected while the server restarts
