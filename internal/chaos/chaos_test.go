@@ -56,11 +56,17 @@ func TestPhaseVerdict(t *testing.T) {
 
 	// Two-phase with Intervene: a missing effect is fine when an operator
 	// holds the key, a doubled one never is.
-	tp := Phase{Mode: TwoPhase, Orders: 10, Effects: Tally{Applied: 9, Lost: 1}, Intervention: 2, InterventionApplied: 1, Poisoned: 2}
+	tp := Phase{Mode: TwoPhase, Policy: "intervene", Orders: 10, Effects: Tally{Applied: 9, Lost: 1}, Intervention: 2, InterventionApplied: 1, Poisoned: 2}
 	require.True(t, tp.OK())
 	tp.UnexplainedLost = 1
 	require.False(t, tp.OK())
 	tp.UnexplainedLost = 0
 	tp.Effects.Doubled = 1
 	require.False(t, tp.OK())
+
+	// Reclaim re-runs by design: doubles are its price, losses are not.
+	reclaim := Phase{Mode: TwoPhase, Policy: "reclaim", Orders: 10, Effects: Tally{Applied: 10, Doubled: 3}}
+	require.True(t, reclaim.OK())
+	reclaim.Effects.Lost = 1
+	require.False(t, reclaim.OK())
 }

@@ -47,7 +47,8 @@ type spec struct {
 	AMQPURL          string  //
 	ExitAfterCommit  float64 // probability per processed delivery
 	Lease            time.Duration
-	EffectDelay      time.Duration // two-phase: up to this long before and after the effect
+	Policy           middleware.ExpiredLeasePolicy // two-phase
+	EffectDelay      time.Duration                 // two-phase: up to this long before and after the effect
 }
 
 // IsChild reports whether this process was started by the suite as a
@@ -206,7 +207,7 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 			return err
 		}
 		inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{
-			Repository: repo, Consumer: "effects", Lease: s.Lease, OnExpiredLease: middleware.Intervene, Logger: logger,
+			Repository: repo, Consumer: "effects", Lease: s.Lease, OnExpiredLease: s.Policy, Logger: logger,
 		})
 		if err != nil {
 			return err

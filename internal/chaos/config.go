@@ -7,6 +7,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 // Modes of the inbox a phase runs.
@@ -62,6 +64,11 @@ type Config struct {
 	// Duplicates is the fraction of orders the producer publishes twice
 	// (same UUID, same payload): half at once, half later in the stream.
 	Duplicates float64
+	// TwoPhasePolicy is the two-phase phase's policy for expired leases.
+	// Default: middleware.Intervene, which must show 0 doubled. Reclaim
+	// re-runs effects by design: a run with it shows that the ledger sees
+	// doubles, and must show 0 lost.
+	TwoPhasePolicy middleware.ExpiredLeasePolicy
 	// Lease is the two-phase lease. Default: 2 s.
 	Lease time.Duration
 	// EffectDelay is the longest pause before and after the two-phase
@@ -167,6 +174,9 @@ func (c Config) Validate() error {
 	}
 	if c.ExitAfterCommit < 0 || c.ExitAfterCommit > 1 || c.Duplicates < 0 || c.Duplicates > 1 {
 		errs = append(errs, errors.New("chaos: ExitAfterCommit and Duplicates are fractions in [0, 1]"))
+	}
+	if c.TwoPhasePolicy != middleware.Intervene && c.TwoPhasePolicy != middleware.Reclaim {
+		errs = append(errs, fmt.Errorf("chaos: unknown two-phase policy %s", c.TwoPhasePolicy))
 	}
 	if c.PGPort == sharedPort || c.PGCluster == "main" {
 		errs = append(errs, fmt.Errorf("chaos: the private cluster must not be the shared one (main, port %d)", sharedPort))

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/chaos"
+	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 func main() {
@@ -41,6 +42,7 @@ func run() int {
 	twoPhase := flag.Int("two-phase-orders", -1, "two-phase-phase orders, 0 to skip the phase (-1: the preset's)")
 	workers := flag.Int("workers", 0, "worker processes per queue (0: 3)")
 	duration := flag.Duration("duration", 0, "how long the producer spreads the transactional orders over (0: the preset's)")
+	policy := flag.String("two-phase-policy", "intervene", "two-phase expired-lease policy: intervene (0 doubled) or reclaim (re-runs effects by design: shows the ledger sees doubles; 0 lost)")
 	keep := flag.Bool("keep", false, "keep the run's tables and queues for inspection")
 	flag.Parse()
 
@@ -62,6 +64,15 @@ func run() int {
 	}
 	if *duration > 0 {
 		config.Duration = *duration
+	}
+	switch *policy {
+	case "intervene":
+		config.TwoPhasePolicy = middleware.Intervene
+	case "reclaim":
+		config.TwoPhasePolicy = middleware.Reclaim
+	default:
+		fmt.Fprintf(os.Stderr, "chaos: unknown -two-phase-policy %q (intervene or reclaim)\n", *policy)
+		return 2
 	}
 	config.Workers = *workers
 	config.Keep = *keep
