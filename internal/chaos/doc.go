@@ -69,7 +69,10 @@
 //   - two-phase with Intervene: 0 doubled; an order without effect must
 //     have its key left in progress (routed to an operator), reported as
 //     needing intervention together with how many of those had their
-//     effect applied.
+//     effect applied;
+//   - two-phase with Reclaim (Config.TwoPhasePolicy, a control): 0 lost;
+//     the doubles it shows are that policy's documented price, and prove
+//     the ledger sees them.
 //
 // The command prints the fault table (faults injected by kind) and the
 // ledger table (messages, doubled, lost) and exits 1 if a promise was
