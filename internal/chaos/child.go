@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
 // specEnv carries a child process's spec (JSON). Its presence makes the
@@ -43,7 +44,7 @@ type spec struct {
 	Role, Name, Mode string
 	Names            names
 	DSN              string  // the private cluster (inbox, outbox, transactional ledger)
-	LedgerDSN        string  // the two-phase effects ledger (shared cluster, never faulted)
+	LedgerPath       string  // the two-phase effects ledger: a SQLite file, never faulted
 	AMQPURL          string  //
 	ExitAfterCommit  float64 // probability per processed delivery
 	Lease            time.Duration
@@ -197,7 +198,7 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 		r := router.AddConsumerHandler("receipts", s.Names.Payments, sub, receiptsHandler(s))
 		r.AddMiddleware(poison, retry.Middleware, exit, receipts.Middleware)
 	case TwoPhase:
-		ledger, err := openDB(s.LedgerDSN, 4)
+		ledger, err := sqlite.Open(s.LedgerPath)
 		if err != nil {
 			return err
 		}
@@ -261,10 +262,11 @@ func receiptsHandler(s spec) message.NoPublishHandlerFunc {
 }
 
 // effectHandler is the two-phase effect: an insert into a ledger in
-// another database (the shared cluster, which no fault touches), with a
-// pause before and after it so that SIGKILLs land during the effect.
+// another database (a SQLite file, which no fault touches and whose
+// commit a killed process cannot leave in doubt), with a pause before and
+// after it so that SIGKILLs land during the effect.
 func effectHandler(s spec, ledger *sql.DB) message.NoPublishHandlerFunc {
-	insert := `INSERT INTO ` + s.Names.Effects + ` (order_id, process) VALUES ($1, $2)`
+	insert := `INSERT INTO ` + s.Names.Effects + ` (order_id, process) VALUES (?, ?)`
 	return func(msg *message.Message) error {
 		markRan(msg.Context())
 		var o order

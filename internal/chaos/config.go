@@ -18,8 +18,8 @@ const (
 )
 
 // ErrPrerequisite means a service or tool the suite needs is missing
-// (RabbitMQ, postgresql-common, the shared PostgreSQL for the two-phase
-// ledger). The command skips on it, or fails under CI=true.
+// (RabbitMQ, postgresql-common). The command skips on it, or fails under
+// CI=true.
 var ErrPrerequisite = errors.New("chaos: prerequisite missing")
 
 // Environment variables read by Config's defaults.
@@ -27,7 +27,6 @@ const (
 	PortEnv    = "CHAOS_PG_PORT"    // private cluster port; default DefaultPort
 	VersionEnv = "CHAOS_PG_VERSION" // PostgreSQL major version; default: the newest in /usr/lib/postgresql
 	AMQPEnv    = "AMQP_URL"         // RabbitMQ; default amqp://guest:guest@127.0.0.1:5672/
-	LedgerEnv  = "POSTGRES_DSN"     // shared PostgreSQL holding the two-phase ledger
 )
 
 // Defaults.
@@ -82,15 +81,12 @@ type Config struct {
 	PGPort               int
 	// AMQPURL addresses RabbitMQ.
 	AMQPURL string
-	// LedgerDSN addresses the shared PostgreSQL that holds the two-phase
-	// effects ledger (read and written, never faulted).
-	LedgerDSN string
 	// Keep leaves tables and queues in place for inspection.
 	Keep bool
 	// Out receives progress and the fault table. Default: os.Stdout.
 	Out io.Writer
-	// LogDir receives one log file per child process. Default: a new
-	// directory under os.TempDir().
+	// LogDir receives one log file per child process and the two-phase
+	// ledger (a SQLite file). Default: a new directory under os.TempDir().
 	LogDir string
 }
 
@@ -148,9 +144,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.AMQPURL == "" {
 		c.AMQPURL = getenv(AMQPEnv, "amqp://guest:guest@127.0.0.1:5672/")
-	}
-	if c.LedgerDSN == "" {
-		c.LedgerDSN = getenv(LedgerEnv, "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	}
 	if c.Out == nil {
 		c.Out = os.Stdout

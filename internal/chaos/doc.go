@@ -29,8 +29,8 @@
 //     the same workers, under its own inbox, appends a receipt per payment.
 //   - two-phase: the workers run middleware.NewTwoPhaseInbox with
 //     Intervene; the effect is an insert into a ledger in another database
-//     (the shared PostgreSQL, never faulted), with a pause before and after
-//     it so that kills land during the effect.
+//     (a SQLite file in the run's log directory, never faulted), with a
+//     pause before and after it so that kills land during the effect.
 //
 // The producer (in the orchestrator) spreads the orders over a duration,
 // so faults fall mid-stream, and publishes a fraction of them twice with
@@ -76,7 +76,7 @@
 //
 // The command prints the fault table (faults injected by kind) and the
 // ledger table (messages, doubled, lost) and exits 1 if a promise was
-// broken. A missing prerequisite (RabbitMQ, postgresql-common, the shared
-// PostgreSQL) wraps ErrPrerequisite: the command skips naming it, or
+// broken. A missing prerequisite (RabbitMQ, postgresql-common) wraps
+// ErrPrerequisite: the command skips naming it, or
 // fails under CI=true.
 package chaos

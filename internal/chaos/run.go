@@ -25,6 +25,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
 // quietPeriod is how long the queues must stay empty before the drain
@@ -77,20 +78,6 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 	if err := checkAMQP(config.AMQPURL); err != nil {
 		return nil, err
 	}
-	ledger, err := openDB(config.LedgerDSN, 8)
-	if err != nil {
-		return nil, err
-	}
-	defer ledger.Close()
-	// Patient: on a loaded machine the shared server can take a while to
-	// accept a connection, and under CI=true giving up is a failure.
-	pctx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = waitReady(pctx, ledger, "the shared PostgreSQL")
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("%w: the shared PostgreSQL for the two-phase ledger (%s=%s): %v", ErrPrerequisite, LedgerEnv, config.LedgerDSN, err)
-	}
-
 	cl := cluster{version: config.PGVersion, name: config.PGCluster, port: config.PGPort}
 	unlock, err := lockCluster(cl, config.Out)
 	if err != nil {
@@ -128,10 +115,18 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 			return nil, err
 		}
 	}
+	// The two-phase effects happen in another database than the inbox
+	// store: a SQLite file no fault touches.
+	ledgerPath := filepath.Join(config.LogDir, "two-phase-ledger.db")
+	ledger, err := sqlite.Open(ledgerPath)
+	if err != nil {
+		return nil, err
+	}
+	defer ledger.Close()
 	report := &Report{Run: run, Started: time.Now().UTC(), Workers: config.Workers, Cluster: cl.String(), LogDir: config.LogDir}
 	fmt.Fprintf(config.Out, "chaos: run %s, %d workers, child logs in %s\n", run, config.Workers, config.LogDir)
 
-	e := &env{config: config, exe: exe, run: run, cluster: cl, admin: admin, ledger: ledger}
+	e := &env{config: config, exe: exe, run: run, cluster: cl, admin: admin, ledger: ledger, ledgerPath: ledgerPath}
 	phases := []struct {
 		mode          string
 		orders        int
@@ -186,12 +181,13 @@ func checkAMQP(url string) error {
 
 // env is what every phase of a run shares.
 type env struct {
-	config  Config
-	exe     string
-	run     string
-	cluster cluster
-	admin   *sql.DB // private cluster
-	ledger  *sql.DB // shared cluster (two-phase effects)
+	config     Config
+	exe        string
+	run        string
+	cluster    cluster
+	admin      *sql.DB // private cluster
+	ledger     *sql.DB // the two-phase effects ledger (SQLite)
+	ledgerPath string
 }
 
 func (e *env) say(format string, args ...any) {
@@ -230,7 +226,7 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 	sup := &supervisor{exe: e.exe, logDir: e.config.LogDir, faults: faults, mode: mode}
 	defer sup.stopAll(5 * time.Second)
 	base := spec{
-		Mode: mode, Names: n, DSN: "", LedgerDSN: e.config.LedgerDSN, AMQPURL: e.config.AMQPURL,
+		Mode: mode, Names: n, DSN: "", LedgerPath: e.ledgerPath, AMQPURL: e.config.AMQPURL,
 		ExitAfterCommit: e.config.ExitAfterCommit, Lease: e.config.Lease, EffectDelay: e.config.EffectDelay,
 		Policy: e.config.TwoPhasePolicy,
 	}
@@ -412,6 +408,8 @@ func (e *env) setup(ctx context.Context, mode string, n names, conn *amqp091.Con
 		return `CREATE TABLE IF NOT EXISTS ` + table + ` (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 			order_id TEXT NOT NULL, process TEXT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now())`
 	}
+	sqliteLedgerDDL := `CREATE TABLE IF NOT EXISTS ` + n.Effects + ` (id INTEGER PRIMARY KEY AUTOINCREMENT,
+		order_id TEXT NOT NULL, process TEXT NOT NULL, at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)`
 	if mode == Transactional {
 		ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: n.Outbox})
 		if err != nil {
@@ -425,7 +423,7 @@ func (e *env) setup(ctx context.Context, mode string, n names, conn *amqp091.Con
 				return fmt.Errorf("chaos: ledger table: %w", err)
 			}
 		}
-	} else if _, err := e.ledger.ExecContext(ctx, ledgerDDL(n.Effects)); err != nil {
+	} else if _, err := e.ledger.ExecContext(ctx, sqliteLedgerDDL); err != nil {
 		return fmt.Errorf("chaos: ledger table: %w", err)
 	}
 	// Queues exist before anything is published to their exchanges.
