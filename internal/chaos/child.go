@@ -182,14 +182,16 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 		if err != nil {
 			return err
 		}
+		// Each inbox's scope is its handler's name ("billing",
+		// "receipts", "effects").
 		billing, err := middleware.NewInbox(middleware.Config{
-			DB: db, Repository: repo, Consumer: "billing", Logger: logger,
+			DB: db, Repository: repo, Logger: logger,
 			Outputs: ob.Outputs(s.Names.Payments),
 		})
 		if err != nil {
 			return err
 		}
-		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "receipts", Logger: logger})
+		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Logger: logger})
 		if err != nil {
 			return err
 		}
@@ -208,7 +210,7 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 			return err
 		}
 		inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{
-			Repository: repo, Consumer: "effects", Lease: s.Lease, OnExpiredLease: s.Policy, Logger: logger,
+			Repository: repo, Lease: s.Lease, OnExpiredLease: s.Policy, Logger: logger,
 		})
 		if err != nil {
 			return err
