@@ -99,16 +99,26 @@ func (c cluster) ensure(ctx context.Context) error {
 	return c.ctl(ctx, "start")
 }
 
+// configure writes the settings and pg_hba.conf where they differ, so a
+// cluster configured once runs without write access to /etc/postgresql.
 func (c cluster) configure() error {
 	dir := c.confDir()
-	if err := os.MkdirAll(filepath.Join(dir, "conf.d"), 0o755); err != nil {
-		return fmt.Errorf("private cluster config: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "conf.d", "zz-chaos.conf"), []byte(clusterSettings), 0o644); err != nil {
-		return fmt.Errorf("private cluster config (needs root or the postgres user): %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "pg_hba.conf"), []byte(clusterHBA), 0o640); err != nil {
-		return fmt.Errorf("private cluster pg_hba.conf (needs root or the postgres user): %w", err)
+	for _, f := range []struct {
+		path, content string
+		mode          os.FileMode
+	}{
+		{filepath.Join(dir, "conf.d", "zz-chaos.conf"), clusterSettings, 0o644},
+		{filepath.Join(dir, "pg_hba.conf"), clusterHBA, 0o640},
+	} {
+		if old, err := os.ReadFile(f.path); err == nil && string(old) == f.content {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(f.path), 0o755); err != nil {
+			return fmt.Errorf("private cluster config: %w", err)
+		}
+		if err := os.WriteFile(f.path, []byte(f.content), f.mode); err != nil {
+			return fmt.Errorf("private cluster config %s (needs root or the postgres user once): %w", f.path, err)
+		}
 	}
 	return nil
 }
