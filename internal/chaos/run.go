@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
@@ -155,7 +156,7 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 // lockCluster serialises runs on one private cluster: a run stops the
 // cluster at its end and restarts it mid-stream, which a concurrent run
 // must not see.
-func lockCluster(cl cluster, out interface{ Write([]byte) (int, error) }) (func(), error) {
+func lockCluster(cl cluster, out io.Writer) (func(), error) {
 	path := filepath.Join(os.TempDir(), fmt.Sprintf("watermill-idempotent-chaos-%d.lock", cl.port))
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
@@ -792,7 +793,7 @@ func (r *Report) OK() bool {
 }
 
 // Print writes the fault table and the ledger table.
-func (r *Report) Print(w interface{ Write([]byte) (int, error) }) {
+func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nchaos run %s, %s, %d worker processes per queue, private PostgreSQL %s, %s in all\n\n",
 		r.Run, r.Started.Format("2006-01-02 15:04 UTC"), r.Workers, r.Cluster, r.Elapsed.Round(time.Second))
 	fmt.Fprintf(w, "| mode | fault injected | count |\n|---|---|---:|\n")
