@@ -50,6 +50,10 @@ func TestPhaseVerdict(t *testing.T) {
 	lostReceipt.Receipts = &Tally{Applied: 9, Lost: 1}
 	require.False(t, lostReceipt.OK())
 
+	dead := tx
+	dead.DeadLetters = 1
+	require.False(t, dead.OK(), "no payment may end in the relay's dead letters")
+
 	poisoned := tx
 	poisoned.Poisoned = 1
 	require.False(t, poisoned.OK(), "nothing may be poisoned in transactional mode")

@@ -65,7 +65,7 @@
 // and started again until nothing is left), and then, per order:
 //
 //   - transactional: effects and receipts each exactly once — 0 doubled,
-//     0 lost — and nothing poisoned;
+//     0 lost — nothing poisoned and no outbox row dead-lettered;
 //   - two-phase with Intervene: 0 doubled; an order without effect must
 //     have its key left in progress (routed to an operator), reported as
 //     needing intervention together with how many of those had their

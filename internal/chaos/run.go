@@ -385,6 +385,15 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 	if ph.Poisoned, err = queueDepth(conn, queueName(n.Poison)); err != nil {
 		return ph, err
 	}
+	if mode == Transactional {
+		dead := outbox.DeadLetterTableName(n.Outbox)
+		if err := repository.ValidateTableName(dead); err != nil {
+			return ph, err
+		}
+		if ph.DeadLetters, err = e.count(ctx, e.admin, `SELECT count(*) FROM `+dead); err != nil {
+			return ph, fmt.Errorf("chaos: counting dead letters: %w", err)
+		}
+	}
 	if err := e.tally(ctx, mode, n, uuids, ph); err != nil {
 		return ph, err
 	}
@@ -446,7 +455,7 @@ func (e *env) cleanup(ctx context.Context, mode string, n names, conn *amqp091.C
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var errs []error
-	for _, t := range []string{n.Inbox, n.Outbox, n.Effects, n.Receipts} {
+	for _, t := range []string{n.Inbox, n.Outbox, outbox.DeadLetterTableName(n.Outbox), n.Effects, n.Receipts} {
 		_, err := e.admin.ExecContext(ctx, `DROP TABLE IF EXISTS `+t)
 		errs = append(errs, err)
 	}
@@ -740,6 +749,7 @@ type Phase struct {
 	// intervention record (must be 0).
 	Intervention, InterventionApplied, UnexplainedLost int
 	Poisoned                                           int // messages on the poison queue
+	DeadLetters                                        int // transactional: outbox rows the relay gave up on
 	Elapsed                                            time.Duration
 }
 
@@ -761,7 +771,7 @@ func (p Phase) OK() bool {
 	}
 	if p.Mode == Transactional {
 		return p.Effects.Lost == 0 && p.Receipts != nil && p.Receipts.Doubled == 0 && p.Receipts.Lost == 0 &&
-			p.Receipts.Unknown == 0 && p.Poisoned == 0
+			p.Receipts.Unknown == 0 && p.Poisoned == 0 && p.DeadLetters == 0
 	}
 	return p.UnexplainedLost == 0
 }
@@ -837,6 +847,9 @@ func (r *Report) Print(w io.Writer) {
 		}
 		if p.Effects.Unknown > 0 {
 			lines = append(lines, fmt.Sprintf("%d ledger rows for orders never published", p.Effects.Unknown))
+		}
+		if p.DeadLetters > 0 {
+			lines = append(lines, fmt.Sprintf("%d outbox rows in the dead-letter table", p.DeadLetters))
 		}
 		if p.UnexplainedLost > 0 {
 			lines = append(lines, fmt.Sprintf("%d orders without effect and without an intervention record", p.UnexplainedLost))
