@@ -461,6 +461,14 @@ func (e *env) cleanup(ctx context.Context, mode string, n names, conn *amqp091.C
 	}
 	_, err := e.admin.ExecContext(ctx, `DROP FUNCTION IF EXISTS `+n.Outbox+`_notify()`)
 	errs = append(errs, err)
+	// The store records applied migrations per table ("<line>:<table>")
+	// in one table; forget the dropped inbox's, if that table exists.
+	_, err = e.admin.ExecContext(ctx, `DO $$ BEGIN
+		IF to_regclass('watermill_idempotent_migrations') IS NOT NULL THEN
+			DELETE FROM watermill_idempotent_migrations WHERE subject LIKE '%:`+n.Inbox+`';
+		END IF;
+	END $$`)
+	errs = append(errs, err)
 	if mode == TwoPhase {
 		_, err := e.ledger.ExecContext(ctx, `DROP TABLE IF EXISTS `+n.Effects)
 		errs = append(errs, err)
