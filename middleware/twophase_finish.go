@@ -22,12 +22,14 @@ import (
 // the owner, so a retry after the lease was lost stops with
 // repository.ErrLeaseLost and never overwrites the newer owner.
 //
-// With the defaults a delivery retries for about 3 s (waits of 0.1, 0.2,
-// 0.4, 0.8 and 1.6 s) plus the attempts themselves, each bounded by
-// TwoPhaseConfig.StoreTimeout.
+// With the defaults a delivery retries for about 11 s (waits of 0.1, 0.2,
+// 0.4, 0.8 and 1.6 s, then 2 s four times) plus the attempts themselves,
+// each bounded by TwoPhaseConfig.StoreTimeout: long enough to ride out a
+// connection pool reconnecting after its connections were cut, or a
+// database failing over, and well inside the default 30 s lease.
 type FinishRetry struct {
 	// MaxAttempts is the most calls, the first included; 1 turns retrying
-	// off. Default: 6.
+	// off. Default: 10.
 	MaxAttempts int
 	// InitialInterval is the wait before the first retry; each later wait
 	// doubles. Default: 100 ms.
@@ -38,7 +40,7 @@ type FinishRetry struct {
 
 func (r *FinishRetry) setDefaults() {
 	if r.MaxAttempts == 0 {
-		r.MaxAttempts = 6
+		r.MaxAttempts = 10
 	}
 	if r.InitialInterval == 0 {
 		r.InitialInterval = 100 * time.Millisecond
@@ -97,6 +99,22 @@ func (i *TwoPhaseInbox) release(ctx context.Context, lease repository.LeaseParam
 		return nil
 	}
 	return err
+}
+
+// releaseUnanswered releases a claim this attempt may hold without
+// knowing it: an Acquire or Reclaim that failed may have committed with
+// only its answer lost (the connection died after the write). The key
+// would then stay in progress under this attempt's owner with nobody
+// working on it, until its lease expired — and then Intervene would send
+// a message whose effect never ran to the poison queue. The release is
+// fenced by this attempt's owner, a no-op when the claim never happened.
+func (i *TwoPhaseInbox) releaseUnanswered(ctx context.Context, lease repository.LeaseParams, cause error, fields watermill.LogFields) {
+	if errors.Is(cause, repository.ErrInvalidParams) {
+		return // refused before any write
+	}
+	if err := i.release(ctx, lease, fields); err != nil {
+		i.config.Logger.Error("Inbox: could not release a claim whose answer was lost; it frees when the lease expires", err, fields)
+	}
 }
 
 // finish calls write until it succeeds, reports a lost lease or invalid
