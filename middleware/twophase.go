@@ -99,8 +99,10 @@ type TwoPhaseConfig struct {
 	// StoreTimeout bounds each store call made while and after the handler
 	// runs: every lease extension and every Complete or Release attempt. A
 	// hung call is abandoned (its context cancelled) after it, so it can
-	// neither hold the delivery nor outlive the handler. Default:
-	// ExtendEvery. Must be shorter than Lease.
+	// neither hold the delivery nor outlive the handler. Default: Lease/3
+	// (the default ExtendEvery; not a shorter ExtendEvery you set, which
+	// would leave a slow store no time to answer). Must be shorter than
+	// Lease.
 	StoreTimeout time.Duration
 	// FinishRetry bounds how Complete (and Release after a handler error)
 	// is retried after a store error. Default: see FinishRetry.
@@ -130,7 +132,7 @@ func (c *TwoPhaseConfig) setDefaults() {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}
 	if c.StoreTimeout == 0 {
-		c.StoreTimeout = c.ExtendEvery
+		c.StoreTimeout = c.Lease / 3
 	}
 	c.FinishRetry.setDefaults()
 }
