@@ -251,7 +251,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 	})
 	obs.d.Claim = time.Since(claimStart)
 	if err != nil {
-		i.releaseUnanswered(ctx, repository.LeaseParams{Consumer: c.Consumer, Key: key, Owner: owner}, err, obs.fields)
+		i.releaseUnanswered(ctx, repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}, err, obs.fields)
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: acquire key %q: %w", key, err), nil)
 	}
 	if !acq.Acquired {
@@ -274,7 +274,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 			err = fmt.Errorf("%w: scope %q, key %q was reclaimed by another delivery: %w", ErrInProgress, scope, key, err)
 			return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
 		} else if err != nil {
-			i.releaseUnanswered(ctx, repository.LeaseParams{Consumer: c.Consumer, Key: key, Owner: owner}, err, obs.fields)
+			i.releaseUnanswered(ctx, repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}, err, obs.fields)
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: reclaim key %q: %w", key, err), nil)
 		}
 		c.Logger.Info("Inbox: reclaimed an expired lease, running the handler again", obs.fields.Add(watermill.LogFields{"previous_owner": rec.LeaseOwner}))
