@@ -102,9 +102,9 @@ type Config struct {
 	ReadFirst bool
 	// MaxResultBytes is the largest encoded result (the messages the
 	// handler returns, kept for replay) the inbox stores. A larger one
-	// fails the delivery with the permanent ErrResultTooLarge before
-	// anything is written, and the transaction rolls back. Negative: no
-	// limit. Default: DefaultMaxResultBytes (1 MiB; see it for why).
+	// fails the delivery with the permanent ErrResultTooLarge before the
+	// result is sent to the database, and the transaction (with the
+	// handler's writes) rolls back. Negative: no limit. Default: DefaultMaxResultBytes (1 MiB; see it for why).
 	MaxResultBytes int
 }
 
