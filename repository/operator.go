@@ -127,8 +127,8 @@ func ValidateListStuck(p ListStuckParams) (ListStuckParams, error) {
 // ValidateResolve checks the arguments of [Operator.Resolve]: consumer,
 // stored key and expected owner are set, the key is a stored key (at most
 // MaxKeyLength bytes of UTF-8 without NUL), the action is known, Now is
-// set and, for
-// ResolveComplete, Result is a stored result (see ValidateResult).
+// set and, for ResolveComplete, Result is a stored result (see
+// ValidateResult).
 func ValidateResolve(p ResolveParams) error {
 	if err := validateConsumerKey(p.Consumer, p.Key); err != nil {
 		return err
