@@ -28,8 +28,8 @@ var (
 // IsPermanent reports whether err is an error that retrying the same
 // message cannot fix, possibly wrapped:
 //
-//   - ErrNoKey, ErrPayloadMismatch, ErrNeedsIntervention, ErrNoScope and
-//     ErrInvalidScope;
+//   - ErrNoKey, ErrPayloadMismatch, ErrNeedsIntervention, ErrNoScope,
+//     ErrInvalidScope and ErrResultTooLarge;
 //   - repository.ErrInvalidParams: an input the store refuses whatever
 //     its state — a consumer (scope) with a NUL byte, invalid UTF-8 or
 //     over 255 bytes, an empty version-guard entity. Keys and entities of
@@ -64,7 +64,8 @@ func IsPermanent(err error) bool {
 		errors.Is(err, ErrNoScope) ||
 		errors.Is(err, ErrInvalidScope) ||
 		errors.Is(err, repository.ErrInvalidParams) ||
-		repository.IsDataException(err)
+		repository.IsDataException(err) ||
+		errors.Is(err, ErrResultTooLarge)
 }
 
 // ErrStaleVersion is returned by a handler (directly or through the

@@ -100,6 +100,12 @@ type Config struct {
 	// keys already completed. Requires a Repository that also implements
 	// repository.Reader (every backend here does). Default: false.
 	ReadFirst bool
+	// MaxResultBytes is the largest encoded result (the messages the
+	// handler returns, kept for replay) the inbox stores. A larger one
+	// fails the delivery with the permanent ErrResultTooLarge before the
+	// result is sent to the database, and the transaction (with the
+	// handler's writes) rolls back. Negative: no limit. Default: DefaultMaxResultBytes (1 MiB; see it for why).
+	MaxResultBytes int
 }
 
 // OutputWriter stores a handler's output messages inside the inbox
@@ -120,6 +126,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.MaxResultBytes == 0 {
+		c.MaxResultBytes = DefaultMaxResultBytes
 	}
 }
 
@@ -298,9 +307,9 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		// for the router to publish, nothing to replay.
 		out = nil
 	}
-	result, err := encodeResult(out)
+	result, err := encodeResult(out, c.MaxResultBytes)
 	if err != nil {
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: %w", err), nil)
+		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: key %q: %w", key, err), nil)
 	}
 	if result != nil {
 		if err := c.Repository.SaveResultTx(finish, tx, repository.SaveResultParams{Consumer: scope, Key: key, Result: result}); err != nil {

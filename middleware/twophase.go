@@ -89,6 +89,24 @@ type TwoPhaseConfig struct {
 	// TracerProvider creates the span of each delivery. Default: the
 	// global otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
+	// MaxResultBytes: as in Config. The check comes after the effect, so a
+	// larger result fails the delivery with the permanent
+	// ErrResultTooLarge and leaves the record in progress (releasing it
+	// would invite a second effect): once its lease expires an operator
+	// finds it with repository.Operator.ListStuck. Default:
+	// DefaultMaxResultBytes (1 MiB).
+	MaxResultBytes int
+	// StoreTimeout bounds each store call made while and after the handler
+	// runs: every lease extension and every Complete or Release attempt. A
+	// hung call is abandoned (its context cancelled) after it, so it can
+	// neither hold the delivery nor outlive the handler. Default: Lease/3
+	// (the default ExtendEvery; not a shorter ExtendEvery you set, which
+	// would leave a slow store no time to answer). Must be shorter than
+	// Lease.
+	StoreTimeout time.Duration
+	// FinishRetry bounds how Complete (and Release after a handler error)
+	// is retried after a store error. Default: see FinishRetry.
+	FinishRetry FinishRetry
 }
 
 func (c *TwoPhaseConfig) setDefaults() {
@@ -110,6 +128,13 @@ func (c *TwoPhaseConfig) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.MaxResultBytes == 0 {
+		c.MaxResultBytes = DefaultMaxResultBytes
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = c.Lease / 3
+	}
+	c.FinishRetry.setDefaults()
 }
 
 // Validate reports every problem with the configuration at once.
@@ -132,6 +157,10 @@ func (c TwoPhaseConfig) Validate() error {
 	if c.Retention <= c.Lease {
 		errs = append(errs, fmt.Errorf("config.Retention (%s) must be longer than Lease (%s)", c.Retention, c.Lease))
 	}
+	if c.StoreTimeout <= 0 || c.StoreTimeout >= c.Lease {
+		errs = append(errs, fmt.Errorf("config.StoreTimeout must be positive and shorter than Lease (%s), got %s", c.Lease, c.StoreTimeout))
+	}
+	errs = append(errs, c.FinishRetry.validate()...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid two-phase inbox config: %w", err)
 	}
@@ -153,11 +182,16 @@ func (c TwoPhaseConfig) Validate() error {
 //     Intervene (ErrNeedsIntervention, permanent, record kept);
 //   - handler error or panic: the claim is released so a retry can run.
 //
-// While the handler runs, its lease is extended every ExtendEvery. If an
-// extension finds the lease taken over by a newer owner, the handler's
-// context (msg.Context()) is cancelled, and its completion is refused
-// with repository.ErrLeaseLost: an attempt that outlived its lease can
-// never overwrite the newer owner's record. The handler's effect is not
+// While the handler runs, its lease is extended every ExtendEvery, each
+// extension bounded by StoreTimeout; when the handler returns, an
+// extension in flight is abandoned and no new one starts. If an extension
+// finds the lease taken over by a newer owner, the handler's context
+// (msg.Context()) is cancelled, and its completion is refused with
+// repository.ErrLeaseLost: an attempt that outlived its lease can never
+// overwrite the newer owner's record. Complete (and Release after a
+// handler error) is retried after a store error as FinishRetry allows,
+// extending the lease in between, so a transient store error after the
+// effect neither re-runs it nor poisons an applied message. The handler's effect is not
 // rolled back by anything — that is why the key is available through
 // KeyFromContext, to make the effect itself idempotent downstream.
 type TwoPhaseInbox struct {
@@ -217,6 +251,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 	})
 	obs.d.Claim = time.Since(claimStart)
 	if err != nil {
+		i.releaseUnanswered(ctx, repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}, err, obs.fields)
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: acquire key %q: %w", key, err), nil)
 	}
 	if !acq.Acquired {
@@ -239,6 +274,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 			err = fmt.Errorf("%w: scope %q, key %q was reclaimed by another delivery: %w", ErrInProgress, scope, key, err)
 			return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
 		} else if err != nil {
+			i.releaseUnanswered(ctx, repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}, err, obs.fields)
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: reclaim key %q: %w", key, err), nil)
 		}
 		c.Logger.Info("Inbox: reclaimed an expired lease, running the handler again", obs.fields.Add(watermill.LogFields{"previous_owner": rec.LeaseOwner}))
@@ -249,7 +285,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 	stale := errors.Is(err, ErrStaleVersion)
 	if (err != nil && !stale) || panicked != nil {
 		// The claim goes so that the redelivery can run.
-		if relErr := c.Repository.Release(context.WithoutCancel(ctx), lease); relErr != nil && !errors.Is(relErr, repository.ErrLeaseLost) {
+		if relErr := i.release(ctx, lease, obs.fields); relErr != nil {
 			c.Logger.Error("Inbox: could not release the claim after a failed handler; it frees when the lease expires", relErr, obs.fields)
 		}
 		_ = obs.end(ctx, OutcomeFailed, err, nil)
@@ -260,16 +296,16 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 	}
 
 	i.obs.inject(ctx, out)
-	result, err := encodeResult(out)
+	result, err := encodeResult(out, c.MaxResultBytes)
 	if err != nil {
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: %w", err), nil)
+		c.Logger.Error("Inbox: the effect happened but its result cannot be stored; the record stays in progress for an operator", err, obs.fields)
+		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: key %q: %w", key, err), nil)
 	}
-	if err := c.Repository.Complete(context.WithoutCancel(ctx), repository.CompleteParams{
-		Consumer: scope, Key: key, Owner: owner, Result: result, Now: c.Now(),
-	}); err != nil {
+	if err := i.complete(ctx, lease, result, obs.fields); err != nil {
 		// The effect happened but cannot be recorded: a newer owner holds the
-		// key (repository.ErrLeaseLost) or the store failed. The delivery is
-		// retried and meets whatever the store says then.
+		// key (repository.ErrLeaseLost) or the store kept failing through
+		// every retry. The delivery is retried and meets whatever the store
+		// says then.
 		c.Logger.Error("Inbox: could not complete the key after the handler ran", err, obs.fields)
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: complete key %q: %w", key, err), nil)
 	}
@@ -285,32 +321,42 @@ func (i *TwoPhaseInbox) runLeased(h message.HandlerFunc, msg *message.Message, p
 	c := i.config
 	original := msg.Context()
 	ctx, cancel := context.WithCancelCause(parent)
+	// Extensions run under their own context, cancelled the moment the
+	// handler returns: an extension in flight then is abandoned rather than
+	// waited for, and none starts afterwards.
+	extending, stopExtending := context.WithCancel(context.WithoutCancel(ctx))
 	stopped := make(chan struct{})
-	done := make(chan struct{})
 	go func() {
 		defer close(stopped)
 		t := time.NewTicker(c.ExtendEvery)
 		defer t.Stop()
 		for {
 			select {
-			case <-done:
+			case <-extending.Done():
 				return
 			case <-t.C:
-				lease.LeaseUntil = c.Now().Add(c.Lease)
-				err := c.Repository.Extend(context.WithoutCancel(ctx), lease)
-				if errors.Is(err, repository.ErrLeaseLost) {
-					c.Logger.Error("Inbox: lease lost while the handler runs; cancelling its context", err, fields)
-					cancel(fmt.Errorf("inbox: %w", err))
-					return
-				}
-				if err != nil {
-					c.Logger.Error("Inbox: could not extend the lease; retrying", err, fields)
-				}
+			}
+			// select picks at random among ready cases: a tick pending when
+			// the handler returned must not start an extension.
+			if extending.Err() != nil {
+				return
+			}
+			lease.LeaseUntil = c.Now().Add(c.Lease)
+			err := i.storeCall(extending, func(ctx context.Context) error { return c.Repository.Extend(ctx, lease) })
+			switch {
+			case extending.Err() != nil:
+				return // the handler returned; the outcome no longer matters
+			case errors.Is(err, repository.ErrLeaseLost):
+				c.Logger.Error("Inbox: lease lost while the handler runs; cancelling its context", err, fields)
+				cancel(fmt.Errorf("inbox: %w", err))
+				return
+			case err != nil:
+				c.Logger.Error("Inbox: could not extend the lease; retrying at the next tick", err, fields)
 			}
 		}
 	}()
 	defer func() {
-		close(done)
+		stopExtending()
 		<-stopped
 		cancel(nil)
 		msg.SetContext(original)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/internal/resultcodec"
 )
 
 // ResolveAction is what an operator does with a stuck two-phase record.
@@ -64,8 +66,11 @@ type ResolveParams struct {
 	ExpectedOwner string
 	// Action is ResolveComplete or ResolveRelease; required.
 	Action ResolveAction
-	// Result is the encoded handler result stored by ResolveComplete (nil
-	// for none); duplicates replay it. Ignored by ResolveRelease.
+	// Result is the stored result ResolveComplete keeps for duplicates to
+	// replay: nil for no messages, or the messages encoded by
+	// middleware.EncodeResult. Anything else (free text, other JSON) is
+	// refused with ErrInvalidParams, because every later duplicate would
+	// fail to replay it. Ignored by ResolveRelease.
 	Result []byte
 	// Now is the time the lease is judged against and, for
 	// ResolveComplete, stored as CompletedAt; required.
@@ -121,8 +126,9 @@ func ValidateListStuck(p ListStuckParams) (ListStuckParams, error) {
 
 // ValidateResolve checks the arguments of [Operator.Resolve]: consumer,
 // stored key and expected owner are set, the key is a stored key (at most
-// MaxKeyLength bytes of UTF-8 without NUL), the action is known and Now is
-// set.
+// MaxKeyLength bytes of UTF-8 without NUL), the action is known, Now is
+// set and, for ResolveComplete, Result is a stored result (see
+// ValidateResult).
 func ValidateResolve(p ResolveParams) error {
 	if err := validateConsumerKey(p.Consumer, p.Key); err != nil {
 		return err
@@ -138,6 +144,24 @@ func ValidateResolve(p ResolveParams) error {
 	}
 	if p.Now.IsZero() {
 		return fmt.Errorf("%w: Now is required", ErrInvalidParams)
+	}
+	if p.Action == ResolveComplete {
+		if err := ValidateResult(p.Result); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ValidateResult reports whether b is a stored result the inbox can
+// replay: nil or empty (no messages), or the output of
+// middleware.EncodeResult (any format version the inbox has written). It
+// returns an error wrapping ErrInvalidParams otherwise. The format belongs
+// to the middleware; it lives in a package both import, so the repository
+// can check it without importing the middleware.
+func ValidateResult(b []byte) error {
+	if err := resultcodec.Validate(b); err != nil {
+		return fmt.Errorf("%w: Result is not a stored result (build it with middleware.EncodeResult): %w", ErrInvalidParams, err)
 	}
 	return nil
 }

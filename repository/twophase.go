@@ -83,7 +83,9 @@ type CompleteParams struct {
 // get ErrLeaseLost.
 //
 // Extend moves the lease deadline, Complete stores the result and marks
-// the record completed, and Release deletes the in_progress record so a
+// the record completed (keeping Owner as its LeaseOwner, so an attempt
+// whose answer was lost after the commit can recognise its own
+// completion), and Release deletes the in_progress record so a
 // retry can claim it. Each succeeds only while the record is in_progress
 // and owned by params.Owner — an attempt that lost its lease to a newer
 // owner cannot extend, complete or release it — and returns ErrLeaseLost

@@ -9,9 +9,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/resultcodec"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/stretchr/testify/require"
 )
+
+// operatorResult is a valid stored result, as middleware.EncodeResult
+// builds it, with bytes that are not UTF-8 in every field.
+var operatorResult = resultcodec.Encode([]resultcodec.Message{{
+	UUID: "out-\xff\xfe-1", Metadata: map[string]string{"k\xff": "v\x00"}, Payload: []byte{0, 'o', 'k', 0xff},
+}})
 
 func runOperator(t *testing.T, b Backend) {
 	require.True(t, b.Features.TwoPhase, "%s: Features.Operator requires Features.TwoPhase", b.Name)
@@ -69,7 +76,7 @@ func runOperator(t *testing.T, b Backend) {
 		stuck := listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: at})
 		require.Len(t, stuck, 1)
 
-		result := []byte{0, 'o', 'k', 0xff}
+		result := operatorResult
 		require.NoError(t, op.Resolve(ctx, repository.ResolveParams{
 			Consumer: "billing", Key: stuck[0].Key, ExpectedOwner: stuck[0].LeaseOwner,
 			Action: repository.ResolveComplete, Result: result, Now: at,
@@ -95,6 +102,28 @@ func runOperator(t *testing.T, b Backend) {
 			require.ErrorIs(t, err, repository.ErrLeaseLost, "a completed record cannot be resolved again (%s)", action)
 		}
 		require.Equal(t, result, f.get(t, "billing", "order-1").Result)
+	})
+
+	t.Run("ResolveCompleteRefusesWhatCannotReplay", func(t *testing.T) {
+		t.Parallel()
+		f, op := newOperatorFixture(t, b)
+		p := acquireParams("billing", "order-1", "owner-a")
+		require.True(t, f.acquire(t, p).Acquired)
+		for name, result := range map[string][]byte{
+			"free text":         []byte("charged"),
+			"empty JSON object": []byte("{}"),
+			"truncated":         operatorResult[:len(operatorResult)-1],
+		} {
+			err := op.Resolve(t.Context(), repository.ResolveParams{
+				Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveComplete, Result: result, Now: p.LeaseUntil,
+			})
+			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
+			require.Equal(t, repository.StateInProgress, f.get(t, "billing", "order-1").State, "a refused resolve changes nothing (%s)", name)
+		}
+		// Release ignores Result: an operator releasing needs none.
+		require.NoError(t, op.Resolve(t.Context(), repository.ResolveParams{
+			Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveRelease, Result: []byte("charged"), Now: p.LeaseUntil,
+		}))
 	})
 
 	t.Run("ResolveCompleteWithoutResultStoresNil", func(t *testing.T) {
@@ -142,7 +171,7 @@ func runOperator(t *testing.T, b Backend) {
 		require.True(t, f.acquire(t, p).Acquired)
 		resolve := func(owner string, action repository.ResolveAction, now time.Time) error {
 			return op.Resolve(ctx, repository.ResolveParams{
-				Consumer: "billing", Key: "order-1", ExpectedOwner: owner, Action: action, Result: []byte("operator"), Now: now,
+				Consumer: "billing", Key: "order-1", ExpectedOwner: owner, Action: action, Result: operatorResult, Now: now,
 			})
 		}
 		for _, action := range []repository.ResolveAction{repository.ResolveComplete, repository.ResolveRelease} {
@@ -262,7 +291,7 @@ func runOperator(t *testing.T, b Backend) {
 						<-start
 						err := op.Resolve(ctx, repository.ResolveParams{
 							Consumer: "billing", Key: key, ExpectedOwner: "owner-a", Action: action,
-							Result: []byte("operator"), Now: at,
+							Result: operatorResult, Now: at,
 						})
 						record(k, action.String(), err)
 					}()
@@ -284,7 +313,7 @@ func runOperator(t *testing.T, b Backend) {
 			case "complete":
 				require.NoError(t, err)
 				require.Equal(t, repository.StateCompleted, rec.State)
-				require.Equal(t, []byte("operator"), rec.Result)
+				require.Equal(t, operatorResult, rec.Result)
 			case "release":
 				require.ErrorIs(t, err, repository.ErrNotFound)
 			}

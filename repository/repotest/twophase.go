@@ -65,6 +65,7 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Equal(t, result, a.Existing.Result)
 		require.Equal(t, "order-1", a.Existing.Key)
 		require.Equal(t, 1, a.Existing.Attempts)
+		require.Equal(t, "owner-a", a.Existing.LeaseOwner, "a completed record keeps the owner that completed it")
 		requireTime(t, completedAt, a.Existing.CompletedAt, "CompletedAt")
 		requireTime(t, first.Now, a.Existing.CreatedAt, "CreatedAt")
 	})
