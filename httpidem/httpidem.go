@@ -118,7 +118,7 @@ func (m *Idempotency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 		return
 	case !present:
 		problem(w, http.StatusBadRequest, ProblemKeyMissing, "Idempotency-Key is missing",
-			fmt.Sprintf("%s %s requires an Idempotency-Key header.", r.Method, c.Route(r)), nil)
+			fmt.Sprintf("%s %s requires an Idempotency-Key header.", r.Method, r.URL.Path), nil)
 		return
 	case err != nil:
 		problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Idempotency-Key is invalid", err.Error(), nil)
