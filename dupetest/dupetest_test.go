@@ -89,7 +89,7 @@ func runPayments(t *testing.T, n int, handler message.NoPublishHandlerFunc, dupe
 	}
 	router.AddMiddleware(count, dupes.Middleware) // ← the one line a handler test adds
 	router.AddMiddleware(mw...)
-	router.AddNoPublisherHandler("payments", "credits", pubSub, handler)
+	router.AddConsumerHandler("payments", "credits", pubSub, handler)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -134,7 +134,7 @@ func TestInjectorPassesWithTheInbox(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			st := backends.Open(t, name)
 			acct := newAccount(t, st)
-					inbox, err := middleware.NewInbox(middleware.Config{DB: st.DB, Repository: st.SQL})
+			inbox, err := middleware.NewInbox(middleware.Config{DB: st.DB, Repository: st.SQL})
 			require.NoError(t, err)
 
 			dupes := dupetest.New(dupetest.Config{Seed: 42, Fraction: 0.5, FailFirst: 0.2})

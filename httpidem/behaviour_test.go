@@ -28,11 +28,10 @@ type scenario struct {
 }
 
 type env struct {
-	repo  backends.TwoPhase
-	shop  *shop
-	base  string
-	c     *http.Client
-	extra func(cfg httpidem.Config) (*shop, string) // another server on the same store
+	repo backends.TwoPhase
+	shop *shop
+	base string
+	c    *http.Client
 }
 
 // last sends q and counts the handler runs it caused.

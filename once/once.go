@@ -71,7 +71,7 @@ func mismatch(scope, key string, rec repository.Record) error {
 // validateRetention checks the settings both configs share.
 func validateRetention(retention time.Duration) []error {
 	if retention <= 0 {
-		return []error{fmt.Errorf("Retention must be positive, got %s", retention)}
+		return []error{fmt.Errorf("config.Retention must be positive, got %s", retention)}
 	}
 	return nil
 }

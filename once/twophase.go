@@ -72,16 +72,16 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, validateRetention(c.Retention)...)
 	if c.Lease <= 0 {
-		errs = append(errs, fmt.Errorf("Config.Lease must be positive, got %s", c.Lease))
+		errs = append(errs, fmt.Errorf("config.Lease must be positive, got %s", c.Lease))
 	}
 	if c.ExtendEvery <= 0 || c.ExtendEvery >= c.Lease {
-		errs = append(errs, fmt.Errorf("Config.ExtendEvery must be positive and shorter than Lease (%s), got %s", c.Lease, c.ExtendEvery))
+		errs = append(errs, fmt.Errorf("config.ExtendEvery must be positive and shorter than Lease (%s), got %s", c.Lease, c.ExtendEvery))
 	}
 	if c.OnExpiredLease != middleware.Intervene && c.OnExpiredLease != middleware.Reclaim {
-		errs = append(errs, fmt.Errorf("Config.OnExpiredLease: unknown policy %s", c.OnExpiredLease))
+		errs = append(errs, fmt.Errorf("config.OnExpiredLease: unknown policy %s", c.OnExpiredLease))
 	}
 	if c.Retention <= c.Lease {
-		errs = append(errs, fmt.Errorf("Config.Retention (%s) must be longer than Lease (%s)", c.Retention, c.Lease))
+		errs = append(errs, fmt.Errorf("config.Retention (%s) must be longer than Lease (%s)", c.Retention, c.Lease))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid once config: %w", err)

@@ -96,7 +96,7 @@ func run(ctx context.Context, dbPath string, out io.Writer) (Summary, error) {
 		return s, err
 	}
 	router.AddMiddleware(inbox.Middleware)
-	router.AddNoPublisherHandler("shipping", "orders.placed", pubSub, func(msg *message.Message) error {
+	router.AddConsumerHandler("shipping", "orders.placed", pubSub, func(msg *message.Message) error {
 		tx, _ := middleware.TxFromContext(msg.Context())
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO shipments (order_id) VALUES (?)`, string(msg.Payload))
 		return err
