@@ -74,7 +74,9 @@ func TestClientsWithRetriesGetOneOrder(t *testing.T) {
 		<-entered
 
 		const n = 4
-		client := &http.Client{Timeout: 30 * time.Second}
+		conflict := make(chan struct{})
+		var once sync.Once
+		client := &http.Client{Timeout: 30 * time.Second, Transport: onStatus{http.StatusConflict, func() { once.Do(func() { close(conflict) }) }}}
 		replies := make([]reply, n)
 		attempts := make([]int, n)
 		var wg sync.WaitGroup
@@ -85,8 +87,7 @@ func TestClientsWithRetriesGetOneOrder(t *testing.T) {
 				replies[i], attempts[i] = sendWithRetries(t, client, srv.URL, q, 30)
 			}()
 		}
-		// The retries meet the running request (409, Retry-After: 1) first.
-		time.Sleep(300 * time.Millisecond)
+		<-conflict // a retry met the running request (409, Retry-After: 1)
 		release()
 		wg.Wait()
 		require.EqualValues(t, 1, s.runs.Load(), "one order, however often the clients retried")
@@ -110,4 +111,19 @@ func TestPrincipalRequired(t *testing.T) {
 	require.NoError(t, err)
 	_, err = httpidem.New(httpidem.Config{Repository: st.Repo, Global: true, Principal: principal})
 	require.ErrorContains(t, err, "exclusive")
+}
+
+// onStatus is a client transport that calls fn when a response has the
+// given status.
+type onStatus struct {
+	status int
+	fn     func()
+}
+
+func (o onStatus) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err == nil && resp.StatusCode == o.status {
+		o.fn()
+	}
+	return resp, err
 }
