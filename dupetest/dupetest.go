@@ -44,14 +44,15 @@ type Config struct {
 	// 1 to duplicate every message.
 	Fraction float64
 	// Late is the fraction of the copies delivered late rather than right
-	// after the original, in [0, 1]. Default: 0.5.
+	// after the original, at most 1. Default: 0.5. A negative value means
+	// none: every copy follows its original at once (for code that cannot
+	// call Wait before it shuts down).
 	Late float64
 	// MaxDelay bounds the delay of a late copy. Default: 50 ms.
 	MaxDelay time.Duration
 	// FailFirst is the fraction of messages whose first attempt fails with
-	// ErrInjected after the handler ran, in [0, 1]. The router nacks it and
-	// the broker redelivers. Default: 0. Use a negative value for none
-	// when building a Config from another.
+	// ErrInjected after the handler ran, at most 1. The router nacks it and
+	// the broker redelivers. Default: 0 (none).
 	FailFirst float64
 }
 
@@ -73,13 +74,13 @@ func (c Config) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"Fraction", c.Fraction}, {"Late", c.Late}} {
-		if f.v < 0 || f.v > 1 {
-			errs = append(errs, fmt.Errorf("config.%s must be in [0, 1], got %v", f.name, f.v))
+	}{{"Fraction", c.Fraction}, {"Late", c.Late}, {"FailFirst", c.FailFirst}} {
+		if f.v > 1 {
+			errs = append(errs, fmt.Errorf("config.%s must be at most 1, got %v", f.name, f.v))
 		}
 	}
-	if c.FailFirst > 1 {
-		errs = append(errs, fmt.Errorf("config.FailFirst must be at most 1, got %v", c.FailFirst))
+	if c.Fraction < 0 {
+		errs = append(errs, fmt.Errorf("config.Fraction must not be negative, got %v", c.Fraction))
 	}
 	if c.MaxDelay < 0 {
 		errs = append(errs, fmt.Errorf("config.MaxDelay must not be negative, got %s", c.MaxDelay))

@@ -64,7 +64,9 @@ type Summary struct {
 	Shipments int
 }
 
-func run(ctx context.Context, dbPath string, out io.Writer) (Summary, error) {
+// run plays the demo. Its test passes extra router middleware (a
+// duplicate injector) in wrap, outside the inbox.
+func run(ctx context.Context, dbPath string, out io.Writer, wrap ...message.HandlerMiddleware) (Summary, error) {
 	var s Summary
 	db, err := sqlite.Open(dbPath)
 	if err != nil {
@@ -95,7 +97,7 @@ func run(ctx context.Context, dbPath string, out io.Writer) (Summary, error) {
 	if err != nil {
 		return s, err
 	}
-	router.AddMiddleware(inbox.Middleware)
+	router.AddMiddleware(append(wrap, inbox.Middleware)...)
 	router.AddConsumerHandler("shipping", "orders.placed", pubSub, func(msg *message.Message) error {
 		tx, _ := middleware.TxFromContext(msg.Context())
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO shipments (order_id) VALUES (?)`, string(msg.Payload))
@@ -138,8 +140,9 @@ func run(ctx context.Context, dbPath string, out io.Writer) (Summary, error) {
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	routerCtx, stopRouter := context.WithCancel(ctx)
-	defer stopRouter()
-	go func() { _ = router.Run(routerCtx) }()
+	routerDone := make(chan struct{})
+	go func() { defer close(routerDone); _ = router.Run(routerCtx) }()
+	defer func() { stopRouter(); <-routerDone }() // running handlers finish before the database closes
 	<-router.Running()
 
 	base := "http://" + ln.Addr().String()
