@@ -1,0 +1,262 @@
+// Command partition measures PostgreSQL inbox cleanup two ways on the same
+// data: DELETE in janitor batches (repository.DeleteAllExpired on the
+// postgres backend) against a table range-partitioned by expires_at whose
+// expired partitions are detached and dropped. It reports cleanup time,
+// table and index size after cleanup, and the latency of concurrent claims
+// (INSERT … ON CONFLICT DO NOTHING, autocommit) before and during cleanup.
+//
+//	go run ./bench/partition -rows 10000000
+//
+// It creates its own tables (random suffix) and drops them at the end.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/janitor"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+)
+
+var (
+	dsn      = flag.String("dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL DSN")
+	rows     = flag.Int("rows", 1_000_000, "rows loaded into each table")
+	days     = flag.Int("days", 10, "expiry spread: rows expire over this many days, half of them already expired")
+	workers  = flag.Int("claimers", 4, "goroutines claiming fresh keys during the measurement")
+	baseline = flag.Duration("baseline", 10*time.Second, "claim measurement before cleanup")
+	batch    = flag.Int("batch", janitor.DefaultBatchSize, "DELETE batch size")
+	keep     = flag.Bool("keep", false, "keep the tables")
+)
+
+const columns = `consumer VARCHAR(255) NOT NULL, dedup_key VARCHAR(255) NOT NULL, state VARCHAR(16) NOT NULL,
+	payload_hash BYTEA, result BYTEA, attempts INTEGER NOT NULL DEFAULT 1, lease_owner VARCHAR(255),
+	lease_until TIMESTAMPTZ, created_at TIMESTAMPTZ NOT NULL, completed_at TIMESTAMPTZ, expires_at TIMESTAMPTZ NOT NULL`
+
+func main() {
+	flag.Parse()
+	if err := run(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "partition:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context) error {
+	db, err := sql.Open("pgx", *dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(*workers + 4)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	suffix := hex.EncodeToString(b[:])
+	plain, parted := "bench_plain_"+suffix, "bench_parted_"+suffix
+	if !*keep {
+		defer func() {
+			_, _ = db.Exec(`DROP TABLE IF EXISTS ` + plain)
+			_, _ = db.Exec(`DROP TABLE IF EXISTS ` + parted)
+		}()
+	}
+	day0 := time.Now().UTC().Truncate(24 * time.Hour)
+	half := *days / 2
+
+	// Both tables get their keys and indexes after the load (an index
+	// build is far cheaper than 10M random B-tree inserts); the plain one
+	// ends with the backend's own schema (schema.sql).
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: plain})
+	if err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE `+plain+` (`+columns+`)`); err != nil {
+		return err
+	}
+	// The partitioned one: the same columns; its primary key must include
+	// the partition key.
+	if _, err := db.ExecContext(ctx, `CREATE TABLE `+parted+` (`+columns+`) PARTITION BY RANGE (expires_at)`); err != nil {
+		return err
+	}
+	var partitions []string
+	for d := -half - 1; d <= half+8; d++ {
+		from, to := day0.AddDate(0, 0, d), day0.AddDate(0, 0, d+1)
+		name := fmt.Sprintf("%s_p%s", parted, from.Format("20060102"))
+		if _, err := db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
+			name, parted, from.Format(time.RFC3339), to.Format(time.RFC3339))); err != nil {
+			return err
+		}
+		if to.Before(day0) || to.Equal(day0) {
+			partitions = append(partitions, name) // wholly expired by day0
+		}
+	}
+
+	// Rows expire from day0-half to day0+half days; expires < day0 is expired.
+	load := func(table string) (time.Duration, error) {
+		start := time.Now()
+		_, err := db.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s (consumer, dedup_key, state, payload_hash, result, attempts, created_at, completed_at, expires_at)
+			SELECT 'bench', md5(g::text) || '-' || g, 'completed', sha256(g::text::bytea), NULL, 1,
+			       $1::timestamptz - interval '7 days', $1::timestamptz - interval '7 days',
+			       $1::timestamptz + ((g %% %d) - %d) * interval '1 day' + (g %% 86400) * interval '1 second'
+			FROM generate_series(1, %d) g`, table, *days, half, *rows), day0)
+		return time.Since(start), err
+	}
+	for _, t := range []string{plain, parted} {
+		d, err := load(t)
+		if err != nil {
+			return fmt.Errorf("load %s: %w", t, err)
+		}
+		fmt.Printf("loaded %d rows into %s in %s\n", *rows, t, d.Round(time.Millisecond))
+	}
+	start := time.Now()
+	for _, ddl := range []string{
+		`ALTER TABLE ` + plain + ` ADD PRIMARY KEY (consumer, dedup_key)`,
+		`CREATE INDEX ON ` + plain + ` (expires_at)`,
+		`ALTER TABLE ` + parted + ` ADD PRIMARY KEY (consumer, dedup_key, expires_at)`,
+		`VACUUM ANALYZE ` + plain,
+		`VACUUM ANALYZE ` + parted,
+	} {
+		if _, err := db.ExecContext(ctx, ddl); err != nil {
+			return fmt.Errorf("%s: %w", ddl, err)
+		}
+	}
+	fmt.Printf("keys, indexes and VACUUM ANALYZE in %s\n", time.Since(start).Round(time.Millisecond))
+	var expired int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+plain+` WHERE expires_at < $1`, day0).Scan(&expired); err != nil {
+		return err
+	}
+	fmt.Printf("expired rows per table: %d\n\n", expired)
+	report(ctx, db, "before cleanup", plain, parted)
+
+	// DELETE in batches.
+	before, during, cleanup, err := measure(ctx, db, plain, func() error {
+		n, err := repository.DeleteAllExpired(ctx, repo, day0, *batch)
+		if n != expired {
+			return fmt.Errorf("deleted %d of %d", n, expired)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nDELETE (batches of %d): cleanup %s; claims before p50 %s p99 %s (n=%d); during p50 %s p99 %s (n=%d)\n",
+		*batch, cleanup.Round(time.Millisecond), pct(before, 50), pct(before, 99), len(before), pct(during, 50), pct(during, 99), len(during))
+
+	// DETACH CONCURRENTLY + DROP the wholly expired partitions.
+	before, during, cleanup, err = measure(ctx, db, parted, func() error {
+		for _, p := range partitions {
+			if _, err := db.ExecContext(ctx, `ALTER TABLE `+parted+` DETACH PARTITION `+p+` CONCURRENTLY`); err != nil {
+				return err
+			}
+			if _, err := db.ExecContext(ctx, `DROP TABLE `+p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("DROP PARTITION (%d partitions): cleanup %s; claims before p50 %s p99 %s (n=%d); during p50 %s p99 %s (n=%d)\n\n",
+		len(partitions), cleanup.Round(time.Millisecond), pct(before, 50), pct(before, 99), len(before), pct(during, 50), pct(during, 99), len(during))
+	report(ctx, db, "after cleanup", plain, parted)
+	start = time.Now()
+	if _, err := db.ExecContext(ctx, `VACUUM `+plain); err != nil {
+		return err
+	}
+	fmt.Printf("VACUUM %s after the DELETE took %s\n", plain, time.Since(start).Round(time.Millisecond))
+	report(ctx, db, "after VACUUM", plain, parted)
+	return nil
+}
+
+// measure runs claimers on table for the baseline, then during cleanup.
+func measure(ctx context.Context, db *sql.DB, table string, cleanup func() error) (before, during []time.Duration, took time.Duration, err error) {
+	var phase atomic.Int32 // 0 baseline, 1 cleanup, 2 stop
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	errs := make(chan error, *workers)
+	for w := 0; w < *workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				p := phase.Load()
+				if p == 2 {
+					return
+				}
+				now := time.Now()
+				start := time.Now()
+				_, err := db.ExecContext(ctx, `INSERT INTO `+table+` (consumer, dedup_key, state, payload_hash, created_at, completed_at, expires_at)
+					VALUES ('claims', $1, 'completed', '\x00', $2, $2, $3) ON CONFLICT DO NOTHING`,
+					fmt.Sprintf("c-%d", seq.Add(1)), now, now.Add(7*24*time.Hour))
+				d := time.Since(start)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				if p == 0 {
+					before = append(before, d)
+				} else {
+					during = append(during, d)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	select {
+	case <-time.After(*baseline):
+	case err := <-errs:
+		phase.Store(2)
+		wg.Wait()
+		return nil, nil, 0, err
+	}
+	phase.Store(1)
+	start := time.Now()
+	err = cleanup()
+	took = time.Since(start)
+	phase.Store(2)
+	wg.Wait()
+	select {
+	case e := <-errs:
+		err = e
+	default:
+	}
+	return before, during, took, err
+}
+
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[(len(s)-1)*p/100].Round(10 * time.Microsecond)
+}
+
+func report(ctx context.Context, db *sql.DB, when string, tables ...string) {
+	for _, t := range tables {
+		var heap, idx, rowsLeft int64
+		// For a partitioned table, sum over its partitions.
+		err := db.QueryRowContext(ctx, `SELECT COALESCE(SUM(pg_relation_size(c.oid)), 0), COALESCE(SUM(pg_indexes_size(c.oid)), 0)
+			FROM pg_class c WHERE c.oid = $1::regclass OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = $1::regclass)`, t).Scan(&heap, &idx)
+		if err == nil {
+			err = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+t).Scan(&rowsLeft)
+		}
+		if err != nil {
+			fmt.Printf("%s: %s: %v\n", when, t, err)
+			continue
+		}
+		fmt.Printf("%-15s %-30s rows %9d  heap %8.1f MiB  indexes %8.1f MiB\n", when, t, rowsLeft, float64(heap)/(1<<20), float64(idx)/(1<<20))
+	}
+}

@@ -1,0 +1,221 @@
+// Package dupetest injects the duplicates an at-least-once broker
+// delivers, so a handler test shows whether the handler is idempotent
+// (Watermill issue #131 asks for such a "chaos monkey"). Add one line to a
+// test that runs the handler on a router:
+//
+//	dupes := dupetest.New(dupetest.Config{Seed: 1})
+//	router.AddMiddleware(dupes.Middleware) // first: the copies then pass through every other middleware, as redeliveries do
+//	…publish, wait for the handler…
+//	dupes.Wait() // the late copies have been delivered
+//	…assert the effects happened once…
+//
+// Of the messages a handler receives, a fraction (Config.Fraction) is
+// delivered again: some right after the original, some late — after a
+// random delay, from another goroutine, out of order with the messages
+// that follow. A fraction (Config.FailFirst) of first attempts is failed
+// after the handler ran, as a lost acknowledgement or a crash after the
+// effect does, so the broker redelivers. A non-idempotent handler doubles
+// its effects; one behind an inbox does not.
+//
+// Decisions come from a random source seeded with Config.Seed, taken in
+// the order messages arrive: with one subscriber delivering in order, the
+// same seed duplicates and fails the same messages on every run.
+package dupetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ErrInjected is the error of a first attempt the injector failed.
+var ErrInjected = errors.New("dupetest: injected failure after the handler ran")
+
+// Config configures an Injector.
+type Config struct {
+	// Seed seeds the decisions. Default: 0 (a fixed seed too: runs repeat).
+	Seed uint64
+	// Fraction of messages delivered again, in [0, 1]. Default: 0.5. Use
+	// 1 to duplicate every message.
+	Fraction float64
+	// Late is the fraction of the copies delivered late rather than right
+	// after the original, at most 1. Default: 0.5. A negative value means
+	// none: every copy follows its original at once (for code that cannot
+	// call Wait before it shuts down).
+	Late float64
+	// MaxDelay bounds the delay of a late copy. Default: 50 ms.
+	MaxDelay time.Duration
+	// FailFirst is the fraction of messages whose first attempt fails with
+	// ErrInjected after the handler ran, at most 1. The router nacks it and
+	// the broker redelivers. Default: 0 (none).
+	FailFirst float64
+}
+
+func (c *Config) setDefaults() {
+	if c.Fraction == 0 {
+		c.Fraction = 0.5
+	}
+	if c.Late == 0 {
+		c.Late = 0.5
+	}
+	if c.MaxDelay == 0 {
+		c.MaxDelay = 50 * time.Millisecond
+	}
+}
+
+// Validate reports every problem with the configuration at once.
+func (c Config) Validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"Fraction", c.Fraction}, {"Late", c.Late}, {"FailFirst", c.FailFirst}} {
+		if f.v > 1 {
+			errs = append(errs, fmt.Errorf("config.%s must be at most 1, got %v", f.name, f.v))
+		}
+	}
+	if c.Fraction < 0 {
+		errs = append(errs, fmt.Errorf("config.Fraction must not be negative, got %v", c.Fraction))
+	}
+	if c.MaxDelay < 0 {
+		errs = append(errs, fmt.Errorf("config.MaxDelay must not be negative, got %s", c.MaxDelay))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid dupetest config: %w", err)
+	}
+	return nil
+}
+
+// Stats counts what an Injector did.
+type Stats struct {
+	// Messages is the number of first deliveries seen.
+	Messages int
+	// Immediate and Late count the copies delivered (or scheduled, for
+	// late ones not yet delivered) right after the original and late.
+	Immediate, Late int
+	// FailedFirst counts first attempts failed with ErrInjected.
+	FailedFirst int
+	// CopyErrors are the errors handlers returned for copies; a copy's
+	// output messages are dropped.
+	CopyErrors []error
+}
+
+// Injector is a router middleware delivering copies of messages. It is
+// safe for concurrent use.
+type Injector struct {
+	config Config
+
+	mu     sync.Mutex
+	rnd    *rand.Rand
+	seen   map[string]bool // UUIDs whose first delivery was seen
+	failed map[string]bool // UUIDs whose first attempt was failed
+	stats  Stats
+	late   sync.WaitGroup
+}
+
+// New returns an Injector; it panics on an invalid config (a test
+// helper: the mistake is the test's).
+func New(config Config) *Injector {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		panic(err)
+	}
+	return &Injector{
+		config: config,
+		rnd:    rand.New(rand.NewPCG(config.Seed, 0x6475706574657374)),
+		seen:   map[string]bool{},
+		failed: map[string]bool{},
+	}
+}
+
+type plan struct {
+	first, copy, late, fail bool
+	delay                   time.Duration
+}
+
+func (i *Injector) decide(uuid string) plan {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.seen[uuid] {
+		return plan{} // a redelivery or a copy: deliver as is
+	}
+	i.seen[uuid] = true
+	i.stats.Messages++
+	// Always draw the same numbers per message, so one decision does not
+	// shift the others.
+	d, l, f, delay := i.rnd.Float64(), i.rnd.Float64(), i.rnd.Float64(), i.rnd.Float64()
+	p := plan{first: true, copy: d < i.config.Fraction, fail: f < i.config.FailFirst}
+	p.late = p.copy && l < i.config.Late
+	p.delay = time.Duration(delay * float64(i.config.MaxDelay))
+	switch {
+	case p.late:
+		i.stats.Late++
+	case p.copy:
+		i.stats.Immediate++
+	}
+	if p.fail {
+		i.stats.FailedFirst++
+	}
+	return p
+}
+
+// Middleware wraps h; add it to a router (first, so that copies pass
+// through the other middleware) or call it on a handler directly.
+func (i *Injector) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		p := i.decide(msg.UUID)
+		var dup *message.Message
+		if p.copy {
+			dup = copyOf(msg) // before h: the handler may change the original
+		}
+		out, err := h(msg)
+		if p.copy && p.late {
+			i.late.Add(1)
+			time.AfterFunc(p.delay, func() {
+				defer i.late.Done()
+				i.deliverCopy(h, dup)
+			})
+		} else if p.copy {
+			i.deliverCopy(h, dup)
+		}
+		if err == nil && p.fail {
+			return nil, fmt.Errorf("%w (message %s)", ErrInjected, msg.UUID)
+		}
+		return out, err
+	}
+}
+
+func (i *Injector) deliverCopy(h message.HandlerFunc, dup *message.Message) {
+	if _, err := h(dup); err != nil {
+		i.mu.Lock()
+		i.stats.CopyErrors = append(i.stats.CopyErrors, fmt.Errorf("copy of message %s: %w", dup.UUID, err))
+		i.mu.Unlock()
+	}
+}
+
+// copyOf is what a broker redelivers: the same UUID, metadata and
+// payload, and the original's context values (the handler name, which
+// scopes an inbox) without its cancellation.
+func copyOf(msg *message.Message) *message.Message {
+	dup := msg.Copy()
+	dup.SetContext(context.WithoutCancel(msg.Context()))
+	return dup
+}
+
+// Wait blocks until every late copy scheduled so far has been delivered.
+// Call it before asserting a handler's effects.
+func (i *Injector) Wait() { i.late.Wait() }
+
+// Stats returns what the injector did so far.
+func (i *Injector) Stats() Stats {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	s := i.stats
+	s.CopyErrors = append([]error(nil), s.CopyErrors...)
+	return s
+}

@@ -1,0 +1,212 @@
+package httpidem
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// Defaults of Config.
+const (
+	DefaultNamespace        = "http"
+	DefaultMaxKeyLength     = 255
+	DefaultMaxBodyBytes     = 1 << 20
+	DefaultMaxResponseBytes = 1 << 20
+	DefaultRetention        = 24 * time.Hour
+	DefaultRetryAfter       = time.Second
+)
+
+// DefaultMethods are the methods made idempotent by default: the ones
+// HTTP does not make idempotent by definition.
+var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
+
+// DefaultReplayHeaders are the response headers stored and replayed by
+// default. Headers that describe one transfer or one moment (Date,
+// Content-Length, Set-Cookie, tracing headers) are not replayed.
+var DefaultReplayHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified"}
+
+// DefaultStore stores the final responses that describe the request
+// rather than the moment: 2xx, 3xx and 4xx, except 401 and 403 (the
+// credentials may change), 408, 409, 425 and 429 (the client should try
+// again). Never 5xx: a retry after a server error runs the handler again.
+func DefaultStore(status int) bool {
+	switch status {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusRequestTimeout,
+		http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return status >= 200 && status < 500
+}
+
+// Config configures an Idempotency middleware.
+type Config struct {
+	// Repository stores the keys and responses: any repository.TwoPhase
+	// backend (memory, redis, postgres, mysql, sqlite). Required.
+	Repository repository.TwoPhase
+	// Principal returns the authenticated client of the request (a user
+	// or API-client id set by the authentication middleware that runs
+	// before this one). Keys are stored per principal, so a client that
+	// sends another client's key never gets the other's response. An
+	// error or an empty principal answers 401. Required unless Global.
+	Principal func(*http.Request) (string, error)
+	// Global makes keys shared by every client, with no Principal: only
+	// for services whose clients cannot see each other's keys (a single
+	// trusted caller). Default: false.
+	Global bool
+	// Route names the route of the request; keys are also stored per
+	// route. Default: r.Pattern (set when the middleware wraps a handler
+	// registered on an http.ServeMux), else r.URL.Path.
+	Route func(*http.Request) string
+	// Namespace is the consumer (scope) of the stored records, so HTTP
+	// keys never meet keys of the inboxes or of package once in a shared
+	// table. Default: DefaultNamespace ("http").
+	Namespace string
+	// Methods are the request methods made idempotent; requests with other
+	// methods pass through untouched. Default: DefaultMethods (POST,
+	// PATCH).
+	Methods []string
+	// OptionalKey lets a request of Methods without the Idempotency-Key
+	// header through, without idempotency. Default: false (such a request
+	// answers 400: the key is required).
+	OptionalKey bool
+	// MaxKeyLength is the longest key accepted, in bytes; longer answers
+	// 400. Default: DefaultMaxKeyLength (255).
+	MaxKeyLength int
+	// MaxBodyBytes is the largest request body read for the fingerprint;
+	// larger answers 413 without running the handler. Default:
+	// DefaultMaxBodyBytes (1 MiB).
+	MaxBodyBytes int64
+	// MaxResponseBytes is the largest response body stored. A larger one
+	// (or one the handler flushes) passes through to the client as it is
+	// written, is not stored, and its key is released, so a retry runs
+	// the handler again. Default: DefaultMaxResponseBytes (1 MiB).
+	MaxResponseBytes int
+	// Store decides which statuses are stored and replayed; for the
+	// others the key is released and a retry runs the handler again.
+	// Default: DefaultStore (2xx-4xx except 401, 403, 408, 409, 425, 429;
+	// never 5xx).
+	Store func(status int) bool
+	// ReplayHeaders are the response headers stored and replayed.
+	// Default: DefaultReplayHeaders.
+	ReplayHeaders []string
+	// RetryAfter is sent in the Retry-After header (whole seconds, at
+	// least 1) of a 409 for a request still in flight. Default:
+	// DefaultRetryAfter (1 s).
+	RetryAfter time.Duration
+	// Lease, ExtendEvery and OnExpiredLease work as in
+	// middleware.TwoPhaseConfig: a handler's claim is extended every
+	// ExtendEvery while it runs; a claim whose lease expired (the server
+	// crashed mid-request) is reclaimed and the handler runs again
+	// (middleware.Reclaim), or answers 409 with a problem of type
+	// ProblemNeedsIntervention and no Retry-After (middleware.Intervene,
+	// the default) until an operator resolves the record. Defaults: 30 s,
+	// Lease/3, Intervene.
+	Lease          time.Duration
+	ExtendEvery    time.Duration
+	OnExpiredLease middleware.ExpiredLeasePolicy
+	// Retention is how long a key and its response are kept. Default:
+	// DefaultRetention (24 h).
+	Retention time.Duration
+	// Logger receives the logs. Default: watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+	// Now returns the current time. Default: time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.Route == nil {
+		c.Route = defaultRoute
+	}
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
+	}
+	if c.Methods == nil {
+		c.Methods = DefaultMethods
+	}
+	if c.MaxKeyLength == 0 {
+		c.MaxKeyLength = DefaultMaxKeyLength
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.Store == nil {
+		c.Store = DefaultStore
+	}
+	if c.ReplayHeaders == nil {
+		c.ReplayHeaders = DefaultReplayHeaders
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.Lease == 0 {
+		c.Lease = middleware.DefaultLease
+	}
+	if c.ExtendEvery == 0 {
+		c.ExtendEvery = c.Lease / 3
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports every problem with the configuration at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Repository == nil {
+		errs = append(errs, errors.New("missing Config.Repository"))
+	}
+	switch {
+	case c.Principal == nil && !c.Global:
+		errs = append(errs, errors.New("missing Config.Principal: keys must be scoped by the authenticated client, "+
+			"or else one client could replay another's response; set Global only if keys may be shared by every client"))
+	case c.Principal != nil && c.Global:
+		errs = append(errs, errors.New("config.Principal and Global are exclusive"))
+	}
+	if len(c.Methods) == 0 {
+		errs = append(errs, errors.New("config.Methods is empty"))
+	}
+	for _, m := range c.Methods {
+		if m == "" || strings.ToUpper(m) != m {
+			errs = append(errs, fmt.Errorf("config.Methods: %q is not an upper-case method", m))
+		}
+	}
+	if c.MaxKeyLength <= 0 {
+		errs = append(errs, fmt.Errorf("config.MaxKeyLength must be positive, got %d", c.MaxKeyLength))
+	}
+	if c.MaxBodyBytes <= 0 {
+		errs = append(errs, fmt.Errorf("config.MaxBodyBytes must be positive, got %d", c.MaxBodyBytes))
+	}
+	if c.MaxResponseBytes <= 0 {
+		errs = append(errs, fmt.Errorf("config.MaxResponseBytes must be positive, got %d", c.MaxResponseBytes))
+	}
+	if c.RetryAfter < 0 {
+		errs = append(errs, fmt.Errorf("config.RetryAfter must not be negative, got %s", c.RetryAfter))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid httpidem config: %w", err)
+	}
+	return nil
+}
+
+func defaultRoute(r *http.Request) string {
+	if r.Pattern != "" {
+		return r.Pattern
+	}
+	return r.URL.Path
+}

@@ -1,0 +1,375 @@
+package httpidem
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/once"
+)
+
+// Header names.
+const (
+	// HeaderKey carries the client's idempotency key.
+	HeaderKey = middleware.IdempotencyKeyHeader
+	// HeaderReplayed is set to "true" on a replayed response.
+	HeaderReplayed = "Idempotent-Replayed"
+)
+
+// Problem types (RFC 9457 "type" members) of the middleware's own
+// answers, which are application/problem+json.
+const (
+	ProblemKeyMissing        = "https://github.com/idemkit/watermill-idempotent/docs/http.md#key-missing"
+	ProblemKeyInvalid        = "https://github.com/idemkit/watermill-idempotent/docs/http.md#key-invalid"
+	ProblemInFlight          = "https://github.com/idemkit/watermill-idempotent/docs/http.md#in-flight"
+	ProblemKeyReused         = "https://github.com/idemkit/watermill-idempotent/docs/http.md#key-reused"
+	ProblemNeedsIntervention = "https://github.com/idemkit/watermill-idempotent/docs/http.md#needs-intervention"
+	ProblemNoPrincipal       = "https://github.com/idemkit/watermill-idempotent/docs/http.md#no-principal"
+	ProblemBodyTooLarge      = "https://github.com/idemkit/watermill-idempotent/docs/http.md#body-too-large"
+	ProblemStoreUnavailable  = "https://github.com/idemkit/watermill-idempotent/docs/http.md#store-unavailable"
+)
+
+// Idempotency is net/http middleware implementing the server side of the
+// Idempotency-Key header (draft-ietf-httpapi-idempotency-key-header) on
+// the stores of the two-phase inbox. For a request whose method is in
+// Config.Methods:
+//
+//   - no key: 400 (unless OptionalKey); a malformed or too long key: 400;
+//   - no principal: 401; a body over MaxBodyBytes: 413;
+//   - first request with a key: the handler runs under a lease (extended
+//     while it runs); a response Store allows, with a body of at most
+//     MaxResponseBytes, is stored with its ReplayHeaders and sent;
+//     any other response is sent and the key released, so a retry runs
+//     the handler again; a panic releases the key and is re-raised;
+//   - the same key, principal, route and fingerprint (method, path and
+//     query, body hash) after completion: the stored status, headers and
+//     body again, with Idempotent-Replayed: true, without running the
+//     handler;
+//   - the same key while the first request is in flight: 409 with
+//     Retry-After;
+//   - the same key with another fingerprint: 422;
+//   - a key whose earlier request died mid-run (lease expired):
+//     OnExpiredLease — run again, or 409 needs-intervention;
+//   - the store fails before the handler ran: 503 with Retry-After, the
+//     handler does not run.
+//
+// Keys are stored per (principal, route, key) under the consumer
+// Namespace. Idempotency is safe for concurrent use.
+type Idempotency struct {
+	config Config
+	once   *once.TwoPhase
+}
+
+// New validates config and returns the middleware.
+func New(config Config) (*Idempotency, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	o, err := once.NewTwoPhase(once.Config{
+		Repository: config.Repository, Scope: config.Namespace,
+		Lease: config.Lease, ExtendEvery: config.ExtendEvery, OnExpiredLease: config.OnExpiredLease,
+		Retention: config.Retention, Logger: config.Logger, Now: config.Now,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("invalid httpidem config: %w", err)
+	}
+	config.ReplayHeaders = slices.Clone(config.ReplayHeaders)
+	for i, h := range config.ReplayHeaders {
+		config.ReplayHeaders[i] = http.CanonicalHeaderKey(h)
+	}
+	return &Idempotency{config: config, once: o}, nil
+}
+
+// Middleware wraps next.
+func (m *Idempotency) Middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.serve(next, w, r)
+	})
+}
+
+// errNotStored carries a response that ran but must not be stored.
+var errNotStored = errors.New("response not stored")
+
+func (m *Idempotency) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	c := m.config
+	if !slices.Contains(c.Methods, r.Method) {
+		next.ServeHTTP(w, r)
+		return
+	}
+	key, present, err := parseKey(r.Header.Values(HeaderKey), c.MaxKeyLength)
+	switch {
+	case !present && c.OptionalKey:
+		next.ServeHTTP(w, r)
+		return
+	case !present:
+		problem(w, http.StatusBadRequest, ProblemKeyMissing, "Idempotency-Key is missing",
+			fmt.Sprintf("%s %s requires an Idempotency-Key header.", r.Method, r.URL.Path), nil)
+		return
+	case err != nil:
+		problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Idempotency-Key is invalid", err.Error(), nil)
+		return
+	}
+	principal := ""
+	if !c.Global {
+		principal, err = c.Principal(r)
+		if err != nil || principal == "" {
+			problem(w, http.StatusUnauthorized, ProblemNoPrincipal, "No authenticated client",
+				"An Idempotency-Key is kept per client, and this request has none.", nil)
+			return
+		}
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, c.MaxBodyBytes+1))
+	if err != nil {
+		problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Could not read the request body", err.Error(), nil)
+		return
+	}
+	if int64(len(body)) > c.MaxBodyBytes {
+		problem(w, http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Request body too large",
+			fmt.Sprintf("Requests with an Idempotency-Key may carry at most %d bytes.", c.MaxBodyBytes), nil)
+		return
+	}
+	_ = r.Body.Close()
+	bodyHash := sha256.Sum256(body)
+	route := c.Route(r)
+	storeKey := lengthPrefixed(principal) + lengthPrefixed(route) + key
+	fingerprint := r.Method + "\n" + r.URL.RequestURI() + "\n" + hex.EncodeToString(bodyHash[:])
+	fields := watermill.LogFields{"principal": principal, "route": route, "key": key}
+
+	var rec *recorder
+	res, err := m.once.DoInput(r.Context(), storeKey, []byte(fingerprint), func(ctx context.Context) ([]byte, error) {
+		rec = &recorder{w: w, limit: c.MaxResponseBytes}
+		req := r.WithContext(ctx)
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.ContentLength = int64(len(body))
+		next.ServeHTTP(rec, req)
+		if rec.status == 0 {
+			rec.status = http.StatusOK
+		}
+		if rec.passthrough || !c.Store(rec.status) {
+			return nil, errNotStored
+		}
+		return m.encode(rec)
+	})
+	switch {
+	case rec != nil:
+		// The handler ran: its response goes out whatever the store said.
+		if err != nil && !errors.Is(err, errNotStored) {
+			c.Logger.Error("Idempotency: the handler ran but its response could not be stored; a retry meets the store's state then", err, fields)
+		}
+		rec.finish()
+	case err == nil:
+		m.replay(w, res.Value, fields)
+	case errors.Is(err, middleware.ErrPayloadMismatch):
+		problem(w, http.StatusUnprocessableEntity, ProblemKeyReused, "Idempotency-Key is already used",
+			"This Idempotency-Key was used with another request (method, path or body).", nil)
+	case errors.Is(err, middleware.ErrNeedsIntervention):
+		problem(w, http.StatusConflict, ProblemNeedsIntervention, "An earlier request with this Idempotency-Key stopped mid-run",
+			"Its outcome is unknown; an operator must resolve it before the key can be used again.", nil)
+	case errors.Is(err, middleware.ErrInProgress):
+		problem(w, http.StatusConflict, ProblemInFlight, "A request with this Idempotency-Key is in flight",
+			"Retry after the earlier request has completed.", retryAfter(c.RetryAfter))
+	default:
+		c.Logger.Error("Idempotency: store failed; the handler did not run", err, fields)
+		problem(w, http.StatusServiceUnavailable, ProblemStoreUnavailable, "Idempotency store unavailable",
+			"The request was not processed; retry it with the same Idempotency-Key.", retryAfter(c.RetryAfter))
+	}
+}
+
+func retryAfter(d time.Duration) http.Header {
+	secs := int(math.Ceil(d.Seconds()))
+	if secs < 1 {
+		secs = 1
+	}
+	return http.Header{"Retry-After": {strconv.Itoa(secs)}}
+}
+
+// parseKey reads the Idempotency-Key field: an sf-string per the draft
+// (`"8e03978e-…"`); a bare token is accepted too, as many clients send
+// one. present is false when there is no non-empty field.
+func parseKey(values []string, maxLen int) (key string, present bool, err error) {
+	var nonEmpty []string
+	for _, v := range values {
+		if v = strings.TrimSpace(v); v != "" {
+			nonEmpty = append(nonEmpty, v)
+		}
+	}
+	switch len(nonEmpty) {
+	case 0:
+		return "", false, nil
+	case 1:
+	default:
+		return "", true, errors.New("Idempotency-Key must be sent once")
+	}
+	v := nonEmpty[0]
+	if strings.HasPrefix(v, `"`) {
+		var b strings.Builder
+		closed := false
+		for i := 1; i < len(v); i++ {
+			ch := v[i]
+			if ch == '\\' && i+1 < len(v) && (v[i+1] == '"' || v[i+1] == '\\') {
+				b.WriteByte(v[i+1])
+				i++
+				continue
+			}
+			if ch == '"' {
+				if i != len(v)-1 {
+					return "", true, errors.New("Idempotency-Key: text after the closing quote")
+				}
+				closed = true
+				break
+			}
+			b.WriteByte(ch)
+		}
+		if !closed {
+			return "", true, errors.New("Idempotency-Key: unterminated string")
+		}
+		v = b.String()
+	}
+	if v == "" {
+		return "", true, errors.New("Idempotency-Key is empty")
+	}
+	if len(v) > maxLen {
+		return "", true, fmt.Errorf("Idempotency-Key is %d bytes, longer than %d", len(v), maxLen)
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < 0x20 || v[i] > 0x7e {
+			return "", true, errors.New("Idempotency-Key must be printable ASCII")
+		}
+	}
+	return v, true, nil
+}
+
+func lengthPrefixed(s string) string { return strconv.Itoa(len(s)) + ":" + s }
+
+// stored is the encoded form of a stored response.
+type stored struct {
+	Status int         `json:"status"`
+	Header http.Header `json:"header,omitempty"`
+	Body   []byte      `json:"body,omitempty"`
+}
+
+func (m *Idempotency) encode(rec *recorder) ([]byte, error) {
+	s := stored{Status: rec.status, Body: rec.buf.Bytes()}
+	h := rec.w.Header()
+	for _, name := range m.config.ReplayHeaders {
+		if vs := h.Values(name); len(vs) > 0 {
+			if s.Header == nil {
+				s.Header = http.Header{}
+			}
+			s.Header[name] = slices.Clone(vs)
+		}
+	}
+	return json.Marshal(s)
+}
+
+func (m *Idempotency) replay(w http.ResponseWriter, value []byte, fields watermill.LogFields) {
+	var s stored
+	if err := json.Unmarshal(value, &s); err != nil || s.Status == 0 {
+		m.config.Logger.Error("Idempotency: stored response is unreadable", fmt.Errorf("decode: %w", err), fields)
+		problem(w, http.StatusInternalServerError, ProblemStoreUnavailable, "Stored response unreadable", "", nil)
+		return
+	}
+	for name, vs := range s.Header {
+		w.Header()[name] = vs
+	}
+	w.Header().Set(HeaderReplayed, "true")
+	w.WriteHeader(s.Status)
+	_, _ = w.Write(s.Body)
+}
+
+func problem(w http.ResponseWriter, status int, typ, title, detail string, extra http.Header) {
+	for name, vs := range extra {
+		w.Header()[name] = vs
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"type": typ, "title": title, "status": status, "detail": detail})
+}
+
+// recorder buffers a handler's response until it is known whether it is
+// stored; a response that outgrows the limit, or is flushed, switches to
+// passing through.
+type recorder struct {
+	w           http.ResponseWriter
+	limit       int
+	status      int
+	buf         bytes.Buffer
+	passthrough bool
+}
+
+// Header returns the real header map: nothing reaches the client before
+// finish or the switch to passing through.
+func (r *recorder) Header() http.Header { return r.w.Header() }
+
+func (r *recorder) WriteHeader(code int) {
+	if r.status != 0 {
+		return
+	}
+	if code < 200 {
+		if r.passthrough {
+			r.w.WriteHeader(code)
+		}
+		return // informational: not part of the stored response
+	}
+	r.status = code
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.WriteHeader(http.StatusOK)
+	}
+	if !r.passthrough && r.buf.Len()+len(p) > r.limit {
+		r.startPassthrough()
+	}
+	if r.passthrough {
+		return r.w.Write(p)
+	}
+	return r.buf.Write(p)
+}
+
+// Flush switches to passing through: a streamed response is not stored.
+func (r *recorder) Flush() {
+	if r.status == 0 {
+		r.WriteHeader(http.StatusOK)
+	}
+	if !r.passthrough {
+		r.startPassthrough()
+	}
+	if f, ok := r.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (r *recorder) startPassthrough() {
+	r.passthrough = true
+	r.w.WriteHeader(r.status)
+	_, _ = r.w.Write(r.buf.Bytes())
+	r.buf = bytes.Buffer{}
+}
+
+// finish sends a buffered response.
+func (r *recorder) finish() {
+	if r.passthrough {
+		return
+	}
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	r.w.WriteHeader(r.status)
+	_, _ = r.w.Write(r.buf.Bytes())
+}

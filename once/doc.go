@@ -1,0 +1,26 @@
+// Package once runs a function once per key — a scheduled job, a webhook
+// delivery, an ETL step — with no Watermill router involved, on the same
+// stores and with the same guarantees and errors as the inboxes of package
+// middleware.
+//
+// Transactional runs the function inside a SQL transaction that also
+// holds the key's marker, so its writes and the marker commit together:
+//
+//	repo, _ := postgres.NewRepository(db, postgres.Config{})
+//	charges, err := once.NewTransactional(once.TxConfig{DB: db, Repository: repo, Scope: "stripe-webhook"})
+//	if err != nil { … }
+//	res, err := charges.Do(ctx, event.ID, func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+//		_, err := tx.ExecContext(ctx, "INSERT INTO payments …")
+//		return []byte("paid"), err // an error rolls back the payment and the marker together
+//	})
+//	// res.Replayed: an earlier delivery of event.ID already did it; res.Value is its output.
+//
+// TwoPhase works on every backend (memory, Redis and the SQL ones) for
+// effects outside a database: it claims the key under a lease, runs the
+// function while extending the lease, and stores its output.
+//
+// Errors: middleware.ErrPayloadMismatch (the key was used with other
+// input, see DoInput) and middleware.ErrNeedsIntervention are permanent
+// (middleware.IsPermanent); *BusyError (middleware.ErrInProgress) is
+// transient: another call holds the key right now.
+package once

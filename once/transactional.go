@@ -1,0 +1,172 @@
+package once
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// TxConfig configures a Transactional.
+type TxConfig struct {
+	// DB is the database the call's transaction runs on; the repository's
+	// table and the tables fn writes must live in it. Required.
+	DB *sql.DB
+	// Repository stores the markers: a SQL backend (postgres, mysql,
+	// sqlite) created on DB. Required.
+	Repository repository.Transactional
+	// Scope is the consumer part of every record, as in Config. Required.
+	Scope string
+	// Retention is how long a completed key is remembered. Default:
+	// middleware.DefaultRetention (7 days).
+	Retention time.Duration
+	// TxOptions are used to begin the transaction. Default: nil.
+	TxOptions *sql.TxOptions
+	// Logger receives the logs. Default: watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+	// Now returns the current time. Default: time.Now.
+	Now func() time.Time
+}
+
+func (c *TxConfig) setDefaults() {
+	if c.Retention == 0 {
+		c.Retention = middleware.DefaultRetention
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports every problem with the configuration at once.
+func (c TxConfig) Validate() error {
+	var errs []error
+	if c.DB == nil {
+		errs = append(errs, errors.New("missing TxConfig.DB"))
+	}
+	if c.Repository == nil {
+		errs = append(errs, errors.New("missing TxConfig.Repository"))
+	}
+	if err := checkScope("TxConfig.Scope", c.Scope); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, validateRetention(c.Retention)...)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid once config: %w", err)
+	}
+	return nil
+}
+
+// TxFunc is the work Transactional.Do runs once per key, inside the
+// transaction that holds the key's marker. It must write through tx and
+// must not commit or roll it back.
+type TxFunc func(ctx context.Context, tx *sql.Tx) ([]byte, error)
+
+// Transactional runs a function once per (Scope, key) inside a SQL
+// transaction that also claims the key, like middleware.Inbox: the
+// marker, everything fn writes through the transaction and fn's output
+// commit together or not at all. Transactional is safe for concurrent
+// use.
+type Transactional struct {
+	config TxConfig
+}
+
+// NewTransactional validates config and returns a Transactional.
+func NewTransactional(config TxConfig) (*Transactional, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	return &Transactional{config: config}, nil
+}
+
+// Do runs fn once per key, with no input fingerprint: DoInput(ctx, key,
+// nil, fn).
+func (o *Transactional) Do(ctx context.Context, key string, fn TxFunc) (Result, error) {
+	return o.DoInput(ctx, key, nil, fn)
+}
+
+// DoInput begins a transaction, claims the key with one atomic conditional
+// insert and, on a fresh claim, runs fn with the transaction and the key
+// in its context (KeyFromContext); it stores fn's output with the marker
+// and commits. Outcomes:
+//
+//   - first call (or the earlier one rolled back): fn runs; its writes,
+//     the marker and its output commit together; Replayed false;
+//   - key completed, same input: fn does not run; the stored output is
+//     returned with Replayed true;
+//   - key completed with other input: middleware.ErrPayloadMismatch
+//     (permanent);
+//   - a concurrent call with the same key: waits on the database until
+//     the first transaction ends, then replays (or claims, if the first
+//     rolled back) — concurrent calls never both run fn;
+//   - fn returns an error or panics, or the commit fails: everything rolls
+//     back (no marker, no writes) and the error is returned (a panic is
+//     re-raised), so a retry runs fn again.
+//
+// An empty key is ErrNoKey.
+func (o *Transactional) DoInput(ctx context.Context, key string, input []byte, fn TxFunc) (Result, error) {
+	c := o.config
+	if key == "" {
+		return Result{}, ErrNoKey
+	}
+	if fn == nil {
+		return Result{}, errNilFunc
+	}
+	scope := c.Scope
+	hash := repository.HashPayload(input)
+	now := c.Now()
+	// As in middleware.Inbox: database/sql rolls a transaction back by
+	// itself when its context is cancelled, racing the commit; statements
+	// use ctx, the commit alone decides.
+	tx, err := c.DB.BeginTx(context.WithoutCancel(ctx), c.TxOptions)
+	if err != nil {
+		return Result{}, fmt.Errorf("once: begin transaction: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback() // errors and panics alike
+		}
+	}()
+	claim, err := c.Repository.ClaimTx(ctx, tx, repository.ClaimParams{
+		Consumer: scope, Key: key, PayloadHash: hash, Now: now, ExpiresAt: now.Add(c.Retention),
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("once: claim key %q: %w", key, err)
+	}
+	if !claim.Claimed {
+		rec := claim.Existing
+		switch {
+		case !bytes.Equal(rec.PayloadHash, hash):
+			return Result{}, mismatch(scope, key, rec)
+		case rec.State != repository.StateCompleted:
+			return Result{}, &BusyError{Scope: scope, Key: key, Owner: rec.LeaseOwner, LeaseUntil: rec.LeaseUntil}
+		}
+		return Result{Value: rec.Result, Replayed: true}, nil
+	}
+	out, err := fn(withCall(ctx, scope, key), tx)
+	if err != nil {
+		return Result{}, err
+	}
+	finish := context.WithoutCancel(ctx)
+	if out != nil {
+		if err := c.Repository.SaveResultTx(finish, tx, repository.SaveResultParams{Consumer: scope, Key: key, Result: out}); err != nil {
+			return Result{}, fmt.Errorf("once: store result of key %q: %w", key, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return Result{}, fmt.Errorf("once: commit key %q: %w", key, err)
+	}
+	committed = true
+	return Result{Value: out}, nil
+}
