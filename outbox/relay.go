@@ -394,6 +394,16 @@ func (r *Relay) Run(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// Running reports whether Run is running: it has started and not yet
+// returned (after Close or the end of its context, or a crash of the
+// goroutine that called it). Health checks use it; it is safe to call
+// at any time.
+func (r *Relay) Running() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.running
+}
+
 // active reports whether Run should start another batch.
 func (r *Relay) active(ctx context.Context) bool {
 	select {

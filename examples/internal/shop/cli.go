@@ -2,6 +2,7 @@ package shop
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -17,7 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemkit/watermill-idempotent/examples/internal/broker"
+	"github.com/idemkit/watermill-idempotent/health"
 	"github.com/idemkit/watermill-idempotent/metrics"
+	"github.com/idemkit/watermill-idempotent/outbox"
 )
 
 // Environment variables read by CLI for the database.
@@ -74,14 +78,34 @@ func (c *CLI) Logger() watermill.LoggerAdapter {
 }
 
 // MetricsServer serves the library's Prometheus metrics, registered on a
-// registry of its own, over HTTP at /metrics.
+// registry of its own, over HTTP at /metrics, and the health probes at
+// /healthz (liveness) and /readyz (readiness) once SetHealth is called
+// (503 before).
 type MetricsServer struct {
 	Metrics  *metrics.Metrics
 	Registry *prometheus.Registry
 	Addr     string // the address it listens on
 
+	health atomic.Pointer[health.Handler]
 	server *http.Server
 	done   chan error
+}
+
+// SetHealth makes /healthz and /readyz answer with h's probes.
+func (s *MetricsServer) SetHealth(h *health.Handler) { s.health.Store(h) }
+
+func (s *MetricsServer) probe(live bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := s.health.Load()
+		switch {
+		case h == nil:
+			http.Error(w, `{"status":"fail","checks":{}}`, http.StatusServiceUnavailable)
+		case live:
+			h.Liveness().ServeHTTP(w, r)
+		default:
+			h.Readiness().ServeHTTP(w, r)
+		}
+	})
 }
 
 // StartMetrics listens on addr and serves /metrics until Close.
@@ -102,6 +126,8 @@ func StartMetrics(addr string) (*MetricsServer, error) {
 		server: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
 		done:   make(chan error, 1),
 	}
+	mux.Handle("/healthz", s.probe(true))
+	mux.Handle("/readyz", s.probe(false))
 	go func() { s.done <- s.server.Serve(ln) }()
 	return s, nil
 }
@@ -138,6 +164,11 @@ func (c *CLI) Run(w io.Writer) error {
 		defer ms.Close()
 		config.Observer = ms.Metrics
 		config.RelayMetrics = ms.Metrics.Relay("payments")
+		config.RelayStarted = func(db *sql.DB, relay *outbox.Relay) {
+			if h, err := health.NewHandler(health.Config{DB: db, Relay: relay}, config.Logger); err == nil {
+				ms.SetHealth(h)
+			}
+		}
 		fmt.Fprintf(w, "serving metrics on http://%s/metrics\n\n", ms.Addr)
 	}
 	ledger, err := Run(runCtx, config)

@@ -59,6 +59,10 @@ type Config struct {
 	// RelayMetrics receives the outbox relay's batches and backlog samples
 	// (for example metrics.Metrics.Relay). Default: nil.
 	RelayMetrics outbox.RelayMetrics
+	// RelayStarted, if set, is called with the database and the relay
+	// once the relay is created, before it runs (for health probes).
+	// Default: nil.
+	RelayStarted func(db *sql.DB, relay *outbox.Relay)
 	// Logger receives Watermill's logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// Keep leaves the run's tables, topics and queues in place for
@@ -340,6 +344,9 @@ func (s *scenario) play(ctx context.Context) (err error) {
 		}, s.config.Logger)
 		if err != nil {
 			return err
+		}
+		if s.config.RelayStarted != nil {
+			s.config.RelayStarted(s.store.DB, relay)
 		}
 		wg.Add(1)
 		go func() {
