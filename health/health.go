@@ -103,16 +103,16 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("nothing to check: set DB, Relay or Janitor"))
 	}
 	if c.Timeout <= 0 {
-		errs = append(errs, fmt.Errorf("Timeout must be positive, got %s", c.Timeout))
+		errs = append(errs, fmt.Errorf("Config.Timeout must be positive, got %s", c.Timeout))
 	}
 	if c.MaxBacklogAge <= 0 {
-		errs = append(errs, fmt.Errorf("MaxBacklogAge must be positive, got %s", c.MaxBacklogAge))
+		errs = append(errs, fmt.Errorf("Config.MaxBacklogAge must be positive, got %s", c.MaxBacklogAge))
 	}
 	if c.MaxJanitorAge <= 0 {
-		errs = append(errs, fmt.Errorf("MaxJanitorAge must be positive, got %s", c.MaxJanitorAge))
+		errs = append(errs, fmt.Errorf("Config.MaxJanitorAge must be positive, got %s", c.MaxJanitorAge))
 	}
 	if c.Now == nil {
-		errs = append(errs, errors.New("Now is nil"))
+		errs = append(errs, errors.New("Config.Now is nil"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid health config: %w", err)
