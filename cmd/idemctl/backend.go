@@ -1,0 +1,374 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/janitor"
+	mysqlrepo "github.com/idemkit/watermill-idempotent/repository/mysql"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	redisrepo "github.com/idemkit/watermill-idempotent/repository/redis"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+// kind is the store a DSN names.
+type kind string
+
+const (
+	kindPostgres kind = "postgres"
+	kindMySQL    kind = "mysql"
+	kindSQLite   kind = "sqlite"
+	kindRedis    kind = "redis"
+)
+
+// usageError marks errors in what the user asked for (exit status 2).
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// store is an open connection to the inbox (and, on PostgreSQL and
+// MySQL, the outbox) a command works on.
+type store struct {
+	kind   kind
+	db     *sql.DB                 // nil on Redis
+	redis  goredis.UniversalClient // nil on SQL
+	repo   any                     // the backend's repository
+	table  string                  // inbox table (SQL)
+	outbox outbox.Config           // on PostgreSQL and MySQL
+}
+
+func (s *store) Close() error {
+	if s.db != nil {
+		return s.db.Close()
+	}
+	if s.redis != nil {
+		return s.redis.Close()
+	}
+	return nil
+}
+
+// secrets collects the passwords of the DSNs given on the command line;
+// scrub replaces them in every message idemctl prints.
+type secrets []string
+
+func (s *secrets) add(u *url.URL) {
+	if u == nil || u.User == nil {
+		return
+	}
+	if p, ok := u.User.Password(); ok && p != "" {
+		*s = append(*s, p, url.QueryEscape(p), url.PathEscape(p))
+	}
+}
+
+func (s secrets) scrub(msg string) string {
+	for _, p := range s {
+		if p != "" {
+			msg = strings.ReplaceAll(msg, p, "xxxxx")
+		}
+	}
+	return msg
+}
+
+// redactDSN returns dsn with its password replaced, for display.
+func redactDSN(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "(unparsable DSN)"
+	}
+	return u.Redacted()
+}
+
+// open connects to what g names: --dsn (PostgreSQL, MySQL, SQLite) or
+// --redis. It never puts the DSN itself into an error.
+func open(ctx context.Context, g *Globals) (*store, error) {
+	switch {
+	case g.DSN != "" && g.Redis != "":
+		return nil, usagef("give --dsn or --redis, not both")
+	case g.Redis != "":
+		return openRedis(ctx, g)
+	case g.DSN != "":
+		return openSQL(ctx, g)
+	}
+	return nil, usagef("no store given: pass --dsn (or set IDEMCTL_DSN) or --redis (IDEMCTL_REDIS)")
+}
+
+func openRedis(ctx context.Context, g *Globals) (*store, error) {
+	u, err := url.Parse(g.Redis)
+	if err != nil {
+		return nil, usagef("--redis is not a valid URL (want redis://[:password@]host:port/db)")
+	}
+	g.secrets.add(u)
+	opts, err := goredis.ParseURL(g.Redis)
+	if err != nil {
+		return nil, usagef("--redis %s: %v", u.Redacted(), g.secrets.scrub(err.Error()))
+	}
+	client := goredis.NewClient(opts)
+	pingCtx, cancel := context.WithTimeout(ctx, g.ConnectTimeout)
+	defer cancel()
+	if err := client.Ping(pingCtx).Err(); err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("redis %s does not answer: %w", u.Redacted(), err)
+	}
+	repo, err := redisrepo.NewRepository(client, redisrepo.Config{KeyPrefix: g.RedisPrefix})
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	return &store{kind: kindRedis, redis: client, repo: repo}, nil
+}
+
+func openSQL(ctx context.Context, g *Globals) (*store, error) {
+	dsn := g.DSN
+	var (
+		k          kind
+		driver     string
+		driverDSN  string
+		sqlitePath string
+	)
+	switch {
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return nil, usagef("--dsn is not a valid postgres:// URL")
+		}
+		g.secrets.add(u)
+		k, driver, driverDSN = kindPostgres, "pgx", dsn
+	case strings.HasPrefix(dsn, "mysql://"):
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return nil, usagef("--dsn is not a valid mysql:// URL")
+		}
+		g.secrets.add(u)
+		cfg, err := mysqlConfig(u)
+		if err != nil {
+			return nil, err
+		}
+		k, driver, driverDSN = kindMySQL, "mysql", cfg.FormatDSN()
+	case strings.HasPrefix(dsn, "sqlite://"):
+		k, sqlitePath = kindSQLite, strings.TrimPrefix(dsn, "sqlite://")
+	case strings.HasPrefix(dsn, "file:"):
+		k, sqlitePath = kindSQLite, strings.TrimPrefix(dsn, "file:")
+	default:
+		return nil, usagef("--dsn must start with postgres://, postgresql://, mysql://, sqlite:// or file:")
+	}
+	var db *sql.DB
+	if k == kindSQLite {
+		if i := strings.IndexByte(sqlitePath, '?'); i >= 0 {
+			sqlitePath = sqlitePath[:i]
+		}
+		if sqlitePath == "" {
+			return nil, usagef("--dsn names no SQLite file")
+		}
+		if _, err := os.Stat(sqlitePath); err != nil && !g.createSQLite {
+			return nil, fmt.Errorf("sqlite: %w (run idemctl migrate up to create it)", err)
+		}
+		var err error
+		if db, err = sqlite.Open(sqlitePath); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if db, err = sql.Open(driver, driverDSN); err != nil {
+			return nil, fmt.Errorf("%s: %w", k, err)
+		}
+		pingCtx, cancel := context.WithTimeout(ctx, g.ConnectTimeout)
+		defer cancel()
+		if err := db.PingContext(pingCtx); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("%s database %s does not answer: %w", k, redactDSN(dsn), err)
+		}
+	}
+	s := &store{kind: k, db: db, table: g.Table}
+	var err error
+	switch k {
+	case kindPostgres:
+		s.repo, err = postgres.NewRepository(db, postgres.Config{Table: g.Table})
+		s.outbox = outbox.Config{Dialect: outbox.PostgreSQL, Table: g.OutboxTable}
+	case kindMySQL:
+		s.repo, err = mysqlrepo.NewRepository(db, mysqlrepo.Config{Table: g.Table})
+		s.outbox = outbox.Config{Dialect: outbox.MySQL, Table: g.OutboxTable}
+	case kindSQLite:
+		s.repo, err = sqlite.NewRepository(db, sqlite.Config{Table: g.Table})
+	}
+	if err != nil {
+		_ = db.Close()
+		return nil, usagef("%v", err)
+	}
+	return s, nil
+}
+
+// mysqlConfig turns mysql://user:pass@host:port/db?params into the
+// driver's configuration, with the settings the MySQL backend expects.
+func mysqlConfig(u *url.URL) (*mysql.Config, error) {
+	cfg := mysql.NewConfig()
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.Net = "tcp"
+	cfg.Addr = u.Host
+	if u.Port() == "" {
+		cfg.Addr = u.Hostname() + ":3306"
+	}
+	cfg.DBName = strings.TrimPrefix(u.Path, "/")
+	if cfg.DBName == "" {
+		return nil, usagef("the mysql:// DSN names no database (mysql://user@host:3306/db)")
+	}
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	for k, v := range u.Query() {
+		if cfg.Params == nil {
+			cfg.Params = map[string]string{}
+		}
+		cfg.Params[k] = v[0]
+	}
+	return cfg, nil
+}
+
+// The capabilities commands need, with errors naming what is missing.
+
+func (s *store) stats() (repository.Stats, error) {
+	if st, ok := s.repo.(repository.Stats); ok {
+		return st, nil
+	}
+	return nil, fmt.Errorf("%s does not count records", s.kind)
+}
+
+func (s *store) operator() (repository.Operator, error) {
+	if op, ok := s.repo.(repository.Operator); ok {
+		return op, nil
+	}
+	return nil, fmt.Errorf("%s has no operator API", s.kind)
+}
+
+func (s *store) cleaner() (repository.Cleaner, error) {
+	if c, ok := s.repo.(repository.Cleaner); ok {
+		return c, nil
+	}
+	return nil, fmt.Errorf("%s cannot delete expired records", s.kind)
+}
+
+func (s *store) deadLetters() (*outbox.DeadLetters, error) {
+	if s.outbox.Dialect == "" {
+		return nil, usagef("the outbox lives in PostgreSQL or MySQL; %s has none", s.kind)
+	}
+	return outbox.NewDeadLetters(s.db, s.outbox)
+}
+
+// refusingPublisher lets idemctl build a Relay to read its Backlog; the
+// relay is never run, so nothing is published.
+type refusingPublisher struct{}
+
+func (refusingPublisher) Publish(string, ...*message.Message) error {
+	return errors.New("idemctl does not publish")
+}
+func (refusingPublisher) Close() error { return nil }
+
+func (s *store) backlog(ctx context.Context) (outbox.Backlog, error) {
+	r, err := outbox.NewRelay(s.db, refusingPublisher{}, outbox.RelayConfig{Dialect: s.outbox.Dialect, Table: s.outbox.Table}, nil)
+	if err != nil {
+		return outbox.Backlog{}, err
+	}
+	return r.Backlog(ctx)
+}
+
+// knownConsumers returns the consumers with live records.
+func (s *store) knownConsumers(ctx context.Context) ([]string, error) {
+	st, err := s.stats()
+	if err != nil {
+		return nil, err
+	}
+	counts, err := st.CountRecords(ctx, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(counts))
+	for i, c := range counts {
+		names[i] = c.Consumer
+	}
+	return names, nil
+}
+
+// checkConsumer fails with a clear message when consumer has no live
+// records in the store.
+func (s *store) checkConsumer(ctx context.Context, consumer string) error {
+	if consumer == "" {
+		return nil
+	}
+	names, err := s.knownConsumers(ctx)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if n == consumer {
+			return nil
+		}
+	}
+	known := "none"
+	if len(names) > 0 {
+		known = strings.Join(names, ", ")
+	}
+	return usagef("unknown consumer %q: the store has no live records for it (consumers with records: %s)", consumer, known)
+}
+
+// janitorBatch is the default purge batch.
+const janitorBatch = janitor.DefaultBatchSize
+
+const fsCharDevice = os.ModeCharDevice
+
+// isMissingTable reports an error for a table that does not exist
+// (PostgreSQL 42P01, MySQL 1146, SQLite "no such table").
+func isMissingTable(err error) bool {
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) && pg.SQLState() == "42P01" {
+		return true
+	}
+	var my *mysql.MySQLError
+	if errors.As(err, &my) && my.Number == 1146 {
+		return true
+	}
+	return strings.Contains(err.Error(), "no such table")
+}
+
+// countExpired counts the records a purge would delete, for its progress.
+func (s *store) countExpired(ctx context.Context, before time.Time) (int, error) {
+	quote := `"`
+	var arg any = before
+	switch s.kind {
+	case kindMySQL:
+		quote, arg = "`", before.UTC().Format("2006-01-02 15:04:05.999999")
+	case kindSQLite:
+		arg = before.UnixMicro()
+	}
+	q, err := repository.QuoteTableName(s.table, quote)
+	if err != nil {
+		return 0, usagef("%v", err)
+	}
+	ph := "?"
+	if s.kind == kindPostgres {
+		ph = "$1"
+	}
+	var n int
+	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+q+" WHERE expires_at < "+ph, arg).Scan(&n); err != nil {
+		if isMissingTable(err) {
+			return 0, usagef("table %s does not exist (wrong --table, or run idemctl migrate up)", s.table)
+		}
+		return 0, fmt.Errorf("counting expired records: %w", err)
+	}
+	return n, nil
+}

@@ -1,0 +1,635 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// withStore opens the store, runs fn and closes it.
+func withStore(ctx context.Context, g *Globals, fn func(*store) error) error {
+	s, err := open(ctx, g)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return fn(s)
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func table(w io.Writer, header string, rows [][]string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	return tw.Flush()
+}
+
+func ago(t time.Time, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t).Round(time.Second)
+	if d < 0 {
+		return "in " + (-d).String()
+	}
+	return d.String() + " ago"
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// confirm shows what a destructive command will change and asks. With
+// --yes it proceeds; without a terminal on stdin it refuses.
+func confirm(g *Globals, what string) error {
+	if g.Yes {
+		return nil
+	}
+	fi, err := g.stdin.Stat()
+	if err != nil || fi.Mode()&fsCharDevice == 0 {
+		return usagef("refusing to %s without confirmation: stdin is not a terminal; pass --yes", what)
+	}
+	fmt.Fprintf(g.stderr, "%s? [y/N] ", capitalize(what))
+	answer, _ := bufio.NewReader(g.stdin).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return nil
+	}
+	return errors.New("aborted: nothing changed")
+}
+
+func capitalize(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// ---- stats ----
+
+// StatsCmd prints record counts and the outbox backlog.
+type StatsCmd struct {
+	Consumer string `help:"Only this consumer."`
+}
+
+type statsOutput struct {
+	Consumers []repository.RecordCount `json:"consumers"`
+	Outbox    *outboxStats             `json:"outbox,omitempty"`
+}
+
+type outboxStats struct {
+	Table            string  `json:"table"`
+	Messages         int     `json:"messages"`
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+	DeadLetters      int     `json:"dead_letters"`
+	Missing          bool    `json:"missing,omitempty"`
+}
+
+// Run implements the command.
+func (c *StatsCmd) Run(ctx context.Context, g *Globals) error {
+	return withStore(ctx, g, func(s *store) error {
+		st, err := s.stats()
+		if err != nil {
+			return err
+		}
+		if err := s.checkConsumer(ctx, c.Consumer); err != nil {
+			return err
+		}
+		counts, err := st.CountRecords(ctx, time.Now())
+		if err != nil {
+			return err
+		}
+		out := statsOutput{Consumers: []repository.RecordCount{}}
+		for _, rc := range counts {
+			if c.Consumer == "" || rc.Consumer == c.Consumer {
+				out.Consumers = append(out.Consumers, rc)
+			}
+		}
+		if s.outbox.Dialect != "" {
+			b, err := s.backlog(ctx)
+			switch {
+			case err != nil && isMissingTable(err):
+				out.Outbox = &outboxStats{Table: s.outbox.Table, Missing: true}
+			case err != nil:
+				return err
+			default:
+				out.Outbox = &outboxStats{Table: s.outbox.Table, Messages: b.Messages, OldestAgeSeconds: b.OldestAge.Seconds(), DeadLetters: b.DeadLetters}
+			}
+		}
+		if g.JSON {
+			return printJSON(g.stdout, out)
+		}
+		rows := [][]string{}
+		for _, rc := range out.Consumers {
+			rows = append(rows, []string{rc.Consumer, fmt.Sprint(rc.InProgress), fmt.Sprint(rc.Stale), fmt.Sprint(rc.Completed)})
+		}
+		if len(rows) == 0 {
+			fmt.Fprintln(g.stdout, "no live records")
+		} else if err := table(g.stdout, "CONSUMER\tIN_PROGRESS\tSTALE\tCOMPLETED", rows); err != nil {
+			return err
+		}
+		switch {
+		case out.Outbox == nil:
+		case out.Outbox.Missing:
+			fmt.Fprintf(g.stdout, "\noutbox %s: no such table\n", out.Outbox.Table)
+		default:
+			o := out.Outbox
+			fmt.Fprintf(g.stdout, "\noutbox %s: %d messages waiting, oldest %s old, %d dead letters\n",
+				o.Table, o.Messages, time.Duration(o.OldestAgeSeconds*float64(time.Second)).Round(time.Millisecond), o.DeadLetters)
+		}
+		return nil
+	})
+}
+
+// ---- stuck ----
+
+// StuckCmd groups the commands on stuck two-phase records.
+type StuckCmd struct {
+	List    StuckListCmd    `cmd:"" help:"List in-progress records whose lease expired (oldest lease first)."`
+	Resolve StuckResolveCmd `cmd:"" help:"Mark a stuck record completed (the effect happened) or release it (it did not), fenced by its lease owner."`
+}
+
+// StuckListCmd lists stuck records.
+type StuckListCmd struct {
+	Consumer string `help:"Only this consumer."`
+	Limit    int    `help:"Most records listed." default:"100"`
+}
+
+type stuckRecord struct {
+	Consumer   string    `json:"consumer"`
+	Key        string    `json:"key"`
+	LeaseOwner string    `json:"lease_owner"`
+	LeaseUntil time.Time `json:"lease_until"`
+	Attempts   int       `json:"attempts"`
+	CreatedAt  time.Time `json:"created_at"`
+	ExpiresAt  time.Time `json:"expires_at"`
+}
+
+func toStuck(r repository.Record) stuckRecord {
+	return stuckRecord{Consumer: r.Consumer, Key: r.Key, LeaseOwner: r.LeaseOwner, LeaseUntil: r.LeaseUntil.UTC(),
+		Attempts: r.Attempts, CreatedAt: r.CreatedAt.UTC(), ExpiresAt: r.ExpiresAt.UTC()}
+}
+
+// Run implements the command.
+func (c *StuckListCmd) Run(ctx context.Context, g *Globals) error {
+	return withStore(ctx, g, func(s *store) error {
+		op, err := s.operator()
+		if err != nil {
+			return err
+		}
+		if err := s.checkConsumer(ctx, c.Consumer); err != nil {
+			return err
+		}
+		now := time.Now()
+		recs, err := op.ListStuck(ctx, repository.ListStuckParams{Consumer: c.Consumer, Now: now, Limit: c.Limit})
+		if err != nil {
+			return err
+		}
+		out := make([]stuckRecord, len(recs))
+		for i, r := range recs {
+			out[i] = toStuck(r)
+		}
+		if g.JSON {
+			return printJSON(g.stdout, out)
+		}
+		if len(out) == 0 {
+			fmt.Fprintln(g.stdout, "no stuck records")
+			return nil
+		}
+		rows := make([][]string, len(out))
+		for i, r := range out {
+			rows[i] = []string{r.Consumer, r.Key, r.LeaseOwner, "expired " + ago(r.LeaseUntil, now), fmt.Sprint(r.Attempts), stamp(r.CreatedAt)}
+		}
+		return table(g.stdout, "CONSUMER\tKEY\tLEASE_OWNER\tLEASE\tATTEMPTS\tCREATED", rows)
+	})
+}
+
+// StuckResolveCmd resolves one stuck record.
+type StuckResolveCmd struct {
+	Consumer string `required:"" help:"Consumer of the record."`
+	Key      string `required:"" help:"Stored key, as stuck list prints it."`
+	Owner    string `help:"Lease owner you expect (as stuck list prints it); the record changes only while it still holds it. Default: the owner read now."`
+	Complete bool   `xor:"action" required:"" help:"The effect happened: mark the record completed; duplicates are acknowledged without running the handler (they replay no output messages)."`
+	Release  bool   `xor:"action" required:"" help:"The effect did not happen: delete the record; the next delivery runs the handler."`
+}
+
+// Run implements the command.
+func (c *StuckResolveCmd) Run(ctx context.Context, g *Globals) error {
+	return withStore(ctx, g, func(s *store) error {
+		op, err := s.operator()
+		if err != nil {
+			return err
+		}
+		reader, ok := s.repo.(repository.Reader)
+		if !ok {
+			return fmt.Errorf("%s cannot read records", s.kind)
+		}
+		if err := s.checkConsumer(ctx, c.Consumer); err != nil {
+			return err
+		}
+		rec, err := reader.Get(ctx, c.Consumer, c.Key)
+		if errors.Is(err, repository.ErrNotFound) {
+			return usagef("consumer %q has no record with key %q (pass the key as stuck list prints it)", c.Consumer, c.Key)
+		}
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		owner := c.Owner
+		if owner == "" {
+			owner = rec.LeaseOwner
+		}
+		switch {
+		case rec.State != repository.StateInProgress:
+			return fmt.Errorf("record %s/%s is %s, not stuck: nothing to resolve", c.Consumer, c.Key, rec.State)
+		case rec.LeaseOwner != owner:
+			return fmt.Errorf("record %s/%s is leased by %q, not %q: another attempt took it over; list it again", c.Consumer, c.Key, rec.LeaseOwner, owner)
+		case rec.LeaseUntil.After(now):
+			return fmt.Errorf("record %s/%s is leased by %q for %s more: an attempt is running; wait for it", c.Consumer, c.Key, owner, rec.LeaseUntil.Sub(now).Round(time.Second))
+		}
+		action, verb := repository.ResolveRelease, "release (delete) it: the next delivery runs the handler again"
+		if c.Complete {
+			action, verb = repository.ResolveComplete, "mark it completed: later deliveries are acknowledged as duplicates, replaying no output"
+		}
+		fmt.Fprintf(g.stderr, "record %s/%s: in progress, lease owner %s, lease expired %s, %d attempts, created %s\n",
+			c.Consumer, c.Key, owner, ago(rec.LeaseUntil, now), rec.Attempts, stamp(rec.CreatedAt))
+		fmt.Fprintf(g.stderr, "will %s\n", verb)
+		if err := confirm(g, action.String()+" record "+c.Consumer+"/"+c.Key); err != nil {
+			return err
+		}
+		// The Result of an operator's completion is empty: the inbox
+		// stores nil for a handler that produced no messages, and
+		// duplicates of this key then replay nothing.
+		err = op.Resolve(ctx, repository.ResolveParams{Consumer: c.Consumer, Key: c.Key, ExpectedOwner: owner, Action: action, Now: time.Now()})
+		switch {
+		case errors.Is(err, repository.ErrLeaseLost):
+			return fmt.Errorf("not resolved: the record changed since it was read (reclaimed, completed or its lease renewed): %w", err)
+		case errors.Is(err, repository.ErrNotFound):
+			return fmt.Errorf("not resolved: the record is gone: %w", err)
+		case err != nil:
+			return err
+		}
+		if g.JSON {
+			return printJSON(g.stdout, map[string]string{"consumer": c.Consumer, "key": c.Key, "action": action.String(), "lease_owner": owner})
+		}
+		fmt.Fprintf(g.stdout, "resolved %s/%s: %s\n", c.Consumer, c.Key, action)
+		return nil
+	})
+}
+
+// ---- purge ----
+
+// PurgeCmd deletes expired records.
+type PurgeCmd struct {
+	Expired   bool          `required:"" help:"Delete records whose retention expired (required: the only thing purge deletes)."`
+	BatchSize int           `help:"Records deleted per statement." default:"1000"`
+	Before    time.Time     `help:"Delete records that expired before this time (RFC 3339). Default: now." format:"2006-01-02T15:04:05Z07:00"`
+	Every     time.Duration `help:"Least time between progress lines." default:"1s"`
+}
+
+// Run implements the command.
+func (c *PurgeCmd) Run(ctx context.Context, g *Globals) error {
+	if c.BatchSize <= 0 {
+		return usagef("--batch-size must be positive")
+	}
+	return withStore(ctx, g, func(s *store) error {
+		cl, err := s.cleaner()
+		if err != nil {
+			return err
+		}
+		if s.kind == kindRedis {
+			fmt.Fprintln(g.stdout, "redis deletes expired records itself (key TTL): nothing to purge")
+			return nil
+		}
+		before := c.Before
+		if before.IsZero() {
+			before = time.Now()
+		}
+		total, err := s.countExpired(ctx, before)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(g.stderr, "table %s: %d records expired before %s\n", s.table, total, stamp(before))
+		if total == 0 {
+			return c.report(g, 0, 0, time.Duration(0))
+		}
+		if err := confirm(g, fmt.Sprintf("delete %d expired records from %s", total, s.table)); err != nil {
+			return err
+		}
+		start, last := time.Now(), time.Time{}
+		deleted := 0
+		for {
+			n, err := cl.DeleteExpired(ctx, before, c.BatchSize)
+			deleted += n
+			if err != nil {
+				return fmt.Errorf("purge stopped after %d records: %w", deleted, err)
+			}
+			if now := time.Now(); n < c.BatchSize || now.Sub(last) >= c.Every {
+				last = now
+				elapsed := now.Sub(start)
+				rate := float64(deleted) / max(elapsed.Seconds(), 1e-9)
+				eta := "-"
+				if left := total - deleted; left > 0 && rate > 0 {
+					eta = (time.Duration(float64(left) / rate * float64(time.Second))).Round(time.Second).String()
+				}
+				fmt.Fprintf(g.stderr, "deleted %d/%d (%.0f%%), %.0f rows/s, ETA %s\n",
+					deleted, total, 100*float64(deleted)/float64(max(total, deleted)), rate, eta)
+			}
+			if n < c.BatchSize {
+				return c.report(g, deleted, total, time.Since(start))
+			}
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("purge interrupted after %d records: %w", deleted, err)
+			}
+		}
+	})
+}
+
+func (c *PurgeCmd) report(g *Globals, deleted, total int, took time.Duration) error {
+	if g.JSON {
+		return printJSON(g.stdout, map[string]any{"deleted": deleted, "expired_before_start": total, "seconds": took.Seconds()})
+	}
+	fmt.Fprintf(g.stdout, "deleted %d expired records in %s\n", deleted, took.Round(time.Millisecond))
+	return nil
+}
+
+// ---- dead letters ----
+
+// DeadlettersCmd groups the dead-letter commands.
+type DeadlettersCmd struct {
+	List    DLListCmd    `cmd:"" help:"List dead letters (id order)."`
+	Show    DLShowCmd    `cmd:"" help:"Show one dead letter with its payload and metadata."`
+	Requeue DLRequeueCmd `cmd:"" help:"Move dead letters back into the outbox; the relay publishes them again."`
+}
+
+// DLListCmd lists dead letters.
+type DLListCmd struct {
+	Topic string `help:"Only this topic."`
+	After int64  `help:"List ids after this one (paging)."`
+	Limit int    `help:"Most dead letters listed." default:"100"`
+}
+
+type deadLetterJSON struct {
+	ID             int64           `json:"id"`
+	OutboxID       int64           `json:"outbox_id"`
+	Topic          string          `json:"topic"`
+	UUID           string          `json:"uuid"`
+	Attempts       int             `json:"attempts"`
+	LastError      string          `json:"last_error"`
+	CreatedAt      time.Time       `json:"created_at"`
+	DeadLetteredAt time.Time       `json:"dead_lettered_at"`
+	Metadata       json.RawMessage `json:"metadata,omitempty"`
+	Payload        string          `json:"payload,omitempty"`
+}
+
+func toJSON(l outbox.DeadLetter, full bool) deadLetterJSON {
+	j := deadLetterJSON{ID: l.ID, OutboxID: l.OutboxID, Topic: l.Topic, UUID: l.UUID, Attempts: l.Attempts,
+		LastError: l.LastError, CreatedAt: l.CreatedAt.UTC(), DeadLetteredAt: l.DeadLetteredAt.UTC()}
+	if full {
+		j.Payload = string(l.Payload)
+		if json.Valid(l.Metadata) {
+			j.Metadata = l.Metadata
+		} else {
+			j.Metadata, _ = json.Marshal(string(l.Metadata))
+		}
+	}
+	return j
+}
+
+func oneLine(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// Run implements the command.
+func (c *DLListCmd) Run(ctx context.Context, g *Globals) error {
+	return withStore(ctx, g, func(s *store) error {
+		dl, err := s.deadLetters()
+		if err != nil {
+			return err
+		}
+		ls, err := dl.List(ctx, outbox.ListParams{AfterID: c.After, Topic: c.Topic, Limit: c.Limit})
+		if err != nil {
+			return err
+		}
+		out := make([]deadLetterJSON, len(ls))
+		for i, l := range ls {
+			out[i] = toJSON(l, false)
+		}
+		if g.JSON {
+			return printJSON(g.stdout, out)
+		}
+		if len(out) == 0 {
+			fmt.Fprintln(g.stdout, "no dead letters")
+			return nil
+		}
+		now := time.Now()
+		rows := make([][]string, len(out))
+		for i, l := range out {
+			rows[i] = []string{fmt.Sprint(l.ID), l.Topic, l.UUID, fmt.Sprint(l.Attempts), ago(l.DeadLetteredAt, now), oneLine(l.LastError, 60)}
+		}
+		return table(g.stdout, "ID\tTOPIC\tUUID\tATTEMPTS\tDEAD_LETTERED\tLAST_ERROR", rows)
+	})
+}
+
+// getDeadLetter reads the dead letter id.
+func getDeadLetter(ctx context.Context, dl *outbox.DeadLetters, id int64) (outbox.DeadLetter, error) {
+	ls, err := dl.List(ctx, outbox.ListParams{AfterID: id - 1, Limit: 1})
+	if err != nil {
+		return outbox.DeadLetter{}, err
+	}
+	if len(ls) == 0 || ls[0].ID != id {
+		return outbox.DeadLetter{}, usagef("no dead letter with id %d", id)
+	}
+	return ls[0], nil
+}
+
+// DLShowCmd shows one dead letter.
+type DLShowCmd struct {
+	ID int64 `arg:"" help:"Dead letter id, as list prints it."`
+}
+
+// Run implements the command.
+func (c *DLShowCmd) Run(ctx context.Context, g *Globals) error {
+	return withStore(ctx, g, func(s *store) error {
+		dl, err := s.deadLetters()
+		if err != nil {
+			return err
+		}
+		l, err := getDeadLetter(ctx, dl, c.ID)
+		if err != nil {
+			return err
+		}
+		j := toJSON(l, true)
+		if g.JSON {
+			return printJSON(g.stdout, j)
+		}
+		return table(g.stdout, "FIELD\tVALUE", [][]string{
+			{"id", fmt.Sprint(j.ID)}, {"outbox_id", fmt.Sprint(j.OutboxID)}, {"topic", j.Topic}, {"uuid", j.UUID},
+			{"attempts", fmt.Sprint(j.Attempts)}, {"last_error", oneLine(j.LastError, 500)},
+			{"created_at", stamp(j.CreatedAt)}, {"dead_lettered_at", stamp(j.DeadLetteredAt)},
+			{"metadata", string(j.Metadata)}, {"payload", oneLine(j.Payload, 2000)},
+		})
+	})
+}
+
+// DLRequeueCmd requeues dead letters.
+type DLRequeueCmd struct {
+	IDs []int64 `arg:"" name:"id" help:"Dead letter ids."`
+}
+
+// Run implements the command.
+func (c *DLRequeueCmd) Run(ctx context.Context, g *Globals) error {
+	if len(c.IDs) > outbox.MaxDeadLetterIDs {
+		return usagef("at most %d ids per call", outbox.MaxDeadLetterIDs)
+	}
+	return withStore(ctx, g, func(s *store) error {
+		dl, err := s.deadLetters()
+		if err != nil {
+			return err
+		}
+		for _, id := range c.IDs {
+			l, err := getDeadLetter(ctx, dl, id)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stderr, "dead letter %d: topic %s, uuid %s, %d attempts, last error: %s\n", l.ID, l.Topic, l.UUID, l.Attempts, oneLine(l.LastError, 120))
+		}
+		if err := confirm(g, fmt.Sprintf("requeue %d dead letters into %s", len(c.IDs), s.outbox.Table)); err != nil {
+			return err
+		}
+		n, err := dl.Requeue(ctx, c.IDs...)
+		if err != nil {
+			return err
+		}
+		if g.JSON {
+			return printJSON(g.stdout, map[string]int{"requeued": n})
+		}
+		fmt.Fprintf(g.stdout, "requeued %d of %d dead letters\n", n, len(c.IDs))
+		return nil
+	})
+}
+
+// ---- migrate ----
+
+// MigrateCmd groups the migration commands.
+type MigrateCmd struct {
+	Up     MigrateUpCmd     `cmd:"" help:"Create or upgrade the inbox table (and, with --outbox, the outbox tables)."`
+	Status MigrateStatusCmd `cmd:"" help:"Report whether the inbox and outbox tables exist."`
+}
+
+// MigrateUpCmd migrates.
+type MigrateUpCmd struct {
+	Outbox bool `help:"Also create the outbox and its dead-letter table (PostgreSQL, MySQL)."`
+}
+
+// Run implements the command.
+func (c *MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
+	g.createSQLite = true
+	return withStore(ctx, g, func(s *store) error {
+		m, ok := s.repo.(interface{ Migrate(context.Context) error })
+		if !ok {
+			fmt.Fprintf(g.stdout, "%s needs no migration\n", s.kind)
+			return nil
+		}
+		if err := m.Migrate(ctx); err != nil {
+			return err
+		}
+		done := map[string]string{"inbox": s.table}
+		if c.Outbox {
+			if s.outbox.Dialect == "" {
+				return usagef("the outbox lives in PostgreSQL or MySQL; %s has none", s.kind)
+			}
+			ob, err := outbox.New(s.outbox)
+			if err != nil {
+				return err
+			}
+			if err := ob.Migrate(ctx, s.db); err != nil {
+				return err
+			}
+			done["outbox"] = s.outbox.Table
+		}
+		if g.JSON {
+			return printJSON(g.stdout, done)
+		}
+		for _, k := range []string{"inbox", "outbox"} {
+			if t, ok := done[k]; ok {
+				fmt.Fprintf(g.stdout, "%s table %s: up to date\n", k, t)
+			}
+		}
+		return nil
+	})
+}
+
+// MigrateStatusCmd reports the schema.
+type MigrateStatusCmd struct{}
+
+// Run implements the command.
+func (c *MigrateStatusCmd) Run(ctx context.Context, g *Globals) error {
+	return withStore(ctx, g, func(s *store) error {
+		if s.db == nil {
+			fmt.Fprintf(g.stdout, "%s needs no migration\n", s.kind)
+			return nil
+		}
+		status := map[string]string{}
+		check := func(name, tbl, quote string) error {
+			q, err := repository.QuoteTableName(tbl, quote)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			var n int
+			err = s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+q+" WHERE 1 = 0").Scan(&n)
+			switch {
+			case err == nil:
+				status[name] = "present"
+			case isMissingTable(err):
+				status[name] = "missing"
+			default:
+				return err
+			}
+			return nil
+		}
+		quote := `"`
+		if s.kind == kindMySQL {
+			quote = "`"
+		}
+		if err := check("inbox", s.table, quote); err != nil {
+			return err
+		}
+		if s.outbox.Dialect != "" {
+			if err := check("outbox", s.outbox.Table, quote); err != nil {
+				return err
+			}
+		}
+		if g.JSON {
+			return printJSON(g.stdout, status)
+		}
+		rows := [][]string{{"inbox", s.table, status["inbox"]}}
+		if st, ok := status["outbox"]; ok {
+			rows = append(rows, []string{"outbox", s.outbox.Table, st})
+		}
+		return table(g.stdout, "SCHEMA\tTABLE\tSTATUS", rows)
+	})
+}

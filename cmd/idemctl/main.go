@@ -1,0 +1,103 @@
+// Command idemctl is the operator's tool for watermill-idempotent stores:
+// record counts, stuck two-phase records, expired-record cleanup, the
+// outbox relay's dead letters and schema migrations.
+//
+//	go install github.com/idemkit/watermill-idempotent/cmd/idemctl@latest
+//	export IDEMCTL_DSN='postgres://app@db:5432/app'
+//	idemctl stats
+//	idemctl stuck list
+//	idemctl stuck resolve --consumer billing --key order-7 --complete
+//
+// --dsn (or IDEMCTL_DSN) selects the store by scheme: postgres://,
+// mysql://, sqlite:// or file:; --redis (or IDEMCTL_REDIS) a Redis inbox.
+// Passwords in DSNs are never printed. resolve, purge and requeue show
+// what they will change and ask for confirmation; without a terminal they
+// refuse unless --yes is given. Exit status: 0 on success, 1 on failure,
+// 2 on a usage error. See docs/operations.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// Globals are the flags every command takes.
+type Globals struct {
+	DSN            string        `help:"SQL store: postgres://…, mysql://user:pass@host:3306/db, sqlite:///path/to.db or file:path." env:"IDEMCTL_DSN" placeholder:"URL"`
+	Redis          string        `help:"Redis store: redis://[:password@]host:6379/0." env:"IDEMCTL_REDIS" placeholder:"URL"`
+	RedisPrefix    string        `help:"Key prefix of the Redis inbox (default: the backend's)." placeholder:"PREFIX"`
+	Table          string        `help:"Inbox table." default:"${inbox_table}"`
+	OutboxTable    string        `help:"Outbox table." default:"${outbox_table}"`
+	JSON           bool          `help:"Print JSON for scripts instead of tables."`
+	Yes            bool          `short:"y" help:"Do not ask for confirmation (required without a terminal)."`
+	ConnectTimeout time.Duration `help:"How long to wait for the store to answer." default:"10s"`
+
+	stdout, stderr io.Writer
+	stdin          *os.File
+	secrets        secrets
+	createSQLite   bool // migrate up may create the SQLite file
+}
+
+// CLI is idemctl's command tree.
+type CLI struct {
+	Globals
+
+	Stats       StatsCmd       `cmd:"" help:"Records per consumer and state; outbox backlog, oldest message age and dead letters."`
+	Stuck       StuckCmd       `cmd:"" help:"Two-phase records whose lease expired mid-effect."`
+	Purge       PurgeCmd       `cmd:"" help:"Delete expired records in batches, with progress."`
+	Deadletters DeadlettersCmd `cmd:"" aliases:"dl" help:"Messages the outbox relay gave up on."`
+	Migrate     MigrateCmd     `cmd:"" help:"Create or upgrade the inbox (and outbox) tables."`
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// run is main without the process: it returns the exit status.
+func run(args []string, stdin *os.File, stdout, stderr io.Writer) int {
+	var cli CLI
+	cli.stdout, cli.stderr, cli.stdin = stdout, stderr, stdin
+	exit := -1
+	parser, err := kong.New(&cli,
+		kong.Name("idemctl"),
+		kong.Description("Operate watermill-idempotent stores: stats, stuck two-phase records, cleanup, outbox dead letters, migrations."),
+		kong.UsageOnError(),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Vars{"inbox_table": repository.DefaultTableName, "outbox_table": outbox.DefaultTableName},
+		kong.Writers(stdout, stderr),
+		kong.Exit(func(code int) { exit = code }),
+	)
+	if err != nil {
+		fmt.Fprintln(stderr, "idemctl:", err)
+		return 1
+	}
+	kctx, err := parser.Parse(args)
+	if exit >= 0 { // --help
+		return exit
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "idemctl:", cli.secrets.scrub(err.Error()))
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	kctx.BindTo(ctx, (*context.Context)(nil))
+	if err := kctx.Run(&cli.Globals); err != nil {
+		fmt.Fprintln(stderr, "idemctl:", cli.secrets.scrub(err.Error()))
+		if errors.As(err, new(usageError)) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
