@@ -17,7 +17,6 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
-	"github.com/idemkit/watermill-idempotent/repository/janitor"
 	mysqlrepo "github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	redisrepo "github.com/idemkit/watermill-idempotent/repository/redis"
@@ -325,9 +324,6 @@ func (s *store) checkConsumer(ctx context.Context, consumer string) error {
 	}
 	return usagef("unknown consumer %q: the store has no live records for it (consumers with records: %s)", consumer, known)
 }
-
-// janitorBatch is the default purge batch.
-const janitorBatch = janitor.DefaultBatchSize
 
 const fsCharDevice = os.ModeCharDevice
 

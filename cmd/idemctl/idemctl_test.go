@@ -1,0 +1,428 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+// bin is idemctl built once for the tests, run as a real process.
+var bin string
+
+func TestMain(m *testing.M) {
+	if os.Getenv("IDEMCTL_TEST_CONSUMER") != "" {
+		killedConsumer()
+		return
+	}
+	dir, err := os.MkdirTemp("", "idemctl")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "idemctl")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// killedConsumer is a two-phase consumer that dies mid-effect: it claims
+// the message's key under a short lease and exits before completing, as a
+// process killed by the OOM killer would.
+func killedConsumer() {
+	db, err := sql.Open("pgx", os.Getenv("IDEMCTL_TEST_PG"))
+	if err != nil {
+		panic(err)
+	}
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: os.Getenv("IDEMCTL_TEST_TABLE")})
+	if err != nil {
+		panic(err)
+	}
+	inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: repo, Consumer: "billing", Lease: time.Second})
+	if err != nil {
+		panic(err)
+	}
+	msg := message.NewMessage(os.Getenv("IDEMCTL_TEST_KEY"), []byte(`{"order":"7","amount":42}`))
+	_, _ = inbox.Middleware(func(*message.Message) ([]*message.Message, error) {
+		fmt.Println("charging the card… and the process dies")
+		os.Exit(3)
+		return nil, nil
+	})(msg)
+	os.Exit(1) // not reached: the handler exits
+}
+
+type observerFunc func(middleware.Delivery)
+
+func (f observerFunc) ObserveDelivery(_ context.Context, d middleware.Delivery) { f(d) }
+
+func suffix() string {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// idemctl runs the binary with env (KEY=VALUE) and stdin.
+func idemctl(t *testing.T, env []string, stdin string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), "IDEMCTL_DSN=", "IDEMCTL_REDIS=")
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		code = exit.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return result{out.String(), errOut.String(), code}
+}
+
+func pgDSN(t *testing.T) string {
+	testenv.Postgres(t) // skips (or fails under CI) without PostgreSQL
+	return testenv.PostgresDSN()
+}
+
+func TestStuckRecordOfAKilledConsumer(t *testing.T) {
+	dsn := pgDSN(t)
+	db := testenv.Postgres(t)
+	table := "idemctl_inbox_" + suffix()
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
+	env := []string{"IDEMCTL_DSN=" + dsn}
+
+	r := idemctl(t, env, "", "--table", table, "migrate", "up")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "inbox table "+table+": up to date")
+
+	// A two-phase consumer dies mid-effect.
+	key := watermill.NewUUID()
+	consumer := exec.Command(os.Args[0])
+	consumer.Env = append(os.Environ(), "IDEMCTL_TEST_CONSUMER=1", "IDEMCTL_TEST_PG="+dsn, "IDEMCTL_TEST_TABLE="+table, "IDEMCTL_TEST_KEY="+key)
+	out, err := consumer.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	require.Equal(t, 3, exit.ExitCode(), "%s", out)
+
+	// Its lease expires: stuck list shows the record.
+	var stuck []stuckRecord
+	deadline := time.Now().Add(30 * time.Second)
+	for len(stuck) == 0 {
+		require.True(t, time.Now().Before(deadline), "the record never showed up as stuck")
+		r = idemctl(t, env, "", "--table", table, "--json", "stuck", "list", "--consumer", "billing")
+		require.Equal(t, 0, r.code, r.stderr)
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &stuck), r.stdout)
+		if len(stuck) == 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	require.Len(t, stuck, 1)
+	require.Equal(t, key, stuck[0].Key)
+	require.NotEmpty(t, stuck[0].LeaseOwner)
+	r = idemctl(t, env, "", "--table", table, "stuck", "list")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `CONSUMER\s+KEY\s+LEASE_OWNER\s+LEASE\s+ATTEMPTS\s+CREATED`, r.stdout)
+	require.Contains(t, r.stdout, key)
+
+	r = idemctl(t, env, "", "--table", table, "stats")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `billing\s+0\s+1\s+0`, r.stdout)
+
+	// Unknown consumer and unknown key: clear errors, exit status 2.
+	r = idemctl(t, env, "", "--table", table, "stuck", "list", "--consumer", "biling")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, `unknown consumer "biling"`)
+	require.Contains(t, r.stderr, "billing")
+	r = idemctl(t, env, "", "--table", table, "stuck", "resolve", "--consumer", "billing", "--key", "nope", "--complete", "--yes")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, `has no record with key "nope"`)
+
+	// Without a terminal and without --yes, resolve refuses and changes nothing.
+	r = idemctl(t, env, "y\n", "--table", table, "stuck", "resolve", "--consumer", "billing", "--key", key, "--complete")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "will mark it completed")
+	require.Contains(t, r.stderr, "refusing to complete record billing/"+key+" without confirmation")
+
+	// A wrong expected owner is refused.
+	r = idemctl(t, env, "", "--table", table, "stuck", "resolve", "--consumer", "billing", "--key", key, "--owner", "someone-else", "--complete", "--yes")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, `not "someone-else"`)
+
+	r = idemctl(t, env, "", "--table", table, "stuck", "resolve", "--consumer", "billing", "--key", key, "--owner", stuck[0].LeaseOwner, "--complete", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "resolved billing/"+key+": complete")
+	r = idemctl(t, env, "", "--table", table, "stuck", "list")
+	require.Equal(t, "no stuck records\n", r.stdout)
+
+	// The redelivery is a duplicate: acknowledged, the handler not run.
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
+	require.NoError(t, err)
+	var outcomes []middleware.Outcome
+	inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: repo, Consumer: "billing",
+		Observer: observerFunc(func(d middleware.Delivery) { outcomes = append(outcomes, d.Outcome) })})
+	require.NoError(t, err)
+	ran := false
+	_, err = inbox.Middleware(func(*message.Message) ([]*message.Message, error) {
+		ran = true
+		return nil, nil
+	})(message.NewMessage(key, []byte(`{"order":"7","amount":42}`)))
+	require.NoError(t, err)
+	require.False(t, ran)
+	require.Equal(t, []middleware.Outcome{middleware.OutcomeDuplicate}, outcomes)
+	rec, err := repo.Get(t.Context(), "billing", key)
+	require.NoError(t, err)
+	require.Equal(t, repository.StateCompleted, rec.State)
+}
+
+func TestReleaseThenRedeliveryRunsTheHandler(t *testing.T) {
+	dsn := pgDSN(t)
+	db := testenv.Postgres(t)
+	table := "idemctl_inbox_" + suffix()
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	now := time.Now()
+	_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: "k1", PayloadHash: repository.HashPayload([]byte("p")),
+		Owner: "dead-owner", Now: now.Add(-time.Minute), LeaseUntil: now.Add(-30 * time.Second), ExpiresAt: now.Add(time.Hour)})
+	require.NoError(t, err)
+	env := []string{"IDEMCTL_DSN=" + dsn}
+	r := idemctl(t, env, "", "--table", table, "--json", "stuck", "resolve", "--consumer", "billing", "--key", "k1", "--release", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.JSONEq(t, `{"consumer":"billing","key":"k1","action":"release","lease_owner":"dead-owner"}`, r.stdout)
+	_, err = repo.Get(t.Context(), "billing", "k1")
+	require.ErrorIs(t, err, repository.ErrNotFound)
+}
+
+func TestPurgeWithProgress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("inserts 30,000 rows")
+	}
+	dsn := pgDSN(t)
+	db := testenv.Postgres(t)
+	table := "idemctl_inbox_" + suffix()
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	_, err = db.Exec(`INSERT INTO ` + table + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
+		SELECT 'billing', 'k' || g, 'completed', '\x00', 1, now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
+		FROM generate_series(1, 30000) g`)
+	require.NoError(t, err)
+	_, err = db.Exec(`INSERT INTO ` + table + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
+		VALUES ('billing', 'live', 'completed', '\x00', 1, now(), now(), now() + interval '1 day')`)
+	require.NoError(t, err)
+	env := []string{"IDEMCTL_DSN=" + dsn}
+
+	r := idemctl(t, env, "", "--table", table, "purge", "--expired")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "30000 records expired before")
+	require.Contains(t, r.stderr, "refusing to delete 30000 expired records")
+
+	r = idemctl(t, env, "", "--table", table, "purge", "--expired", "--yes", "--batch-size", "2000", "--every", "1ns")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `deleted 2000/30000 \(7%\), \d+ rows/s, ETA \d`, r.stderr)
+	require.Regexp(t, `deleted 30000/30000 \(100%\), \d+ rows/s, ETA -`, r.stderr)
+	require.Contains(t, r.stdout, "deleted 30000 expired records")
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM `+table).Scan(&n))
+	require.Equal(t, 1, n, "the live record stays")
+}
+
+func TestDeadLetters(t *testing.T) {
+	dsn := pgDSN(t)
+	db := testenv.Postgres(t)
+	table := "idemctl_outbox_" + suffix()
+	t.Cleanup(func() {
+		_, _ = db.Exec(`DROP TABLE IF EXISTS ` + table + `, ` + outbox.DeadLetterTableName(table))
+	})
+	env := []string{"IDEMCTL_DSN=" + dsn}
+	inbox := "idemctl_inbox_" + suffix()
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + inbox) })
+	r := idemctl(t, env, "", "--table", inbox, "--outbox-table", table, "migrate", "up", "--outbox")
+	require.Equal(t, 0, r.code, r.stderr)
+	_, err := db.Exec(`INSERT INTO ` + outbox.DeadLetterTableName(table) + ` (outbox_id, topic, uuid, payload, metadata, attempts, last_error, created_at)
+		VALUES (7, 'payments', 'u-1', '{"amount":42}', '{"k":"v"}', 10, 'broker said no', now())`)
+	if err != nil {
+		t.Skipf("dead-letter table layout differs: %v", err)
+	}
+
+	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "list")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `ID\s+TOPIC\s+UUID\s+ATTEMPTS\s+DEAD_LETTERED\s+LAST_ERROR`, r.stdout)
+	require.Regexp(t, `\d+\s+payments\s+u-1\s+10\s+.*broker said no`, r.stdout)
+	var list []deadLetterJSON
+	r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "list")
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &list), r.stdout)
+	require.Len(t, list, 1)
+	id := fmt.Sprint(list[0].ID)
+
+	r = idemctl(t, env, "", "--outbox-table", table, "--json", "deadletters", "show", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	var shown deadLetterJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &shown))
+	require.Equal(t, `{"amount":42}`, shown.Payload)
+	require.JSONEq(t, `{"k":"v"}`, string(shown.Metadata))
+	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "show", "999999")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "no dead letter with id 999999")
+
+	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "requeue", id)
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "dead letter "+id+": topic payments, uuid u-1")
+	require.Contains(t, r.stderr, "refusing to requeue 1 dead letters")
+	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "requeue", id, "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "requeued 1 of 1 dead letters")
+
+	r = idemctl(t, env, "", "--outbox-table", table, "--table", inbox, "stats")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `outbox `+table+`: 1 messages waiting, oldest .* old, 0 dead letters`, r.stdout)
+}
+
+// A password in a DSN never appears in idemctl's output, whatever fails.
+func TestPasswordNeverEchoed(t *testing.T) {
+	const pw = "Sup3r-s3cret-pw"
+	for _, dsn := range []string{
+		"postgres://app:" + pw + "@127.0.0.1:1/db?sslmode=disable&connect_timeout=2",
+		"mysql://app:" + pw + "@127.0.0.1:1/db",
+		"postgres://app:" + pw + "@127.0.0.1:5432/db%zz",
+		"mysql://app:" + pw + "@127.0.0.1:3306",
+		"postgres://app:" + pw + "@[::1/db",
+	} {
+		for _, args := range [][]string{{"--dsn", dsn, "stats"}, {"stats"}} {
+			r := idemctl(t, []string{"IDEMCTL_DSN=" + dsn}, "", args...)
+			require.NotEqual(t, 0, r.code, "%s: %s", dsn, r.stdout)
+			require.NotContains(t, r.stdout+r.stderr, pw)
+			require.NotEmpty(t, r.stderr)
+		}
+	}
+	r := idemctl(t, nil, "", "--redis", "redis://:"+pw+"@127.0.0.1:1/0", "--connect-timeout", "2s", "stats")
+	require.Equal(t, 1, r.code)
+	require.NotContains(t, r.stdout+r.stderr, pw)
+	require.Contains(t, r.stderr, "xxxxx")
+	// When the server itself refuses the password.
+	my := "mysql://root:" + pw + "@127.0.0.1:3306/test"
+	r = idemctl(t, []string{"IDEMCTL_DSN=" + my}, "", "stats")
+	require.Equal(t, 1, r.code)
+	require.NotContains(t, r.stdout+r.stderr, pw)
+}
+
+func TestErrorsAndHelp(t *testing.T) {
+	r := idemctl(t, nil, "", "stats")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "no store given")
+	r = idemctl(t, nil, "", "--dsn", "oracle://x", "stats")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "--dsn must start with postgres://")
+	r = idemctl(t, nil, "", "--dsn", "sqlite:///nonexistent/dir/x.db", "stats")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "run idemctl migrate up")
+	r = idemctl(t, nil, "", "frobnicate")
+	require.Equal(t, 2, r.code)
+	for _, args := range [][]string{{"--help"}, {"stats", "--help"}, {"stuck", "list", "--help"}, {"stuck", "resolve", "--help"},
+		{"purge", "--help"}, {"deadletters", "list", "--help"}, {"deadletters", "show", "--help"}, {"deadletters", "requeue", "--help"},
+		{"migrate", "up", "--help"}, {"migrate", "status", "--help"}} {
+		r = idemctl(t, nil, "", args...)
+		require.Equal(t, 0, r.code, "%v", args)
+		require.Contains(t, r.stdout, "Usage: idemctl", "%v", args)
+	}
+}
+
+func TestSQLite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	env := []string{"IDEMCTL_DSN=sqlite://" + path}
+	r := idemctl(t, env, "", "migrate", "up")
+	require.Equal(t, 0, r.code, r.stderr)
+	db, err := sqlite.Open(path)
+	require.NoError(t, err)
+	repo, err := sqlite.NewRepository(db, sqlite.Config{})
+	require.NoError(t, err)
+	now := time.Now()
+	_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: "k1", PayloadHash: repository.HashPayload([]byte("p")),
+		Owner: "dead-owner", Now: now.Add(-time.Minute), LeaseUntil: now.Add(-30 * time.Second), ExpiresAt: now.Add(time.Hour)})
+	require.NoError(t, err)
+	_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: "old", PayloadHash: repository.HashPayload([]byte("p")),
+		Owner: "o", Now: now.Add(-2 * time.Hour), LeaseUntil: now.Add(-2 * time.Hour).Add(time.Second), ExpiresAt: now.Add(-time.Hour)})
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+
+	r = idemctl(t, env, "", "stats")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `billing\s+0\s+1\s+0`, r.stdout)
+	r = idemctl(t, []string{"IDEMCTL_DSN=file:" + path}, "", "--json", "stuck", "list")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, `"lease_owner": "dead-owner"`)
+	r = idemctl(t, env, "", "stuck", "resolve", "--consumer", "billing", "--key", "k1", "--complete", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = idemctl(t, env, "", "purge", "--expired", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "deleted 1 expired records")
+	r = idemctl(t, env, "", "stats")
+	require.Regexp(t, `billing\s+0\s+0\s+1`, r.stdout)
+	r = idemctl(t, env, "", "deadletters", "list")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "the outbox lives in PostgreSQL or MySQL")
+}
+
+func TestMariaDBStats(t *testing.T) {
+	db := testenv.MySQL(t)
+	table := "idemctl_inbox_" + suffix()
+	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + table) })
+	// testenv's DSN is the driver's format; idemctl takes a URL.
+	dsn := "mysql://root@127.0.0.1:3306/test"
+	if v := os.Getenv("IDEMCTL_TEST_MYSQL_URL"); v != "" {
+		dsn = v
+	}
+	env := []string{"IDEMCTL_DSN=" + dsn}
+	r := idemctl(t, env, "", "--table", table, "migrate", "up")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = idemctl(t, env, "", "--table", table, "--outbox-table", "idemctl_none_"+suffix(), "stats")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "no live records")
+	require.Contains(t, r.stdout, ": no such table")
+	r = idemctl(t, env, "", "--table", table, "--json", "migrate", "status")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, `"inbox": "present"`)
+}
+
+func TestRedisStats(t *testing.T) {
+	testenv.Redis(t) // skips (or fails under CI) without Redis
+	prefix := "idemctl-" + suffix() + ":"
+	r := idemctl(t, nil, "", "--redis", "redis://"+testenv.RedisAddr()+"/0", "--redis-prefix", prefix, "--json", "stats")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.JSONEq(t, `{"consumers":[]}`, r.stdout)
+}
