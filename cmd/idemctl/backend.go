@@ -325,8 +325,6 @@ func (s *store) checkConsumer(ctx context.Context, consumer string) error {
 	return usagef("unknown consumer %q: the store has no live records for it (consumers with records: %s)", consumer, known)
 }
 
-const fsCharDevice = os.ModeCharDevice
-
 // isMissingTable reports an error for a table that does not exist
 // (PostgreSQL 42P01, MySQL 1146, SQLite "no such table").
 func isMissingTable(err error) bool {

@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/mattn/go-isatty"
+
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -64,8 +66,7 @@ func confirm(g *Globals, what string) error {
 	if g.Yes {
 		return nil
 	}
-	fi, err := g.stdin.Stat()
-	if err != nil || fi.Mode()&fsCharDevice == 0 {
+	if fd := g.stdin.Fd(); !isatty.IsTerminal(fd) && !isatty.IsCygwinTerminal(fd) {
 		return usagef("refusing to %s without confirmation: stdin is not a terminal; pass --yes", what)
 	}
 	fmt.Fprintf(g.stderr, "%s? [y/N] ", capitalize(what))
