@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
+	"io"
+	"net/http"
 	"testing"
 	"time"
 
@@ -11,8 +14,10 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/examples/internal/broker"
 	"github.com/idemkit/watermill-idempotent/examples/internal/shop"
+	"github.com/idemkit/watermill-idempotent/health"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/outbox"
 )
 
 // TestRabbitMQ runs the example against the real RabbitMQ with the inbox
@@ -43,6 +48,12 @@ func TestRabbitMQ(t *testing.T) {
 				SQLitePath:   t.TempDir() + "/shop.db",
 				Observer:     ms.Metrics,
 				RelayMetrics: ms.Metrics.Relay("payments"),
+				RelayStarted: func(db *sql.DB, relay *outbox.Relay) {
+					h, err := health.NewHandler(health.Config{DB: db, Relay: relay}, nil)
+					if err == nil {
+						ms.SetHealth(h)
+					}
+				},
 			})
 			require.NoError(t, err)
 			var out bytes.Buffer
@@ -115,6 +126,14 @@ func TestRabbitMQ(t *testing.T) {
 			require.Contains(t, body, `watermill_idempotent_deliveries_total{consumer="billing",outcome="payload_mismatch"} 1`)
 			if db == shop.Postgres { // payments leave through the outbox relay
 				require.Contains(t, body, fmt.Sprintf(`watermill_idempotent_relay_published_messages_total{relay="payments"} %d`, orders))
+				// /healthz serves the relay's probe next to /metrics: the
+				// run is over, so the relay no longer runs.
+				resp, err := http.Get("http://" + ms.Addr + "/healthz")
+				require.NoError(t, err)
+				probe, _ := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+				require.JSONEq(t, `{"status":"fail","checks":{"relay":{"status":"fail","error":"relay is not running"}}}`, string(probe))
 			}
 		})
 	}
