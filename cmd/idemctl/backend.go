@@ -5,8 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	mysqlrepo "github.com/idemkit/watermill-idempotent/repository/mysql"
@@ -365,4 +369,101 @@ func (s *store) countExpired(ctx context.Context, before time.Time) (int, error)
 		return 0, fmt.Errorf("counting expired records: %w", err)
 	}
 	return n, nil
+}
+
+// migrationFiles lists the inbox migrations the backend ships.
+func (s *store) migrationFiles() ([]sqlstore.Migration, error) {
+	var fsys fs.FS
+	switch s.kind {
+	case kindPostgres:
+		fsys = postgres.Migrations
+	case kindMySQL:
+		fsys = mysqlrepo.Migrations
+	case kindSQLite:
+		fsys = sqlite.Migrations
+	}
+	entries, err := fs.ReadDir(fsys, "migrations/inbox")
+	if err != nil {
+		return nil, err
+	}
+	var out []sqlstore.Migration
+	for _, e := range entries {
+		m := migrationFile.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		v, _ := strconv.Atoi(m[1])
+		out = append(out, sqlstore.Migration{Version: v, Name: m[2]})
+	}
+	return out, nil
+}
+
+var migrationFile = regexp.MustCompile(`^(\d+)_(\w+)\.up\.sql$`)
+
+// appliedMigrations reads the versions recorded for the inbox table in
+// sqlstore.MigrationsTable (none when that table does not exist yet).
+func (s *store) appliedMigrations(ctx context.Context) (map[int]time.Time, error) {
+	quote, ph := `"`, "?"
+	switch s.kind {
+	case kindMySQL:
+		quote = "`"
+	case kindPostgres:
+		ph = "$1"
+	}
+	if _, err := repository.QuoteTableName(s.table, quote); err != nil {
+		return nil, usagef("%v", err)
+	}
+	schema, name := "", s.table
+	if i := strings.LastIndexByte(s.table, '.'); i >= 0 {
+		schema, name = s.table[:i], s.table[i+1:]
+	}
+	// Records of a table dropped since are void: Migrate applies it afresh.
+	quoted, _ := repository.QuoteTableName(s.table, quote)
+	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+quoted+" WHERE 1 = 0").Scan(new(int)); err != nil {
+		if isMissingTable(err) {
+			return map[int]time.Time{}, nil
+		}
+		return nil, err
+	}
+	tbl := quote + sqlstore.MigrationsTable + quote
+	if schema != "" {
+		tbl = quote + schema + quote + "." + tbl
+	}
+	rows, err := s.db.QueryContext(ctx, "SELECT version, applied_at FROM "+tbl+" WHERE subject = "+ph, "inbox:"+name)
+	if err != nil {
+		if isMissingTable(err) {
+			return map[int]time.Time{}, nil
+		}
+		return nil, fmt.Errorf("reading applied migrations: %w", err)
+	}
+	defer rows.Close()
+	out := map[int]time.Time{}
+	for rows.Next() {
+		var (
+			v  int
+			at any
+		)
+		if err := rows.Scan(&v, &at); err != nil {
+			return nil, fmt.Errorf("reading applied migrations: %w", err)
+		}
+		out[v] = asTime(at)
+	}
+	return out, rows.Err()
+}
+
+// asTime reads a TIMESTAMP column whatever the driver returns for it.
+func asTime(v any) time.Time {
+	switch t := v.(type) {
+	case time.Time:
+		return t
+	case string:
+		for _, layout := range []string{"2006-01-02 15:04:05.999999999-07:00", "2006-01-02 15:04:05", time.RFC3339Nano} {
+			if p, err := time.Parse(layout, t); err == nil {
+				return p
+			}
+		}
+	case []byte:
+		return asTime(string(t))
+	}
+	return time.Time{}
 }

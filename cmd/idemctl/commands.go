@@ -13,6 +13,7 @@ import (
 
 	"github.com/mattn/go-isatty"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -537,8 +538,8 @@ func (c *DLRequeueCmd) Run(ctx context.Context, g *Globals) error {
 
 // MigrateCmd groups the migration commands.
 type MigrateCmd struct {
-	Up     MigrateUpCmd     `cmd:"" help:"Create or upgrade the inbox table (and, with --outbox, the outbox tables)."`
-	Status MigrateStatusCmd `cmd:"" help:"Report whether the inbox and outbox tables exist."`
+	Up     MigrateUpCmd     `cmd:"" help:"Apply the inbox table's pending migrations (and, with --outbox, create the outbox tables)."`
+	Status MigrateStatusCmd `cmd:"" help:"List the inbox table's migrations, applied and pending."`
 }
 
 // MigrateUpCmd migrates.
@@ -546,19 +547,36 @@ type MigrateUpCmd struct {
 	Outbox bool `help:"Also create the outbox and its dead-letter table (PostgreSQL, MySQL)."`
 }
 
+type migrationJSON struct {
+	Version   int        `json:"version"`
+	Name      string     `json:"name"`
+	AppliedAt *time.Time `json:"applied_at,omitempty"`
+	Seconds   float64    `json:"seconds,omitempty"`
+}
+
 // Run implements the command.
 func (c *MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
 	g.createSQLite = true
 	return withStore(ctx, g, func(s *store) error {
-		m, ok := s.repo.(interface{ Migrate(context.Context) error })
+		m, ok := s.repo.(interface {
+			Migrations(context.Context) ([]sqlstore.Migration, error)
+		})
 		if !ok {
 			fmt.Fprintf(g.stdout, "%s needs no migration\n", s.kind)
 			return nil
 		}
-		if err := m.Migrate(ctx); err != nil {
+		applied, err := m.Migrations(ctx)
+		if err != nil {
 			return err
 		}
-		done := map[string]string{"inbox": s.table}
+		out := struct {
+			Inbox   string          `json:"inbox"`
+			Applied []migrationJSON `json:"applied"`
+			Outbox  string          `json:"outbox,omitempty"`
+		}{Inbox: s.table, Applied: []migrationJSON{}}
+		for _, a := range applied {
+			out.Applied = append(out.Applied, migrationJSON{Version: a.Version, Name: a.Name, Seconds: a.Duration.Seconds()})
+		}
 		if c.Outbox {
 			if s.outbox.Dialect == "" {
 				return usagef("the outbox lives in PostgreSQL or MySQL; %s has none", s.kind)
@@ -570,15 +588,17 @@ func (c *MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
 			if err := ob.Migrate(ctx, s.db); err != nil {
 				return err
 			}
-			done["outbox"] = s.outbox.Table
+			out.Outbox = s.outbox.Table
 		}
 		if g.JSON {
-			return printJSON(g.stdout, done)
+			return printJSON(g.stdout, out)
 		}
-		for _, k := range []string{"inbox", "outbox"} {
-			if t, ok := done[k]; ok {
-				fmt.Fprintf(g.stdout, "%s table %s: up to date\n", k, t)
-			}
+		for _, a := range applied {
+			fmt.Fprintf(g.stdout, "applied %04d_%s to %s in %s\n", a.Version, a.Name, s.table, a.Duration.Round(time.Millisecond))
+		}
+		fmt.Fprintf(g.stdout, "inbox table %s: up to date\n", s.table)
+		if c.Outbox {
+			fmt.Fprintf(g.stdout, "outbox table %s: up to date\n", s.outbox.Table)
 		}
 		return nil
 	})
@@ -594,43 +614,33 @@ func (c *MigrateStatusCmd) Run(ctx context.Context, g *Globals) error {
 			fmt.Fprintf(g.stdout, "%s needs no migration\n", s.kind)
 			return nil
 		}
-		status := map[string]string{}
-		check := func(name, tbl, quote string) error {
-			q, err := repository.QuoteTableName(tbl, quote)
-			if err != nil {
-				return usagef("%v", err)
-			}
-			var n int
-			err = s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+q+" WHERE 1 = 0").Scan(&n)
-			switch {
-			case err == nil:
-				status[name] = "present"
-			case isMissingTable(err):
-				status[name] = "missing"
-			default:
-				return err
-			}
-			return nil
-		}
-		quote := `"`
-		if s.kind == kindMySQL {
-			quote = "`"
-		}
-		if err := check("inbox", s.table, quote); err != nil {
+		files, err := s.migrationFiles()
+		if err != nil {
 			return err
 		}
-		if s.outbox.Dialect != "" {
-			if err := check("outbox", s.outbox.Table, quote); err != nil {
-				return err
+		applied, err := s.appliedMigrations(ctx)
+		if err != nil {
+			return err
+		}
+		out := []migrationJSON{}
+		rows := [][]string{}
+		pending := 0
+		for _, f := range files {
+			m := migrationJSON{Version: f.Version, Name: f.Name}
+			state := "pending"
+			if at, ok := applied[f.Version]; ok {
+				at := at.UTC()
+				m.AppliedAt, state = &at, "applied "+stamp(at)
+			} else {
+				pending++
 			}
+			out = append(out, m)
+			rows = append(rows, []string{fmt.Sprintf("%04d", f.Version), f.Name, state})
 		}
 		if g.JSON {
-			return printJSON(g.stdout, status)
+			return printJSON(g.stdout, map[string]any{"inbox": s.table, "migrations": out, "pending": pending})
 		}
-		rows := [][]string{{"inbox", s.table, status["inbox"]}}
-		if st, ok := status["outbox"]; ok {
-			rows = append(rows, []string{"outbox", s.outbox.Table, st})
-		}
-		return table(g.stdout, "SCHEMA\tTABLE\tSTATUS", rows)
+		fmt.Fprintf(g.stdout, "inbox table %s: %d pending\n", s.table, pending)
+		return table(g.stdout, "VERSION\tNAME\tSTATUS", rows)
 	})
 }

@@ -148,9 +148,17 @@ func TestStuckRecordOfAKilledConsumer(t *testing.T) {
 	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
 	env := []string{"IDEMCTL_DSN=" + dsn}
 
-	r := idemctl(t, env, "", "--table", table, "migrate", "up")
+	r := idemctl(t, env, "", "--table", table, "migrate", "status")
 	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `0001\s+create_inbox\s+pending`, r.stdout)
+	r = idemctl(t, env, "", "--table", table, "migrate", "up")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "applied 0001_create_inbox to "+table)
 	require.Contains(t, r.stdout, "inbox table "+table+": up to date")
+	r = idemctl(t, env, "", "--table", table, "migrate", "status")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "inbox table "+table+": 0 pending")
+	require.Regexp(t, `0001\s+create_inbox\s+applied 20`, r.stdout)
 
 	// A two-phase consumer dies mid-effect.
 	key := watermill.NewUUID()
@@ -440,7 +448,8 @@ func TestMariaDBStats(t *testing.T) {
 	require.Contains(t, r.stdout, ": no such table")
 	r = idemctl(t, env, "", "--table", table, "--json", "migrate", "status")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, `"inbox": "present"`)
+	require.Contains(t, r.stdout, `"pending": 0`)
+	require.Contains(t, r.stdout, `"name": "create_inbox"`)
 }
 
 func TestRedisStats(t *testing.T) {
