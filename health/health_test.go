@@ -93,14 +93,22 @@ func TestRelayStoppedAndRunning(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Equal(t, health.StatusFail, r.Checks["relay"].Status)
 
-	// Running: ready once the backlog is forwarded.
+	// Running: ready at once (the message is younger than MaxBacklogAge),
+	// and the relay forwards the backlog.
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(runCtx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	r = eventually(t, h.Readiness(), http.StatusOK)
 	require.Equal(t, health.StatusOK, r.Checks["relay"].Status)
-	require.EqualValues(t, 0, r.Checks["relay"].Details["backlog_messages"])
+	require.Equal(t, true, r.Checks["relay"].Details["running"])
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Checks["relay"].Details["backlog_messages"] != float64(0) {
+		require.True(t, time.Now().Before(deadline), "the relay never forwarded the backlog: %+v", r)
+		time.Sleep(10 * time.Millisecond)
+		code, r = get(t, h.Readiness())
+		require.Equal(t, http.StatusOK, code, "%+v", r)
+	}
 	code, _ = get(t, h.Liveness())
 	require.Equal(t, http.StatusOK, code)
 
