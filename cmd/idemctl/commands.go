@@ -7,13 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/mattn/go-isatty"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
+	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -230,7 +233,8 @@ type StuckResolveCmd struct {
 	Consumer string `required:"" help:"Consumer of the record."`
 	Key      string `required:"" help:"Stored key, as stuck list prints it."`
 	Owner    string `help:"Lease owner you expect (as stuck list prints it); the record changes only while it still holds it. Default: the owner read now."`
-	Complete bool   `xor:"action" required:"" help:"The effect happened: mark the record completed; duplicates are acknowledged without running the handler (they replay no output messages)."`
+	Complete bool   `xor:"action" required:"" help:"The effect happened: mark the record completed; duplicates are acknowledged without running the handler and replay the --result messages (none by default)."`
+	Result   string `help:"With --complete: a JSON file holding the handler's output messages, [{\"uuid\":…,\"metadata\":{…},\"payload\":\"…\"}], stored with middleware.EncodeResult so duplicates replay them." type:"existingfile" placeholder:"FILE"`
 	Release  bool   `xor:"action" required:"" help:"The effect did not happen: delete the record; the next delivery runs the handler."`
 }
 
@@ -269,8 +273,18 @@ func (c *StuckResolveCmd) Run(ctx context.Context, g *Globals) error {
 			return fmt.Errorf("record %s/%s is leased by %q for %s more: an attempt is running; wait for it", c.Consumer, c.Key, owner, rec.LeaseUntil.Sub(now).Round(time.Second))
 		}
 		action, verb := repository.ResolveRelease, "release (delete) it: the next delivery runs the handler again"
+		var result []byte
 		if c.Complete {
-			action, verb = repository.ResolveComplete, "mark it completed: later deliveries are acknowledged as duplicates, replaying no output"
+			msgs, err := readResult(c.Result)
+			if err != nil {
+				return err
+			}
+			if result, err = middleware.EncodeResult(msgs); err != nil {
+				return err
+			}
+			action, verb = repository.ResolveComplete, fmt.Sprintf("mark it completed: later deliveries are acknowledged as duplicates, replaying %d output messages", len(msgs))
+		} else if c.Result != "" {
+			return usagef("--result goes with --complete")
 		}
 		fmt.Fprintf(g.stderr, "record %s/%s: in progress, lease owner %s, lease expired %s, %d attempts, created %s\n",
 			c.Consumer, c.Key, owner, ago(rec.LeaseUntil, now), rec.Attempts, stamp(rec.CreatedAt))
@@ -278,10 +292,7 @@ func (c *StuckResolveCmd) Run(ctx context.Context, g *Globals) error {
 		if err := confirm(g, action.String()+" record "+c.Consumer+"/"+c.Key); err != nil {
 			return err
 		}
-		// The Result of an operator's completion is empty: the inbox
-		// stores nil for a handler that produced no messages, and
-		// duplicates of this key then replay nothing.
-		err = op.Resolve(ctx, repository.ResolveParams{Consumer: c.Consumer, Key: c.Key, ExpectedOwner: owner, Action: action, Now: time.Now()})
+		err = op.Resolve(ctx, repository.ResolveParams{Consumer: c.Consumer, Key: c.Key, ExpectedOwner: owner, Action: action, Result: result, Now: time.Now()})
 		switch {
 		case errors.Is(err, repository.ErrLeaseLost):
 			return fmt.Errorf("not resolved: the record changed since it was read (reclaimed, completed or its lease renewed): %w", err)
@@ -296,6 +307,36 @@ func (c *StuckResolveCmd) Run(ctx context.Context, g *Globals) error {
 		fmt.Fprintf(g.stdout, "resolved %s/%s: %s\n", c.Consumer, c.Key, action)
 		return nil
 	})
+}
+
+// readResult reads the output messages of --result; none without a file.
+func readResult(path string) ([]*message.Message, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, usagef("--result: %v", err)
+	}
+	var in []struct {
+		UUID     string            `json:"uuid"`
+		Metadata map[string]string `json:"metadata"`
+		Payload  string            `json:"payload"`
+	}
+	if err := json.Unmarshal(b, &in); err != nil {
+		return nil, usagef("--result %s: want a JSON array of {\"uuid\", \"metadata\", \"payload\"}: %v", path, err)
+	}
+	msgs := make([]*message.Message, len(in))
+	for i, m := range in {
+		if m.UUID == "" {
+			return nil, usagef("--result %s: message %d has no uuid", path, i)
+		}
+		msgs[i] = message.NewMessage(m.UUID, []byte(m.Payload))
+		for k, v := range m.Metadata {
+			msgs[i].Metadata.Set(k, v)
+		}
+	}
+	return msgs, nil
 }
 
 // ---- purge ----

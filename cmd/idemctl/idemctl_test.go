@@ -239,6 +239,34 @@ func TestStuckRecordOfAKilledConsumer(t *testing.T) {
 	require.Equal(t, repository.StateCompleted, rec.State)
 }
 
+func TestCompleteWithResultReplaysIt(t *testing.T) {
+	dsn := pgDSN(t)
+	db := testenv.Postgres(t)
+	table := "idemctl_inbox_" + suffix()
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	now := time.Now()
+	_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: "k1", PayloadHash: repository.HashPayload([]byte("p")),
+		Owner: "dead-owner", Now: now.Add(-time.Minute), LeaseUntil: now.Add(-30 * time.Second), ExpiresAt: now.Add(time.Hour)})
+	require.NoError(t, err)
+	file := filepath.Join(t.TempDir(), "result.json")
+	require.NoError(t, os.WriteFile(file, []byte(`[{"uuid":"pay-1","metadata":{"k":"v"},"payload":"{\"paid\":42}"}]`), 0o600))
+	env := []string{"IDEMCTL_DSN=" + dsn}
+	r := idemctl(t, env, "", "--table", table, "stuck", "resolve", "--consumer", "billing", "--key", "k1", "--complete", "--result", file, "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stderr, "replaying 1 output messages")
+	rec, err := repo.Get(t.Context(), "billing", "k1")
+	require.NoError(t, err)
+	msgs, err := middleware.DecodeResult(rec.Result)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	require.Equal(t, "pay-1", msgs[0].UUID)
+	require.Equal(t, "v", msgs[0].Metadata.Get("k"))
+	require.Equal(t, `{"paid":42}`, string(msgs[0].Payload))
+}
+
 func TestReleaseDeletesTheRecord(t *testing.T) {
 	dsn := pgDSN(t)
 	db := testenv.Postgres(t)
