@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -283,12 +284,18 @@ func (d dialect) placeholder(n int) string {
 // insertQuery builds one multi-row INSERT; msgs are validated already.
 func (d dialect) insertQuery(msgs []Outgoing) (wsql.Query, error) {
 	var b strings.Builder
-	if d.kind != MySQL {
+	switch d.kind {
+	case PostgreSQL:
 		b.WriteString(`INSERT INTO ` + d.table + ` (topic, uuid, payload, metadata) VALUES `)
-	} else {
+	case SQLite:
+		// created_at from the process clock in microseconds (SQLite's
+		// own has milliseconds), the clock the relay measures ages on.
+		b.WriteString(`INSERT INTO ` + d.table + ` (topic, uuid, payload, metadata, created_at) VALUES `)
+	default:
 		b.WriteString("INSERT INTO " + d.table + " (`topic`, `uuid`, `payload`, `metadata`, `message_bytes`) VALUES ")
 	}
 	args := make([]any, 0, 5*len(msgs))
+	now := time.Now().UnixMicro()
 	for i, m := range msgs {
 		if i > 0 {
 			b.WriteByte(',')
@@ -296,8 +303,6 @@ func (d dialect) insertQuery(msgs []Outgoing) (wsql.Query, error) {
 		if d.kind == PostgreSQL {
 			n := 4 * i
 			fmt.Fprintf(&b, "(%s,%s,%s,%s)", d.placeholder(n+1), d.placeholder(n+2), d.placeholder(n+3), d.placeholder(n+4))
-		} else if d.kind == SQLite {
-			b.WriteString("(?,?,?,?)")
 		} else {
 			b.WriteString("(?,?,?,?,?)")
 		}
@@ -313,8 +318,11 @@ func (d dialect) insertQuery(msgs []Outgoing) (wsql.Query, error) {
 			payload = []byte{} // the column is NOT NULL; an empty payload stays empty
 		}
 		args = append(args, m.Topic, m.Message.UUID, payload, string(md))
-		if d.kind == MySQL {
+		switch d.kind {
+		case MySQL:
 			args = append(args, len(payload)+len(md)+len(m.Message.UUID)+len(m.Topic))
+		case SQLite:
+			args = append(args, now)
 		}
 	}
 	return wsql.Query{Query: b.String(), Args: args}, nil
@@ -359,15 +367,17 @@ func jsonIDs(ids []int64) string {
 // fetchQuery reads the rows ids, in no particular order: on PostgreSQL
 // rows claimSQL locked; on MySQL it locks them, skipping rows another
 // relay holds (primary-key lookups only, in id order, so no gap locks
-// and no waits).
-func (d dialect) fetchQuery(ids []int64) (string, []any) {
+// and no waits). Ages are taken at the statement's start on the database
+// clock, except on SQLite, whose clock is the process's: there they are
+// taken at now, the relay's claimStart, to the microsecond.
+func (d dialect) fetchQuery(ids []int64, now time.Time) (string, []any) {
 	if d.kind == PostgreSQL {
 		return `SELECT id, topic, uuid, payload, metadata, attempts, ` + pgAgeMicros(`created_at`) + ` FROM ` + d.table +
 			` WHERE id = ANY($1)`, []any{ids}
 	}
 	if d.kind == SQLite {
-		return `SELECT id, topic, uuid, payload, metadata, attempts, ` + sqliteNowMicros + ` - created_at FROM ` + d.table +
-			` WHERE id IN ` + sqliteIDs, []any{jsonIDs(ids)}
+		return `SELECT id, topic, uuid, payload, metadata, attempts, ?2 - created_at FROM ` + d.table +
+			` WHERE id IN ` + sqliteIDs, []any{jsonIDs(ids), now.UnixMicro()}
 	}
 	return "SELECT o.`id`, o.`topic`, o.`uuid`, o.`payload`, o.`metadata`, o.`attempts`, TIMESTAMPDIFF(MICROSECOND, o.`created_at`, NOW(6)) FROM " +
 		mysqlIDTable + " STRAIGHT_JOIN " + d.table + " AS o ON o.`id` = k.`id` FOR UPDATE SKIP LOCKED", []any{jsonIDs(ids)}
