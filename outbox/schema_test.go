@@ -37,3 +37,34 @@ func TestSchemaDDLRendersTableNames(t *testing.T) {
 		require.False(t, strings.Contains(ddl, outbox.DefaultTableName), "%s: %s", d, ddl)
 	}
 }
+
+// Migrate records the outbox's migrations in the stores' migrations table
+// under "outbox:<table>", applies nothing the second time, and migrates a
+// table dropped since afresh.
+func TestMigrateIsRecorded(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := t.Context()
+		versions := func() []int {
+			rows, err := b.db.QueryContext(ctx, `SELECT version FROM watermill_idempotent_migrations WHERE subject = `+b.ph(1)+` ORDER BY version`, "outbox:"+b.table)
+			require.NoError(t, err)
+			defer rows.Close()
+			var out []int
+			for rows.Next() {
+				var v int
+				require.NoError(t, rows.Scan(&v))
+				out = append(out, v)
+			}
+			require.NoError(t, rows.Err())
+			return out
+		}
+		require.Equal(t, []int{1}, versions())
+		require.NoError(t, b.outbox.Migrate(ctx, b.db))
+		require.Equal(t, []int{1}, versions())
+
+		_, err := b.db.ExecContext(ctx, `DROP TABLE `+b.table)
+		require.NoError(t, err)
+		require.NoError(t, b.outbox.Migrate(ctx, b.db))
+		require.Equal(t, []int{1}, versions())
+		require.Zero(t, b.outboxRows(t))
+	})
+}
