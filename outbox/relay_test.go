@@ -35,12 +35,7 @@ func TestOutOfOrderCommitsAreNotSkipped(t *testing.T) {
 		}
 		ctx := context.Background()
 		const writers, txPerWriter, msgsPerTx = 8, 10, 5
-		s := newSink(t, nil, "orders")
-		cfg := b.relayConfig()
-		cfg.PollInterval = 10 * time.Millisecond
-		cfg.BatchSize = 50
-		relay, err := outbox.NewRelay(b.db, s, cfg, testLogger(t))
-		require.NoError(t, err)
+		s, relay := newOrdersRelay(t, b)
 
 		// Writer 0: open a transaction holding the lowest id.
 		long, err := b.db.BeginTx(ctx, nil)
@@ -54,36 +49,7 @@ func TestOutOfOrderCommitsAreNotSkipped(t *testing.T) {
 		runRelay(t, relay)
 
 		// Writers 1..7 race; their commits interleave in any order.
-		var wg sync.WaitGroup
-		for w := 1; w < writers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range txPerWriter {
-					tx, err := b.db.BeginTx(ctx, nil)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					out := make([]outbox.Outgoing, msgsPerTx)
-					for k := range out {
-						m := message.NewMessage(fmt.Sprintf("w%d-t%d-m%d", w, i, k), []byte{byte(w), 0x00, byte(k)})
-						m.Metadata.Set("writer", strconv.Itoa(w))
-						out[k] = outbox.Outgoing{Topic: "orders", Message: m}
-					}
-					if err := b.outbox.WriteTx(ctx, tx, out...); err != nil {
-						t.Error(err)
-						_ = tx.Rollback()
-						return
-					}
-					if err := tx.Commit(); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		writeConcurrently(t, b, writers, txPerWriter, msgsPerTx).Wait()
 		others := (writers - 1) * txPerWriter * msgsPerTx
 		s.rec.waitDistinct(t, others, 30*time.Second)
 		require.False(t, s.rec.has(early.UUID), "uncommitted message must not be published")
@@ -114,12 +80,7 @@ func TestOutOfOrderCommitsAreNotSkipped(t *testing.T) {
 func sqliteCommitsInIDOrder(t *testing.T, b backend) {
 	ctx := context.Background()
 	const writers, txPerWriter, msgsPerTx = 8, 10, 5
-	s := newSink(t, nil, "orders")
-	cfg := b.relayConfig()
-	cfg.PollInterval = 10 * time.Millisecond
-	cfg.BatchSize = 50
-	relay, err := outbox.NewRelay(b.db, s, cfg, testLogger(t))
-	require.NoError(t, err)
+	s, relay := newOrdersRelay(t, b)
 
 	long, err := b.db.BeginTx(ctx, nil)
 	require.NoError(t, err)
@@ -138,33 +99,7 @@ func sqliteCommitsInIDOrder(t *testing.T, b backend) {
 	require.NoError(t, conn.Close())
 
 	runRelay(t, relay)
-	var wg sync.WaitGroup
-	for w := 1; w < writers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range txPerWriter {
-				out := make([]outbox.Outgoing, msgsPerTx)
-				for k := range out {
-					out[k] = outbox.Outgoing{Topic: "orders", Message: message.NewMessage(fmt.Sprintf("w%d-t%d-m%d", w, i, k), []byte{byte(w), byte(k)})}
-				}
-				tx, err := b.db.BeginTx(ctx, nil)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if err := b.outbox.WriteTx(ctx, tx, out...); err != nil {
-					t.Error(err)
-					_ = tx.Rollback()
-					return
-				}
-				if err := tx.Commit(); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
+	wg := writeConcurrently(t, b, writers, txPerWriter, msgsPerTx)
 	require.NoError(t, b.outbox.WriteTx(ctx, long, outbox.Outgoing{Topic: "orders", Message: message.NewMessage("writer0-late", []byte{0x01})}))
 	require.NoError(t, long.Commit())
 	wg.Wait()
@@ -180,6 +115,54 @@ func sqliteCommitsInIDOrder(t *testing.T, b backend) {
 		b.name, writers, total, deliveries, distinct, dups)
 	require.Equal(t, total, distinct)
 	require.Zero(t, dups)
+}
+
+// newOrdersRelay returns a sink for "orders" and a fast-polling relay of
+// b's outbox into it, batches of 50.
+func newOrdersRelay(t *testing.T, b backend) (*sink, *outbox.Relay) {
+	s := newSink(t, nil, "orders")
+	cfg := b.relayConfig()
+	cfg.PollInterval = 10 * time.Millisecond
+	cfg.BatchSize = 50
+	relay, err := outbox.NewRelay(b.db, s, cfg, testLogger(t))
+	require.NoError(t, err)
+	return s, relay
+}
+
+// writeConcurrently starts writers 1..writers-1, each committing
+// txPerWriter transactions of msgsPerTx messages to "orders".
+func writeConcurrently(t *testing.T, b backend, writers, txPerWriter, msgsPerTx int) *sync.WaitGroup {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := 1; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range txPerWriter {
+				tx, err := b.db.BeginTx(ctx, nil)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				out := make([]outbox.Outgoing, msgsPerTx)
+				for k := range out {
+					m := message.NewMessage(fmt.Sprintf("w%d-t%d-m%d", w, i, k), []byte{byte(w), 0x00, byte(k)})
+					m.Metadata.Set("writer", strconv.Itoa(w))
+					out[k] = outbox.Outgoing{Topic: "orders", Message: m}
+				}
+				if err := b.outbox.WriteTx(ctx, tx, out...); err != nil {
+					t.Error(err)
+					_ = tx.Rollback()
+					return
+				}
+				if err := tx.Commit(); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	return &wg
 }
 
 // crashAfter publishes, and once it has published at least n messages it
