@@ -1,7 +1,7 @@
 GO ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
-.PHONY: test test-short lint tidy bench schema chaos chaos-ci
+.PHONY: test test-short lint tidy bench chaos chaos-ci
 
 # The one test command: every package against the real services, with the
 # race detector. CI runs it through .ci/run.
@@ -35,11 +35,6 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 9m ./... || status=$$?; \
 	$(GO) run ./bench || status=$$?; \
 	exit $$status
-
-# Regenerate the outbox's shipped .sql files from the DDL its Migrate runs
-# (the inbox and versions tables' migration files need no generation).
-schema:
-	$(GO) run ./internal/cmd/gen-schema
 
 # The fault suite (internal/chaos; results in docs/reliability.md): worker
 # processes competing on RabbitMQ, SIGKILLs and exits between commit and

@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
 // TestChainInboxOutboxRelayInbox runs the whole pattern with duplicates at
@@ -43,12 +44,18 @@ func TestChainInboxOutboxRelayInbox(t *testing.T) {
 		t.Cleanup(func() { _, _ = b.db.Exec(`DROP TABLE ` + charges) })
 		inboxTable := "inbox_" + randomSuffix()
 		var repo repository.Transactional
-		if b.dialect == outbox.PostgreSQL {
+		switch b.dialect {
+		case outbox.PostgreSQL:
 			r, err := postgres.NewRepository(b.db, postgres.Config{Table: inboxTable})
 			require.NoError(t, err)
 			require.NoError(t, r.Migrate(ctx))
 			repo = r
-		} else {
+		case outbox.SQLite:
+			r, err := sqlite.NewRepository(b.db, sqlite.Config{Table: inboxTable})
+			require.NoError(t, err)
+			require.NoError(t, r.Migrate(ctx))
+			repo = r
+		default:
 			r, err := mysql.NewRepository(b.db, mysql.Config{Table: inboxTable})
 			require.NoError(t, err)
 			require.NoError(t, r.Migrate(ctx))

@@ -158,6 +158,10 @@ func (dl *DeadLetters) Requeue(ctx context.Context, ids ...int64) (int, error) {
 			return 0, fmt.Errorf("outbox: requeue dead letters: %w", err)
 		}
 		n = int(affected)
+	} else if dl.d.kind == SQLite {
+		if n, err = dl.d.requeueSQLite(ctx, tx, ids); err != nil {
+			return 0, fmt.Errorf("outbox: requeue dead letters: %w", err)
+		}
 	} else if n, err = dl.d.requeueMySQL(ctx, tx, ids); err != nil {
 		return 0, fmt.Errorf("outbox: requeue dead letters: %w", err)
 	}

@@ -4,34 +4,97 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
-	_ "embed"
+	"embed"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// PostgresSchemaSQL is the PostgreSQL DDL for DefaultTableName, the same
-// statements Migrate runs; postgres.sql in this package holds it for
-// migration tools.
+// Migrations holds the outbox's schema as numbered migration files, one
+// folder per dialect (postgres/, mysql/, sqlite/), written for
+// DefaultTableName: Migrate applies them, and so can golang-migrate. They
+// live in this package, not beside the stores' files in
+// repository/<backend>/migrations, so that importing the outbox pulls in
+// no store and no driver.
 //
-//go:embed postgres.sql
-var PostgresSchemaSQL string
+//go:embed migrations
+var Migrations embed.FS
 
-// MySQLSchemaSQL is the MySQL/MariaDB DDL for DefaultTableName, the same
-// statement Migrate runs; mysql.sql in this package holds it.
-//
-//go:embed mysql.sql
-var MySQLSchemaSQL string
+// PostgresSchemaSQL is the PostgreSQL DDL for DefaultTableName:
+// migrations/postgres/0001_create_outbox.up.sql.
+var PostgresSchemaSQL = mustReadMigration("postgres")
 
-// Both databases cap a statement at 65,535 placeholders; four per row
-// (five on MySQL).
+// MySQLSchemaSQL is the MySQL/MariaDB DDL for DefaultTableName:
+// migrations/mysql/0001_create_outbox.up.sql.
+var MySQLSchemaSQL = mustReadMigration("mysql")
+
+// SQLiteSchemaSQL is the SQLite DDL for DefaultTableName:
+// migrations/sqlite/0001_create_outbox.up.sql.
+var SQLiteSchemaSQL = mustReadMigration("sqlite")
+
+func mustReadMigration(dir string) string {
+	b, err := Migrations.ReadFile("migrations/" + dir + "/0001_create_outbox.up.sql")
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// migrationDialects carry what the migration runner needs of each
+// dialect: quoting, placeholders and the lock, the same lock the stores
+// of repository/postgres and repository/mysql take (SQLite: its single
+// writer), so outbox and store migrations never run at once.
+var migrationDialects = map[Dialect]*sqlstore.Dialect{
+	PostgreSQL: {
+		Name: "postgres", Quote: `"`, Bind: sqlstore.Dollar,
+		MigrateLock: `SELECT 1 FROM pg_advisory_xact_lock(hashtext('watermill-idempotent-migrate'))`,
+	},
+	MySQL: {
+		Name: "mysql", Quote: "`", Bind: sqlstore.Question,
+		MigrateLock:   `SELECT GET_LOCK('watermill_idempotent_migrate', 60)`,
+		MigrateUnlock: `DO RELEASE_LOCK('watermill_idempotent_migrate')`,
+	},
+	SQLite: {Name: "sqlite", Quote: `"`, Bind: sqlstore.QuestionNumbered, QualifyIndex: true},
+}
+
+// migrationLine is the outbox's migration line for dialect kind: the
+// files in Migrations, recorded as "outbox:<table>" in the stores'
+// migrations table.
+func migrationLine(kind Dialect) sqlstore.Line {
+	q := migrationDialects[kind].Quote
+	return sqlstore.Line{
+		Dialect: migrationDialects[kind],
+		FS:      Migrations,
+		Dir:     "migrations/" + string(kind),
+		Name:    "outbox",
+		Default: DefaultTableName,
+		Extra: func(table string) []string {
+			dead, _ := repository.QuoteTableName(DeadLetterTableName(table), q)
+			pairs := []string{q + DeadLetterTableName(DefaultTableName) + q, dead}
+			if kind == PostgreSQL {
+				fn := `"` + repository.IndexName(table, "notify") + `"`
+				if i := strings.LastIndexByte(table, '.'); i >= 0 {
+					fn = `"` + table[:i] + `".` + fn
+				}
+				pairs = append(pairs, `FUNCTION "`+DefaultTableName+`_notify"`, "FUNCTION "+fn,
+					`'`+DefaultTableName+`'`, `'`+notifyChannel(table)+`'`)
+			}
+			return pairs
+		},
+	}
+}
+
+// The databases cap a statement at 32,766 (SQLite) or 65,535
+// placeholders; four per row (five on MySQL).
 const maxRowsPerInsert = 1000
 
 // SchemaDDL returns the statements Migrate runs for dialect and table, for
@@ -41,7 +104,11 @@ func SchemaDDL(d Dialect, table string) string {
 	if (Config{Dialect: d, Table: table}).Validate() != nil {
 		return ""
 	}
-	return strings.Join(newDialect(d, table).ddl, "")
+	ddl, err := migrationLine(d).DDL(table)
+	if err != nil {
+		return ""
+	}
+	return ddl
 }
 
 // DeadLetterTableName returns the dead-letter table of an outbox table:
@@ -70,7 +137,6 @@ type dialect struct {
 	table     string // quoted
 	deadTable string // quoted dead-letter table
 	channel   string // PostgreSQL NOTIFY channel
-	ddl       []string
 
 	// claimSQL returns the ids and sizes, not the payloads, of the next
 	// rows in id order after an id, so a batch can be bounded by bytes
@@ -79,7 +145,10 @@ type dialect struct {
 	// LOCKED; it never reads a TOASTed payload). On MySQL a locking read
 	// fetches whole rows, BLOBs included, whatever the select list, so
 	// claimSQL is a plain read and fetchQuery locks (SKIP LOCKED) the
-	// rows it reads.
+	// rows it reads. SQLite has no row locks and no SKIP LOCKED: it has
+	// one writer, and the relay's transaction is a write transaction
+	// from its BEGIN (sqlite.DSN's _txlock=immediate), so a batch is
+	// exclusive; claimSQL is a plain read there too.
 	claimSQL   string
 	claimLocks bool
 	backlogSQL string
@@ -104,7 +173,6 @@ func newDialect(kind Dialect, table string) dialect {
 		d.table, _ = repository.QuoteTableName(table, `"`)
 		d.deadTable, _ = repository.QuoteTableName(dead, `"`)
 		d.channel = notifyChannel(table)
-		d.ddl = postgresDDL(table, d.table, d.deadTable, d.channel)
 		// octet_length of a TOASTed bytea reads its stored size without
 		// detoasting the payload.
 		d.claimSQL = `SELECT id, octet_length(payload)::bigint + octet_length(metadata::text) + octet_length(uuid) + octet_length(topic) FROM ` + d.table +
@@ -128,7 +196,6 @@ INSERT INTO ` + d.table + ` (topic, uuid, payload, metadata) SELECT topic, uuid,
 	case MySQL:
 		d.table, _ = repository.QuoteTableName(table, "`")
 		d.deadTable, _ = repository.QuoteTableName(dead, "`")
-		d.ddl = mysqlDDL(d.table, d.deadTable)
 		// message_bytes is written with the row: LENGTH(payload), or a
 		// generated column, would read every row's BLOB (measured on
 		// MariaDB: 8 s for 20 rows of 10 MiB), and so does any locking
@@ -144,9 +211,34 @@ INSERT INTO ` + d.table + ` (topic, uuid, payload, metadata) SELECT topic, uuid,
 			mysqlEpochMicros("`created_at`") + ", " + mysqlEpochMicros("`dead_lettered_at`") + " FROM " + d.deadTable +
 			" WHERE `id` > ? AND (? = '' OR `topic` = ?) ORDER BY `id` LIMIT ?"
 		d.countDeadSQL = "SELECT COUNT(*) FROM " + d.deadTable
+	case SQLite:
+		d.table, _ = repository.QuoteTableName(table, `"`)
+		d.deadTable, _ = repository.QuoteTableName(dead, `"`)
+		// The relay's write transaction is exclusive (see claimSQL):
+		// what it reads is claimed.
+		d.claimSQL = `SELECT id, length(payload) + length(CAST(metadata AS BLOB)) + length(CAST(uuid AS BLOB)) + length(CAST(topic AS BLOB)) FROM ` + d.table +
+			` WHERE id > ?1 ORDER BY id LIMIT ?2`
+		d.claimLocks = true
+		d.backlogSQL = `SELECT COUNT(*), COALESCE(` + sqliteNowMicros + ` - MIN(created_at), 0), (SELECT COUNT(*) FROM ` + d.deadTable + `) FROM ` + d.table
+		d.chargeSQL = `UPDATE ` + d.table + ` SET attempts = attempts + 1 WHERE id = ?1`
+		d.deadLetterSQL = `INSERT INTO ` + d.deadTable + ` (outbox_id, topic, uuid, payload, metadata, attempts, last_error, created_at)
+SELECT id, topic, uuid, payload, metadata, attempts + ?2, ?3, created_at FROM ` + d.table + ` WHERE id = ?1`
+		d.deleteOneSQL = `DELETE FROM ` + d.table + ` WHERE id = ?1`
+		d.listDeadSQL = `SELECT id, outbox_id, topic, uuid, payload, metadata, attempts, last_error, created_at, dead_lettered_at FROM ` + d.deadTable +
+			` WHERE id > ?1 AND (?2 = '' OR topic = ?2) ORDER BY id LIMIT ?3`
+		d.countDeadSQL = `SELECT COUNT(*) FROM ` + d.deadTable
 	}
 	return d
 }
+
+// sqliteNowMicros is the SQL for the current time as Unix microseconds
+// (julianday has millisecond precision), the unit of the SQLite tables'
+// timestamps.
+const sqliteNowMicros = `CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)`
+
+// sqliteIDs turns a JSON array of ids (jsonIDs, the one argument) into
+// the ids' set.
+const sqliteIDs = `(SELECT value FROM json_each(?1))`
 
 // pgEpochMicros is the SQL for a timestamptz as microseconds since the
 // Unix epoch.
@@ -176,104 +268,9 @@ func notifyChannel(table string) string {
 	return table[:46] + "_" + hex.EncodeToString(sum[:8])
 }
 
-func postgresDDL(table, quoted, deadQuoted, channel string) []string {
-	fn := `"` + repository.IndexName(table, "notify") + `"`
-	if i := strings.LastIndexByte(table, '.'); i >= 0 {
-		fn = `"` + table[:i] + `".` + fn
-	}
-	trigger := `"` + repository.IndexName(table, "notify") + `"`
-	// The statement-level trigger queues one NOTIFY per inserting
-	// statement; PostgreSQL delivers it only when the transaction commits
-	// and folds identical notifications of one transaction into one.
-	// attempts counts failed publishes charged to the row (see
-	// Relay); ADD COLUMN IF NOT EXISTS upgrades a table created before it
-	// existed, without a rewrite.
-	return []string{`CREATE TABLE IF NOT EXISTS ` + quoted + ` (
-    id         BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-    topic      VARCHAR(255) NOT NULL,
-    uuid       VARCHAR(255) NOT NULL,
-    payload    BYTEA        NOT NULL,
-    metadata   JSON         NOT NULL,
-    created_at TIMESTAMPTZ  NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    attempts   INTEGER      NOT NULL DEFAULT 0
-);
-`, `ALTER TABLE ` + quoted + ` ADD COLUMN IF NOT EXISTS attempts INTEGER NOT NULL DEFAULT 0;
-`, `CREATE OR REPLACE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify(TG_ARGV[0], '');
-    RETURN NULL;
-END
-$$;
-`, `CREATE OR REPLACE TRIGGER ` + trigger + ` AFTER INSERT ON ` + quoted + `
-    FOR EACH STATEMENT EXECUTE FUNCTION ` + fn + `('` + channel + `');
-`, `CREATE TABLE IF NOT EXISTS ` + deadQuoted + ` (
-    id               BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-    outbox_id        BIGINT       NOT NULL,
-    topic            VARCHAR(255) NOT NULL,
-    uuid             VARCHAR(255) NOT NULL,
-    payload          BYTEA        NOT NULL,
-    metadata         JSON         NOT NULL,
-    attempts         INTEGER      NOT NULL,
-    last_error       TEXT         NOT NULL,
-    created_at       TIMESTAMPTZ  NOT NULL,
-    dead_lettered_at TIMESTAMPTZ  NOT NULL DEFAULT CURRENT_TIMESTAMP
-);
-`}
-}
-
-func mysqlDDL(quoted, deadQuoted string) []string {
-	return []string{"CREATE TABLE IF NOT EXISTS " + quoted + ` (
-    ` + "`id`         BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY," + `
-    ` + "`topic`      VARCHAR(255) NOT NULL," + `
-    ` + "`uuid`       VARCHAR(255) NOT NULL," + `
-    ` + "`payload`    LONGBLOB     NOT NULL," + `
-    ` + "`metadata`   LONGTEXT     NOT NULL," + `
-    ` + "`created_at` DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)," + `
-    ` + "`attempts`   INT          NOT NULL DEFAULT 0," + `
-    ` + "`message_bytes` BIGINT       NOT NULL DEFAULT 0" + `
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
-`, "CREATE TABLE IF NOT EXISTS " + deadQuoted + ` (
-    ` + "`id`               BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY," + `
-    ` + "`outbox_id`        BIGINT       NOT NULL," + `
-    ` + "`topic`            VARCHAR(255) NOT NULL," + `
-    ` + "`uuid`             VARCHAR(255) NOT NULL," + `
-    ` + "`payload`          LONGBLOB     NOT NULL," + `
-    ` + "`metadata`         LONGTEXT     NOT NULL," + `
-    ` + "`attempts`         INT          NOT NULL," + `
-    ` + "`last_error`       TEXT         NOT NULL," + `
-    ` + "`created_at`       DATETIME(6)  NOT NULL," + `
-    ` + "`dead_lettered_at` DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)" + `
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
-`}
-}
-
-func (d dialect) migrate(ctx context.Context, db *sql.DB) error {
-	if d.kind == MySQL {
-		// CREATE TABLE IF NOT EXISTS is atomic under InnoDB's metadata
-		// lock; concurrent runs need no extra serialization. One
-		// statement per Exec: the driver refuses several unless the DSN
-		// enables multiStatements.
-		for _, stmt := range d.ddl {
-			if _, err := db.ExecContext(ctx, stmt); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback() }()
-	// Concurrent CREATE OR REPLACE FUNCTION/TRIGGER fail with "tuple
-	// concurrently updated"; serialize migrations of all outboxes.
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext('watermill-idempotent-outbox-migrate'))`); err != nil {
-		return fmt.Errorf("lock: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, strings.Join(d.ddl, "")); err != nil {
-		return err
-	}
-	return tx.Commit()
+func (d dialect) migrate(ctx context.Context, db *sql.DB, table string) error {
+	_, err := migrationLine(d.kind).Migrate(ctx, sqlstore.StdDB(db), table)
+	return err
 }
 
 // placeholder returns the n-th (1-based) bind marker.
@@ -287,12 +284,18 @@ func (d dialect) placeholder(n int) string {
 // insertQuery builds one multi-row INSERT; msgs are validated already.
 func (d dialect) insertQuery(msgs []Outgoing) (wsql.Query, error) {
 	var b strings.Builder
-	if d.kind == PostgreSQL {
+	switch d.kind {
+	case PostgreSQL:
 		b.WriteString(`INSERT INTO ` + d.table + ` (topic, uuid, payload, metadata) VALUES `)
-	} else {
+	case SQLite:
+		// created_at from the process clock in microseconds (SQLite's
+		// own has milliseconds), the clock the relay measures ages on.
+		b.WriteString(`INSERT INTO ` + d.table + ` (topic, uuid, payload, metadata, created_at) VALUES `)
+	default:
 		b.WriteString("INSERT INTO " + d.table + " (`topic`, `uuid`, `payload`, `metadata`, `message_bytes`) VALUES ")
 	}
 	args := make([]any, 0, 5*len(msgs))
+	now := time.Now().UnixMicro()
 	for i, m := range msgs {
 		if i > 0 {
 			b.WriteByte(',')
@@ -315,8 +318,11 @@ func (d dialect) insertQuery(msgs []Outgoing) (wsql.Query, error) {
 			payload = []byte{} // the column is NOT NULL; an empty payload stays empty
 		}
 		args = append(args, m.Topic, m.Message.UUID, payload, string(md))
-		if d.kind == MySQL {
+		switch d.kind {
+		case MySQL:
 			args = append(args, len(payload)+len(md)+len(m.Message.UUID)+len(m.Topic))
+		case SQLite:
+			args = append(args, now)
 		}
 	}
 	return wsql.Query{Query: b.String(), Args: args}, nil
@@ -324,8 +330,11 @@ func (d dialect) insertQuery(msgs []Outgoing) (wsql.Query, error) {
 
 // deleteQuery acknowledges published rows by primary key.
 func (d dialect) deleteQuery(ids []int64) (string, []any) {
-	if d.kind == PostgreSQL {
+	switch d.kind {
+	case PostgreSQL:
 		return `DELETE FROM ` + d.table + ` WHERE id = ANY($1)`, []any{ids}
+	case SQLite:
+		return `DELETE FROM ` + d.table + ` WHERE id IN ` + sqliteIDs, []any{jsonIDs(ids)}
 	}
 	// Not "WHERE id IN (…)": InnoDB often plans that as a table scan, and
 	// a scanning DELETE waits on every row it reads — rows claimed by
@@ -358,11 +367,17 @@ func jsonIDs(ids []int64) string {
 // fetchQuery reads the rows ids, in no particular order: on PostgreSQL
 // rows claimSQL locked; on MySQL it locks them, skipping rows another
 // relay holds (primary-key lookups only, in id order, so no gap locks
-// and no waits).
-func (d dialect) fetchQuery(ids []int64) (string, []any) {
+// and no waits). Ages are taken at the statement's start on the database
+// clock, except on SQLite, whose clock is the process's: there they are
+// taken at now, the relay's claimStart, to the microsecond.
+func (d dialect) fetchQuery(ids []int64, now time.Time) (string, []any) {
 	if d.kind == PostgreSQL {
 		return `SELECT id, topic, uuid, payload, metadata, attempts, ` + pgAgeMicros(`created_at`) + ` FROM ` + d.table +
 			` WHERE id = ANY($1)`, []any{ids}
+	}
+	if d.kind == SQLite {
+		return `SELECT id, topic, uuid, payload, metadata, attempts, ?2 - created_at FROM ` + d.table +
+			` WHERE id IN ` + sqliteIDs, []any{jsonIDs(ids), now.UnixMicro()}
 	}
 	return "SELECT o.`id`, o.`topic`, o.`uuid`, o.`payload`, o.`metadata`, o.`attempts`, TIMESTAMPDIFF(MICROSECOND, o.`created_at`, NOW(6)) FROM " +
 		mysqlIDTable + " STRAIGHT_JOIN " + d.table + " AS o ON o.`id` = k.`id` FOR UPDATE SKIP LOCKED", []any{jsonIDs(ids)}
@@ -371,16 +386,19 @@ func (d dialect) fetchQuery(ids []int64) (string, []any) {
 // deadLetterArgs are deadLetterSQL's arguments: the row, the attempts to
 // add to its count, the last error.
 func (d dialect) deadLetterArgs(id int64, addAttempts int, lastError string) []any {
-	if d.kind == PostgreSQL {
-		return []any{id, addAttempts, lastError}
+	if d.kind == MySQL {
+		return []any{addAttempts, lastError, id}
 	}
-	return []any{addAttempts, lastError, id}
+	return []any{id, addAttempts, lastError}
 }
 
 // deleteDeadQuery deletes dead letters by id.
 func (d dialect) deleteDeadQuery(ids []int64) (string, []any) {
-	if d.kind == PostgreSQL {
+	switch d.kind {
+	case PostgreSQL:
 		return `DELETE FROM ` + d.deadTable + ` WHERE id = ANY($1)`, []any{ids}
+	case SQLite:
+		return `DELETE FROM ` + d.deadTable + ` WHERE id IN ` + sqliteIDs, []any{jsonIDs(ids)}
 	}
 	return "DELETE o FROM " + mysqlIDTable + " STRAIGHT_JOIN " + d.deadTable +
 		" AS o ON o.`id` = k.`id`", []any{jsonIDs(ids)}
@@ -422,6 +440,26 @@ func (d dialect) requeueMySQL(ctx context.Context, tx *sql.Tx, ids []int64) (int
 		return 0, err
 	}
 	return len(locked), nil
+}
+
+// requeueSQLite moves dead letters ids back into the outbox inside tx:
+// copy, then delete. The transaction is a write transaction from its
+// BEGIN (see claimSQL), so no other requeue runs between the two.
+func (d dialect) requeueSQLite(ctx context.Context, tx *sql.Tx, ids []int64) (int, error) {
+	res, err := tx.ExecContext(ctx, `INSERT INTO `+d.table+` (topic, uuid, payload, metadata)
+SELECT topic, uuid, payload, metadata FROM `+d.deadTable+` WHERE id IN `+sqliteIDs+` ORDER BY id`, jsonIDs(ids))
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n == 0 {
+		return 0, err
+	}
+	q, args := d.deleteDeadQuery(ids)
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return 0, err
+	}
+	return int(n), nil
 }
 
 // schemaAdapter lets watermill-sql's Publisher write into the outbox

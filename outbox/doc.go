@@ -10,7 +10,7 @@
 //
 //	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
 //	if err != nil { … }
-//	if err := ob.Migrate(ctx, db); err != nil { … } // or apply postgres.sql
+//	if err := ob.Migrate(ctx, db); err != nil { … } // or apply migrations/postgres
 //
 //	// Producer: business write and message commit together.
 //	tx, _ := db.BeginTx(ctx, nil)

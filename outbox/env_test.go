@@ -62,8 +62,9 @@ func randomSuffix() string {
 	return hex.EncodeToString(buf[:])
 }
 
-// forEachBackend runs fn as a parallel subtest on PostgreSQL and MariaDB,
-// each with its own outbox table, dropped when the subtest ends.
+// forEachBackend runs fn as a parallel subtest on PostgreSQL, MariaDB and
+// SQLite (a fresh database file), each with its own outbox table, dropped
+// when the subtest ends.
 func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 	t.Helper()
 	forEachBackendMode(t, true, fn)
@@ -71,16 +72,19 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 
 func forEachBackendMode(t *testing.T, parallel bool, fn func(t *testing.T, b backend)) {
 	t.Helper()
-	for _, name := range []string{"postgres", "mariadb"} {
+	for _, name := range []string{"postgres", "mariadb", "sqlite"} {
 		t.Run(name, func(t *testing.T) {
 			if parallel {
 				t.Parallel()
 			}
 			b := backend{name: name, table: "outbox_" + randomSuffix()}
-			if name == "postgres" {
+			switch name {
+			case "postgres":
 				b.db, b.dialect = testenv.Postgres(t), outbox.PostgreSQL
-			} else {
+			case "mariadb":
 				b.db, b.dialect = testenv.MySQL(t), outbox.MySQL
+			default:
+				b.db, b.dialect = testenv.SQLite(t), outbox.SQLite
 			}
 			b.db.SetMaxOpenConns(20)
 			ob, err := outbox.New(outbox.Config{Dialect: b.dialect, Table: b.table})

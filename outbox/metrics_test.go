@@ -22,8 +22,11 @@ const clockSlack = 5 * time.Millisecond
 func (b backend) backdate(t *testing.T, topic string) {
 	t.Helper()
 	q := `UPDATE ` + b.table + ` SET created_at = created_at - INTERVAL '1 hour' WHERE topic = $1`
-	if b.dialect == outbox.MySQL {
+	switch b.dialect {
+	case outbox.MySQL:
 		q = `UPDATE ` + b.table + ` SET created_at = created_at - INTERVAL 1 HOUR WHERE topic = ?`
+	case outbox.SQLite: // Unix microseconds
+		q = `UPDATE ` + b.table + ` SET created_at = created_at - 3600000000 WHERE topic = ?`
 	}
 	_, err := b.db.Exec(q, topic)
 	require.NoError(t, err)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
@@ -29,6 +28,12 @@ const (
 	// MySQL covers MySQL 8.0+ and MariaDB 10.6+ (the relay needs
 	// FOR UPDATE SKIP LOCKED), used with github.com/go-sql-driver/mysql.
 	MySQL Dialect = "mysql"
+	// SQLite (3.35+), used with modernc.org/sqlite through a *sql.DB from
+	// repository/sqlite's Open or DSN (BEGIN IMMEDIATE, WAL). The relay
+	// polls (no LISTEN) and needs no row locks: SQLite has one writer,
+	// and the relay's batch runs in a write transaction, so it is
+	// exclusive; several relays take turns.
+	SQLite Dialect = "sqlite"
 )
 
 // Limits on the columns of the outbox table.
@@ -74,11 +79,11 @@ func (c *Config) setDefaults() {
 func (c Config) Validate() error {
 	var errs []error
 	switch c.Dialect {
-	case PostgreSQL, MySQL:
+	case PostgreSQL, MySQL, SQLite:
 	case "":
-		errs = append(errs, errors.New("missing Config.Dialect (outbox.PostgreSQL or outbox.MySQL)"))
+		errs = append(errs, errors.New("missing Config.Dialect (outbox.PostgreSQL, outbox.MySQL or outbox.SQLite)"))
 	default:
-		errs = append(errs, fmt.Errorf("unknown Config.Dialect %q (want outbox.PostgreSQL or outbox.MySQL)", c.Dialect))
+		errs = append(errs, fmt.Errorf("unknown Config.Dialect %q (want outbox.PostgreSQL, outbox.MySQL or outbox.SQLite)", c.Dialect))
 	}
 	if err := repository.ValidateTableName(c.Table); err != nil {
 		errs = append(errs, err)
@@ -109,7 +114,7 @@ type Outbox struct {
 
 // New validates config and returns an Outbox. It does not touch the
 // database: create the table up front with Migrate, or apply the shipped
-// SQL (PostgresSchemaSQL, MySQLSchemaSQL) with your migration tool.
+// files in Migrations with your migration tool.
 func New(config Config) (*Outbox, error) {
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
@@ -123,20 +128,24 @@ func New(config Config) (*Outbox, error) {
 func (o *Outbox) Config() Config { return o.config }
 
 // SchemaDDL returns the statements Migrate runs for this outbox's table.
-func (o *Outbox) SchemaDDL() string { return strings.Join(o.dialect.ddl, "") }
+func (o *Outbox) SchemaDDL() string { return SchemaDDL(o.config.Dialect, o.config.Table) }
 
-// Migrate creates the outbox table, its dead-letter table
+// Migrate applies the outbox's pending migrations (the files in
+// Migrations): the outbox table, its dead-letter table
 // (DeadLetterTableName) and, on PostgreSQL, the trigger that sends NOTIFY
-// on commit, if they do not exist; on PostgreSQL it also adds the
-// attempts column to an outbox table created by an earlier version. It is idempotent, runs in
-// its own transaction on PostgreSQL and is serialized across processes by
-// an advisory lock (PostgreSQL) or a named lock (MySQL). Never run it
-// inside a business transaction: DDL commits implicitly on MySQL.
+// on commit. It runs under the same lock as the stores' migrations
+// (PostgreSQL: an advisory lock; MySQL: GET_LOCK; SQLite: its write
+// transaction) and records each migration in sqlstore's migrations table
+// (watermill_idempotent_migrations, in the table's schema) as
+// "outbox:<table>". Migration 1 creates IF NOT EXISTS, so tables created
+// by an earlier version are adopted (PostgreSQL also adds the attempts
+// column). Never run it inside a business transaction: DDL commits
+// implicitly on MySQL.
 func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
 	if db == nil {
 		return errors.New("outbox: migrate: db is nil")
 	}
-	if err := o.dialect.migrate(ctx, db); err != nil {
+	if err := o.dialect.migrate(ctx, db, o.config.Table); err != nil {
 		return fmt.Errorf("outbox: migrate %s: %w", o.config.Table, err)
 	}
 	return nil

@@ -716,7 +716,7 @@ func (r *Relay) forward(ctx context.Context) (res batchResult, err error) {
 	// The rows' ages are taken at the fetch statement's start;
 	// claimStart is a moment on the relay's clock before it.
 	claimStart := time.Now()
-	batch, err := r.claim(ctx, tx)
+	batch, err := r.claim(ctx, tx, claimStart)
 	if err != nil {
 		return res, err
 	}
@@ -837,14 +837,14 @@ const claimWindows = 4
 // within MaxBatchBytes (at least one row) and reads those rows, sorted by
 // id. On PostgreSQL, rows locked beyond the prefix stay in the table and
 // are skipped by other relays until this batch ends.
-func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]claimedRow, error) {
+func (r *Relay) claim(ctx context.Context, tx *sql.Tx, claimStart time.Time) ([]claimedRow, error) {
 	after := int64(math.MinInt64)
 	for range claimWindows {
 		ids, err := r.claimWindow(ctx, tx, after)
 		if err != nil || len(ids) == 0 {
 			return nil, err
 		}
-		batch, err := r.fetch(ctx, tx, ids)
+		batch, err := r.fetch(ctx, tx, ids, claimStart)
 		if err != nil || len(batch) > 0 || r.d.claimLocks {
 			return batch, err
 		}
@@ -888,8 +888,8 @@ func (r *Relay) claimWindow(ctx context.Context, tx *sql.Tx, after int64) ([]int
 
 // fetch reads the rows ids; on MySQL it also locks them, skipping rows
 // locked by others.
-func (r *Relay) fetch(ctx context.Context, tx *sql.Tx, ids []int64) ([]claimedRow, error) {
-	q, args := r.d.fetchQuery(ids)
+func (r *Relay) fetch(ctx context.Context, tx *sql.Tx, ids []int64, claimStart time.Time) ([]claimedRow, error) {
+	q, args := r.d.fetchQuery(ids, claimStart)
 	rows, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: read claimed rows: %w", err)

@@ -21,19 +21,21 @@ import (
 // lowest id and commits only after the relay has published every message
 // of the other seven (all with higher ids). An id-offset reader would
 // have moved past writer 0's id; the relay must still deliver it.
+//
+// SQLite cannot commit out of order (see sqliteCommitsInIDOrder), so it
+// runs the test's SQLite counterpart.
 func TestOutOfOrderCommitsAreNotSkipped(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: hundreds of messages per database; make test runs it")
 	}
 	forEachBackend(t, func(t *testing.T, b backend) {
+		if b.dialect == outbox.SQLite {
+			sqliteCommitsInIDOrder(t, b)
+			return
+		}
 		ctx := context.Background()
 		const writers, txPerWriter, msgsPerTx = 8, 10, 5
-		s := newSink(t, nil, "orders")
-		cfg := b.relayConfig()
-		cfg.PollInterval = 10 * time.Millisecond
-		cfg.BatchSize = 50
-		relay, err := outbox.NewRelay(b.db, s, cfg, testLogger(t))
-		require.NoError(t, err)
+		s, relay := newOrdersRelay(t, b)
 
 		// Writer 0: open a transaction holding the lowest id.
 		long, err := b.db.BeginTx(ctx, nil)
@@ -47,36 +49,7 @@ func TestOutOfOrderCommitsAreNotSkipped(t *testing.T) {
 		runRelay(t, relay)
 
 		// Writers 1..7 race; their commits interleave in any order.
-		var wg sync.WaitGroup
-		for w := 1; w < writers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range txPerWriter {
-					tx, err := b.db.BeginTx(ctx, nil)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					out := make([]outbox.Outgoing, msgsPerTx)
-					for k := range out {
-						m := message.NewMessage(fmt.Sprintf("w%d-t%d-m%d", w, i, k), []byte{byte(w), 0x00, byte(k)})
-						m.Metadata.Set("writer", strconv.Itoa(w))
-						out[k] = outbox.Outgoing{Topic: "orders", Message: m}
-					}
-					if err := b.outbox.WriteTx(ctx, tx, out...); err != nil {
-						t.Error(err)
-						_ = tx.Rollback()
-						return
-					}
-					if err := tx.Commit(); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		writeConcurrently(t, b, writers, txPerWriter, msgsPerTx).Wait()
 		others := (writers - 1) * txPerWriter * msgsPerTx
 		s.rec.waitDistinct(t, others, 30*time.Second)
 		require.False(t, s.rec.has(early.UUID), "uncommitted message must not be published")
@@ -96,6 +69,100 @@ func TestOutOfOrderCommitsAreNotSkipped(t *testing.T) {
 		require.Equal(t, total, distinct)
 		require.Zero(t, dups)
 	})
+}
+
+// sqliteCommitsInIDOrder is why SQLite's relay needs no SKIP LOCKED and
+// cannot skip a late commit: while a writer's transaction is open (BEGIN
+// IMMEDIATE takes the write lock), no other writer, and no relay, can
+// begin, so ids are handed out in commit order. Writer 0 holds its
+// transaction while seven writers and the relay queue behind it; every
+// message arrives once, writer 0's first, all in id order.
+func sqliteCommitsInIDOrder(t *testing.T, b backend) {
+	ctx := context.Background()
+	const writers, txPerWriter, msgsPerTx = 8, 10, 5
+	s, relay := newOrdersRelay(t, b)
+
+	long, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = long.Rollback() }()
+	require.NoError(t, b.outbox.WriteTx(ctx, long, outbox.Outgoing{Topic: "orders", Message: message.NewMessage("writer0-early", []byte{0x00})}))
+
+	// A second writer that does not wait is refused at once.
+	conn, err := b.db.Conn(ctx)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, `PRAGMA busy_timeout = 0`)
+	require.NoError(t, err)
+	_, err = conn.BeginTx(ctx, nil)
+	require.ErrorContains(t, err, "locked", "a second writer began while the first was open")
+	_, err = conn.ExecContext(ctx, `PRAGMA busy_timeout = 5000`)
+	require.NoError(t, err)
+	require.NoError(t, conn.Close())
+
+	runRelay(t, relay)
+	wg := writeConcurrently(t, b, writers, txPerWriter, msgsPerTx)
+	require.NoError(t, b.outbox.WriteTx(ctx, long, outbox.Outgoing{Topic: "orders", Message: message.NewMessage("writer0-late", []byte{0x01})}))
+	require.NoError(t, long.Commit())
+	wg.Wait()
+	total := (writers-1)*txPerWriter*msgsPerTx + 2
+	s.rec.waitDistinct(t, total, 30*time.Second)
+	b.waitEmpty(t, 10*time.Second)
+
+	deliveries, distinct, dups := s.rec.stats()
+	got := s.rec.deliveries()
+	require.Equal(t, "writer0-early", got[0].msg.UUID)
+	require.Equal(t, "writer0-late", got[1].msg.UUID)
+	t.Logf("%s: a second writer was refused while writer 0 was open; %d writers committed %d messages; delivered %d, distinct %d, duplicates %d",
+		b.name, writers, total, deliveries, distinct, dups)
+	require.Equal(t, total, distinct)
+	require.Zero(t, dups)
+}
+
+// newOrdersRelay returns a sink for "orders" and a fast-polling relay of
+// b's outbox into it, batches of 50.
+func newOrdersRelay(t *testing.T, b backend) (*sink, *outbox.Relay) {
+	s := newSink(t, nil, "orders")
+	cfg := b.relayConfig()
+	cfg.PollInterval = 10 * time.Millisecond
+	cfg.BatchSize = 50
+	relay, err := outbox.NewRelay(b.db, s, cfg, testLogger(t))
+	require.NoError(t, err)
+	return s, relay
+}
+
+// writeConcurrently starts writers 1..writers-1, each committing
+// txPerWriter transactions of msgsPerTx messages to "orders".
+func writeConcurrently(t *testing.T, b backend, writers, txPerWriter, msgsPerTx int) *sync.WaitGroup {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := 1; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range txPerWriter {
+				tx, err := b.db.BeginTx(ctx, nil)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				out := make([]outbox.Outgoing, msgsPerTx)
+				for k := range out {
+					m := message.NewMessage(fmt.Sprintf("w%d-t%d-m%d", w, i, k), []byte{byte(w), 0x00, byte(k)})
+					m.Metadata.Set("writer", strconv.Itoa(w))
+					out[k] = outbox.Outgoing{Topic: "orders", Message: m}
+				}
+				if err := b.outbox.WriteTx(ctx, tx, out...); err != nil {
+					t.Error(err)
+					_ = tx.Rollback()
+					return
+				}
+				if err := tx.Commit(); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	return &wg
 }
 
 // crashAfter publishes, and once it has published at least n messages it

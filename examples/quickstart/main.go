@@ -1,15 +1,18 @@
 // Command quickstart plays a small order → payment flow through a Watermill
-// router with the inbox middleware, on SQLite and an in-process GoChannel:
-// no services needed.
+// router with the inbox middleware, a transactional outbox and its relay,
+// on SQLite and an in-process GoChannel: no services needed.
 //
 //	go run ./examples/quickstart
 //
 // The producer re-sends some orders (duplicates on the wire), one handler
 // run fails and is redelivered, and one delivery "crashes" after its
-// transaction committed but before the broker saw the ack. The summary
-// shows every order charged exactly once and every payment event
-// delivered with a stable UUID, so the downstream receipts consumer —
-// another inbox — sends one receipt per payment.
+// transaction committed but before the broker saw the ack. The billing
+// handler's payment events are written to the outbox in the inbox
+// transaction (middleware.Config.Outputs), so they commit with the charge
+// or not at all, and the relay publishes them. The summary shows every
+// order charged exactly once and one payment event per charge, so the
+// downstream receipts consumer — another inbox — sends one receipt per
+// payment.
 package main
 
 import (
@@ -31,6 +34,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
@@ -88,9 +92,11 @@ type Summary struct {
 	Failed            int // handler runs that failed and were redelivered
 	Crashed           int // of the Charged: "lost" after commit, before the ack
 	Duplicates        int // deliveries acknowledged without running the handler
-	Replayed          int // payment events republished by those duplicates
+	Replayed          int // payment events returned by those duplicates: none, the outbox has them
 
-	PaymentEvents   int // payment events delivered downstream: Charged - Crashed + Replayed
+	Relayed         int // payment events the relay published from the outbox: one per charge
+	OutboxLeft      int // outbox rows left after the relay stopped
+	PaymentEvents   int // payment events delivered downstream
 	ReceiptsSent    int
 	ReceiptsSkipped int
 
@@ -112,6 +118,15 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 	if err := repo.Migrate(ctx); err != nil {
 		return Summary{}, err
 	}
+	// The outbox table (and its dead letters) in the same database, so
+	// payment events commit with the charge.
+	ob, err := outbox.New(outbox.Config{Dialect: outbox.SQLite})
+	if err != nil {
+		return Summary{}, err
+	}
+	if err := ob.Migrate(ctx, db); err != nil {
+		return Summary{}, err
+	}
 	if _, err := db.ExecContext(ctx, `CREATE TABLE charges (order_id TEXT NOT NULL, customer TEXT NOT NULL, amount_cents INTEGER NOT NULL)`); err != nil {
 		return Summary{}, err
 	}
@@ -126,7 +141,9 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 
 	// One inbox per handler. Both share the SQLite table; their keys are
 	// scoped by handler name ("billing", "receipts").
-	billingInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo})
+	// Billing's outputs go to the outbox, bound for "payments", inside its
+	// inbox transaction; the router publishes nothing for it.
+	billingInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Outputs: ob.Outputs("payments")})
 	if err != nil {
 		return Summary{}, err
 	}
@@ -142,6 +159,8 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 		failed, crashed            = map[string]bool{}, map[string]bool{}
 	)
 
+	// The handler returns its payment event, so it is registered with a
+	// publisher; with Outputs the inbox hands the router no messages.
 	billing := router.AddHandler("billing", "orders", pubSub, "payments", pubSub,
 		func(msg *message.Message) ([]*message.Message, error) {
 			var o OrderPlaced
@@ -244,15 +263,23 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 		}
 	}, receiptsInbox.Middleware)
 
+	// The relay publishes committed outbox rows to the broker. SQLite
+	// has no LISTEN: it polls.
+	relay, err := outbox.NewRelay(db, pubSub, outbox.RelayConfig{Dialect: outbox.SQLite, PollInterval: 10 * time.Millisecond}, logger)
+	if err != nil {
+		return Summary{}, err
+	}
+
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	routerDone := make(chan error, 1)
+	routerDone, relayDone := make(chan error, 1), make(chan error, 1)
 	go func() { routerDone <- router.Run(runCtx) }()
 	select {
 	case <-router.Running():
 	case err := <-routerDone:
 		return Summary{}, err
 	}
+	go func() { relayDone <- relay.Run(runCtx) }()
 
 	// The producer: each order once, some twice (a retry after a lost
 	// publish confirmation keeps the message UUID).
@@ -271,19 +298,30 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 		}
 	}
 
-	// Every published order is acked once in the end, and every ack
-	// publishes one payment event.
+	// Every published order is acked once in the end, and every order is
+	// charged once, with one payment event, which the relay delivers.
 	if err := waitUntil(ctx, func() bool {
-		return billingAcked.Load() == int64(s.Published) && receiptAcked.Load() == int64(s.Published)
+		return billingAcked.Load() == int64(s.Published) && receiptAcked.Load() == int64(len(orders))
 	}); err != nil {
 		return Summary{}, fmt.Errorf("waiting for the flow to settle: %w", err)
 	}
+	// The relay deletes a batch's rows after publishing it: wait for the
+	// outbox to drain, then stop.
+	if err := waitUntil(ctx, func() bool {
+		return db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+outbox.DefaultTableName).Scan(&s.OutboxLeft) == nil && s.OutboxLeft == 0
+	}); err != nil {
+		return Summary{}, fmt.Errorf("waiting for the outbox to drain: %w", err)
+	}
 	stop()
+	if err := <-relayDone; err != nil && !errors.Is(err, context.Canceled) {
+		return Summary{}, err
+	}
 	if err := <-routerDone; err != nil {
 		return Summary{}, err
 	}
 
 	s.PaymentEvents = int(receiptAcked.Load())
+	s.Relayed = s.PaymentEvents
 	s.ReceiptsSkipped = s.PaymentEvents - s.ReceiptsSent
 	if s.ChargedCents, s.ChargeCount, err = chargesByCustomer(ctx, db); err != nil {
 		return Summary{}, err
@@ -330,16 +368,14 @@ func printSummary(w io.Writer, s Summary) {
 	resent := s.Published - s.Orders
 	fmt.Fprintf(w, "%d orders published as %d messages (%d re-sent by the producer)\n\n", s.Orders, s.Published, resent)
 	fmt.Fprintf(w, "billing    %2d deliveries = %d charged + %d failed + %d duplicates\n", s.BillingDeliveries, s.Charged, s.Failed, s.Duplicates)
-	fmt.Fprintf(w, "           %2d charged: the handler ran and its transaction committed\n", s.Charged)
-	fmt.Fprintf(w, "               %d of them crashed after the commit, before the ack: no payment published, the order redelivered\n", s.Crashed)
-	fmt.Fprintf(w, "           %2d failed: rolled back and redelivered\n", s.Failed)
+	fmt.Fprintf(w, "           %2d charged: the handler ran; its charge and its payment event (in the outbox) committed together\n", s.Charged)
+	fmt.Fprintf(w, "               %d of them crashed after the commit, before the ack: its payment is in the outbox all the same, the order redelivered\n", s.Crashed)
+	fmt.Fprintf(w, "           %2d failed: rolled back, charge and payment event, and redelivered\n", s.Failed)
 	fmt.Fprintf(w, "           %2d duplicates acknowledged without charging: %d re-sent by the producer, %d redelivered after the crash\n",
 		s.Duplicates, resent, s.Duplicates-resent)
-	fmt.Fprintf(w, "               %d replayed the payment event stored with the charge, with its original UUID\n", s.Replayed)
-	fmt.Fprintf(w, "payments   %2d published = %d after a charge (%d charged - %d crashed) + %d replayed\n",
-		s.Charged-s.Crashed+s.Replayed, s.Charged-s.Crashed, s.Charged, s.Crashed, s.Replayed)
-	fmt.Fprintf(w, "receipts   %2d payment events delivered = %d receipts sent + %d duplicates skipped\n", s.PaymentEvents, s.ReceiptsSent, s.ReceiptsSkipped)
-	fmt.Fprintf(w, "               (the replay for the crashed order was the first copy of its payment)\n\n")
+	fmt.Fprintf(w, "               %d replayed a payment event: the outbox holds each charge's, committed with it\n", s.Replayed)
+	fmt.Fprintf(w, "payments   %2d published by the relay from the outbox = %d charged; %d rows left in the outbox\n", s.Relayed, s.Charged, s.OutboxLeft)
+	fmt.Fprintf(w, "receipts   %2d payment events delivered = %d receipts sent + %d duplicates skipped\n\n", s.PaymentEvents, s.ReceiptsSent, s.ReceiptsSkipped)
 
 	want := map[string]int{}
 	wantCount := map[string]int{}

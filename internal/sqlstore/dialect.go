@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io/fs"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -190,10 +191,11 @@ func (d *Dialect) sibling(t tableName, name string) string {
 // into the DDL for t. The files name the table "def" and its indexes
 // "def_suffix" (quoted, so nothing else can match); the index names are
 // repository.IndexName(t, suffix), the name the default table gets too.
-func (d *Dialect) render(sql, def string, t tableName) string {
+// Pairs in extra come first, so they win over the index names.
+func (d *Dialect) render(sql, def string, t tableName, extra ...string) string {
 	q := d.Quote
 	indexRe := regexp.MustCompile(regexp.QuoteMeta(q+def+"_") + `([a-z0-9_]+)` + regexp.QuoteMeta(q))
-	var pairs []string
+	pairs := slices.Clone(extra)
 	for _, m := range indexRe.FindAllStringSubmatch(sql, -1) {
 		idx := q + repository.IndexName(t.name, m[1]) + q
 		if d.QualifyIndex && t.schema != "" {

@@ -43,6 +43,10 @@ type migrator struct {
 	t    tableName
 	line string // folder in Dialect.Migrations and subject prefix
 	def  string // the table name the files are written for
+	// dir overrides the folder (default migrations/<line>); extra are
+	// replacement pairs render applies first (see Line).
+	dir   string
+	extra []string
 }
 
 func newMigrator(d *Dialect, db DB, line, def, table string) (migrator, error) {
@@ -135,7 +139,7 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 				continue
 			}
 			start := time.Now()
-			for _, st := range statements(m.d.render(f.sql, m.def, m.t)) {
+			for _, st := range statements(m.d.render(f.sql, m.def, m.t, m.extra...)) {
 				if _, err := ex.Exec(ctx, st); err != nil && (m.d.IsApplied == nil || !m.d.IsApplied(err)) {
 					return fmt.Errorf("%04d_%s: %w", f.Version, f.Name, err)
 				}
@@ -168,7 +172,10 @@ var fileRe = regexp.MustCompile(`^(\d+)_(\w+)\.up\.sql$`)
 
 // files reads the line's up migrations in version order.
 func (m *migrator) files() ([]migrationFile, error) {
-	dir := path.Join("migrations", m.line)
+	dir := m.dir
+	if dir == "" {
+		dir = path.Join("migrations", m.line)
+	}
 	entries, err := fs.ReadDir(m.d.Migrations, dir)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,74 @@
+package sqlstore
+
+import (
+	"context"
+	"io/fs"
+	"strings"
+)
+
+// Line is a migration line whose files live outside the dialect's own
+// Migrations: the outbox ships its files in its own package, so that
+// importing it pulls in no driver. Migrate applies them with the
+// dialect's lock and records them in the same MigrationsTable as the
+// store's lines, under the subject "<Name>:<table>".
+type Line struct {
+	// Dialect supplies the quoting, the placeholders and the lock; its
+	// Migrations are not read.
+	Dialect *Dialect
+	// FS holds the files NNNN_name.up.sql in Dir, written for the table
+	// name Default.
+	FS  fs.FS
+	Dir string
+	// Name is the subject prefix in MigrationsTable ("outbox").
+	Name    string
+	Default string
+	// Extra returns replacement pairs (old, new, …) for names the files
+	// derive from the default table other than "<Default>_suffix" indexes
+	// (a second table, a function, a string literal); nil: none.
+	Extra func(table string) []string
+}
+
+func (l Line) migrator(db DB, table string) (migrator, error) {
+	d := *l.Dialect
+	d.Migrations = l.FS
+	m, err := newMigrator(&d, db, l.Name, l.Default, table)
+	if err != nil {
+		return m, err
+	}
+	m.dir = l.Dir
+	if l.Extra != nil {
+		m.extra = l.Extra(table)
+	}
+	return m, nil
+}
+
+// Migrate applies the line's pending migrations to table; see
+// migrator.Migrations for the lock and what is recorded.
+func (l Line) Migrate(ctx context.Context, db DB, table string) ([]Migration, error) {
+	m, err := l.migrator(db, table)
+	if err != nil {
+		return nil, err
+	}
+	return m.Migrations(ctx)
+}
+
+// DDL returns every up migration of the line rendered for table, in
+// version order, for callers who apply schema with their own tool.
+func (l Line) DDL(table string) (string, error) {
+	m, err := l.migrator(nilDB{}, table)
+	if err != nil {
+		return "", err
+	}
+	files, err := m.files()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, f := range files {
+		b.WriteString(m.d.render(f.sql, m.def, m.t, m.extra...))
+	}
+	return b.String(), nil
+}
+
+// nilDB lets DDL build a migrator without a database; it is never used.
+type nilDB struct{ DB }

@@ -1,0 +1,3 @@
+DROP TABLE IF EXISTS "watermill_outbox_dead_letters";
+DROP TABLE IF EXISTS "watermill_outbox";
+DROP FUNCTION IF EXISTS "watermill_outbox_notify"();
