@@ -87,6 +87,11 @@ GROUP BY consumer ORDER BY consumer` + d.ByteOrder)
 // transaction, with a locking read where a snapshot could hide it. A
 // concurrent claim of the same key waits on the first one's row lock.
 func (s *Inbox) ClaimTx(ctx context.Context, tx repository.Querier, p repository.ClaimParams) (repository.Claim, error) {
+	return s.ClaimOn(ctx, StdQuerier(tx), p)
+}
+
+// ClaimOn is ClaimTx on any driver's transaction (see pgxexec.Exec).
+func (s *Inbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimParams) (repository.Claim, error) {
 	if err := repository.ValidateClaim(p); err != nil {
 		return repository.Claim{}, err
 	}
@@ -94,7 +99,6 @@ func (s *Inbox) ClaimTx(ctx context.Context, tx repository.Querier, p repository
 	if err != nil {
 		return repository.Claim{}, err
 	}
-	ex := StdQuerier(tx)
 	n, err := s.exec(ctx, ex, s.q.claim, args...)
 	if s.d.IsUniqueViolation(err) {
 		n, err = 0, nil
@@ -122,10 +126,15 @@ func (s *Inbox) ClaimTx(ctx context.Context, tx repository.Querier, p repository
 // SaveResultTx implements repository.Transactional with one UPDATE; it
 // returns repository.ErrNotFound if there is no such record.
 func (s *Inbox) SaveResultTx(ctx context.Context, tx repository.Querier, p repository.SaveResultParams) error {
+	return s.SaveResultOn(ctx, StdQuerier(tx), p)
+}
+
+// SaveResultOn is SaveResultTx on any driver's transaction.
+func (s *Inbox) SaveResultOn(ctx context.Context, ex Executor, p repository.SaveResultParams) error {
 	if err := repository.ValidateSaveResult(p); err != nil {
 		return err
 	}
-	ex, key := StdQuerier(tx), repository.StorageKey(p.Key)
+	key := repository.StorageKey(p.Key)
 	n, err := s.exec(ctx, ex, s.q.save, p.Consumer, key, p.Result)
 	if err == nil && n == 0 && s.d.ChangedRows {
 		n, err = s.count(ctx, ex, s.q.exists, p.Consumer, key)

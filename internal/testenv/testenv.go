@@ -13,6 +13,7 @@ import (
 	"time"
 
 	_ "github.com/go-sql-driver/mysql" // registers the "mysql" driver
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
@@ -53,6 +54,31 @@ func getenv(name, def string) string {
 
 // PostgresDSN returns the PostgreSQL DSN tests use.
 func PostgresDSN() string { return getenv(PostgresEnv, PostgresDefault) }
+
+// PgxPool opens a pgxpool.Pool on the test PostgreSQL database and
+// closes it when t ends.
+func PgxPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(PostgresDSN())
+	var pool *pgxpool.Pool
+	if err == nil {
+		cfg.MaxConns = MaxConns
+		pool, err = pgxpool.NewWithConfig(context.Background(), cfg)
+	}
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = pool.Ping(ctx)
+		cancel()
+		if err != nil {
+			pool.Close()
+		}
+	}
+	if err != nil {
+		Missing(t, "PostgreSQL ("+PostgresEnv+"="+PostgresDSN()+")", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
 
 // Postgres opens the test PostgreSQL database (pgx stdlib driver) and
 // closes it when t ends.

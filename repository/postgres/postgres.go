@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/pgxexec"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -79,4 +82,20 @@ func NewRepository(db *sql.DB, config Config) (*Repository, error) {
 // table: call Migrate, or apply Migrations' versions/ files.
 func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
 	return sqlstore.NewVersions(dialect, sqlstore.StdDB(db), config)
+}
+
+// NewPgxRepository returns a Repository over a pgx/v5 pool: every
+// statement the store runs on its own goes through pool natively. For the
+// transactional inbox on pgx transactions use middleware/pgxinbox, which
+// claims on the handler's pgx.Tx; ClaimTx and SaveResultTx still take a
+// database/sql transaction. It does not create the schema: call Migrate,
+// or apply the files in Migrations with your migration tool.
+func NewPgxRepository(pool *pgxpool.Pool, config Config) (*Repository, error) {
+	return sqlstore.NewInbox(dialect, pgxexec.Pool(pool), config)
+}
+
+// NewPgxVersionStore returns a VersionStore over a pgx/v5 pool (see
+// NewPgxRepository).
+func NewPgxVersionStore(pool *pgxpool.Pool, config VersionConfig) (*VersionStore, error) {
+	return sqlstore.NewVersions(dialect, pgxexec.Pool(pool), config)
 }

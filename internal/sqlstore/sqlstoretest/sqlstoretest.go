@@ -40,6 +40,20 @@ func Postgres(tb testing.TB) Backend {
 		}}
 }
 
+// PostgresPgx is the PostgreSQL backend over a pgxpool.Pool: the store
+// runs its own statements on pgx; the suites' transactions (ClaimTx,
+// AdvanceTx) stay on database/sql, the contract's type.
+func PostgresPgx(tb testing.TB) Backend {
+	db, pool := testenv.Postgres(tb), testenv.PgxPool(tb)
+	return Backend{Name: "postgres-pgx", DB: db, Quote: `"`,
+		Inbox: func(t string) (*sqlstore.Inbox, error) {
+			return postgres.NewPgxRepository(pool, postgres.Config{Table: t})
+		},
+		Versions: func(t string) (*sqlstore.Versions, error) {
+			return postgres.NewPgxVersionStore(pool, postgres.Config{Table: t})
+		}}
+}
+
 // MySQL is the MySQL/MariaDB backend on the test database.
 func MySQL(tb testing.TB) Backend {
 	db := testenv.MySQL(tb)
