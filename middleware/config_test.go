@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
@@ -17,6 +19,10 @@ func TestConfigValidate(t *testing.T) {
 	repo, err := sqlite.NewRepository(db, sqlite.Config{})
 	require.NoError(t, err)
 	valid := middleware.Config{DB: db, Repository: repo, Consumer: "billing"}
+	// A Beginner replaces DB, and Repository is then optional.
+	beginner := pgxinbox.Beginner(nil, nil, pgx.TxOptions{})
+	_, err = middleware.NewInbox(middleware.Config{Beginner: beginner})
+	require.NoError(t, err)
 
 	_, err = middleware.NewInbox(valid)
 	require.NoError(t, err, "defaults make a minimal config valid")
@@ -44,6 +50,16 @@ func TestConfigValidate(t *testing.T) {
 			c.RedeliveryWindow = 8 * 24 * time.Hour
 		}, "shorter than RedeliveryWindow"},
 		"negative redelivery window": {func(c *middleware.Config) { c.RedeliveryWindow = -1 }, "must not be negative"},
+		"DB and Beginner":            {func(c *middleware.Config) { c.Beginner = beginner }, "both set"},
+		"Beginner with Outputs": {func(c *middleware.Config) {
+			c.DB, c.Beginner, c.Outputs = nil, beginner, &captureOutputs{}
+		}, "Outputs needs Config.DB"},
+		"Beginner with TxOptions": {func(c *middleware.Config) {
+			c.DB, c.Beginner, c.TxOptions = nil, beginner, &sql.TxOptions{}
+		}, "TxOptions needs Config.DB"},
+		"Beginner, ReadFirst without Repository": {func(c *middleware.Config) {
+			c.DB, c.Beginner, c.Repository, c.ReadFirst = nil, beginner, nil, true
+		}, "ReadFirst needs a Repository"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := valid

@@ -11,7 +11,19 @@ const (
 	txKey ctxKey = iota
 	dedupKey
 	scopeKey
+	inTxKey
 )
+
+// withInboxTx marks ctx as inside an inbox transaction, whatever driver
+// runs it.
+func withInboxTx(ctx context.Context) context.Context {
+	return context.WithValue(ctx, inTxKey, true)
+}
+
+func inInboxTx(ctx context.Context) bool {
+	in, _ := ctx.Value(inTxKey).(bool)
+	return in
+}
 
 func withTx(ctx context.Context, tx *sql.Tx) context.Context {
 	return context.WithValue(ctx, txKey, tx)

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -14,10 +15,13 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -35,16 +39,23 @@ type store struct {
 		repository.Reader
 	}
 	placeholder func(n int) string
+	// pool is set on the pgx store: the inbox runs on pgxinbox and the
+	// handler writes through the pgx.Tx.
+	pool *pgxpool.Pool
 }
 
+// withPgx names every store plus the opt-in pgx one (PostgreSQL with the
+// inbox transaction on pgxpool), for forEachStore.
+var withPgx = []string{"postgres", "postgres-pgx", "sqlite", "mysql"}
+
 // forEachStore runs fn as a parallel subtest per backend (or per named
-// backend), each on fresh tables.
+// backend, postgres-pgx only when named), each on fresh tables.
 func forEachStore(t *testing.T, fn func(t *testing.T, s *store), only ...string) {
 	for _, b := range []struct {
 		name string
 		open func(testing.TB) *store
-	}{{"postgres", newPostgresStore}, {"sqlite", newSQLiteStore}, {"mysql", newMySQLStore}} {
-		if len(only) > 0 && !slices.Contains(only, b.name) {
+	}{{"postgres", newPostgresStore}, {"postgres-pgx", newPgxStore}, {"sqlite", newSQLiteStore}, {"mysql", newMySQLStore}} {
+		if (len(only) > 0 || b.name == "postgres-pgx") && !slices.Contains(only, b.name) {
 			continue
 		}
 		t.Run(b.name, func(t *testing.T) {
@@ -63,6 +74,17 @@ func newPostgresStore(t testing.TB) *store {
 	require.NoError(t, repo.Migrate(t.Context()))
 	s.repo = repo
 	s.setup(t)
+	return s
+}
+
+// newPgxStore is PostgreSQL with the repository and the inbox transaction
+// on a pgxpool.Pool; db (database/sql) only sets up and checks tables.
+func newPgxStore(t testing.TB) *store {
+	s := newPostgresStore(t)
+	s.pool = testenv.PgxPool(t)
+	repo, err := postgres.NewPgxRepository(s.pool, postgres.Config{Table: s.inbox})
+	require.NoError(t, err)
+	s.repo = repo
 	return s
 }
 
@@ -156,6 +178,9 @@ func (s *store) failCommit(ctx context.Context, tx *sql.Tx) error {
 func (s *store) newInbox(t testing.TB, consumer string, mutate ...func(*middleware.Config)) *middleware.Inbox {
 	t.Helper()
 	c := middleware.Config{DB: s.db, Repository: s.repo, Consumer: consumer, Logger: watermill.NopLogger{}}
+	if s.pool != nil {
+		c.DB, c.Beginner = nil, pgxinbox.Beginner(s.pool, s.repo.(*postgres.Repository), pgx.TxOptions{})
+	}
 	for _, m := range mutate {
 		m(&c)
 	}
@@ -184,12 +209,15 @@ type chargeHandler struct {
 	s    *store
 	runs atomic.Int64
 	// before, if set, runs after the charge is written, inside the same
-	// transaction, and can fail the run.
+	// transaction, and can fail the run (tx is nil on the pgx store).
 	before func(msg *message.Message, tx *sql.Tx) error
 }
 
 func (h *chargeHandler) Handle(msg *message.Message) (_ []*message.Message, err error) {
 	h.runs.Add(1)
+	if h.s.pool != nil {
+		return h.handlePgx(msg)
+	}
 	tx, ok := middleware.TxFromContext(msg.Context())
 	if !ok {
 		// Without the inbox (the Deduplicator comparison) the handler
@@ -214,6 +242,29 @@ func (h *chargeHandler) Handle(msg *message.Message) (_ []*message.Message, err 
 	}
 	if h.before != nil {
 		if err := h.before(msg, tx); err != nil {
+			return nil, err
+		}
+	}
+	out := message.NewMessage(watermill.NewUUID(), []byte(`{"order_id":"`+o.ID+`","status":"paid"}`))
+	out.Metadata.Set("order_id", o.ID)
+	return []*message.Message{out}, nil
+}
+
+// handlePgx is Handle on the pgx inbox transaction.
+func (h *chargeHandler) handlePgx(msg *message.Message) ([]*message.Message, error) {
+	tx, ok := pgxinbox.TxFromContext(msg.Context())
+	if !ok {
+		return nil, errors.New("no pgx inbox transaction in the context")
+	}
+	var o order
+	if err := json.Unmarshal(msg.Payload, &o); err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(msg.Context(), `INSERT INTO `+h.s.charges+` (order_id, amount) VALUES ($1, $2)`, o.ID, o.Amount); err != nil {
+		return nil, err
+	}
+	if h.before != nil {
+		if err := h.before(msg, nil); err != nil {
 			return nil, err
 		}
 	}

@@ -20,11 +20,18 @@ const DefaultRetention = 7 * 24 * time.Hour
 
 // Config configures an Inbox.
 type Config struct {
-	// DB is the database the inbox transaction runs on; the repository's
-	// table and the handler's business tables must live in it. Required.
+	// DB is the database/sql database the inbox transaction runs on; the
+	// repository's table and the handler's business tables must live in
+	// it. Set DB or Beginner, not both.
 	DB *sql.DB
-	// Repository stores the markers. Required.
+	// Repository stores the markers in DB's transactions. Required with
+	// DB; with Beginner it is only read by ReadFirst (optional).
 	Repository repository.Transactional
+	// Beginner begins the inbox transaction on another driver instead of
+	// DB: middleware/pgxinbox.Beginner runs it on a pgx/v5 pool, and the
+	// handler reads the pgx.Tx with pgxinbox.TxFromContext. Outputs and
+	// TxOptions need DB. Default: nil (use DB).
+	Beginner Beginner
 	// Consumer is an optional namespace for the scopes of this inbox's
 	// deliveries. Records are stored per (scope, key), and each delivery's
 	// scope comes from the Watermill handler that runs it
@@ -114,6 +121,47 @@ type OutputWriter interface {
 	WriteOutputs(ctx context.Context, tx *sql.Tx, msgs []*message.Message) error
 }
 
+// Beginner begins inbox transactions on a driver other than database/sql
+// (see middleware/pgxinbox), so that this package does not depend on the
+// driver.
+type Beginner interface {
+	// BeginInbox begins one inbox transaction. The Inbox calls it with a
+	// context that is never cancelled (see Inbox), and ends the
+	// transaction with exactly one Commit or Rollback.
+	BeginInbox(ctx context.Context) (InboxTx, error)
+}
+
+// InboxTx is one inbox transaction begun by a Beginner. Claim and
+// SaveResult keep the repository.Transactional contract on it.
+type InboxTx interface {
+	Claim(ctx context.Context, params repository.ClaimParams) (repository.Claim, error)
+	SaveResult(ctx context.Context, params repository.SaveResultParams) error
+	// WithTx returns ctx carrying the transaction for the handler.
+	WithTx(ctx context.Context) context.Context
+	Commit(ctx context.Context) error
+	// Rollback ends the transaction if it is still open; the Inbox calls
+	// it after a failed Commit too and ignores its error.
+	Rollback(ctx context.Context) error
+}
+
+// stdTx is an inbox transaction on database/sql.
+type stdTx struct {
+	tx   *sql.Tx
+	repo repository.Transactional
+}
+
+func (t stdTx) Claim(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
+	return t.repo.ClaimTx(ctx, t.tx, p)
+}
+
+func (t stdTx) SaveResult(ctx context.Context, p repository.SaveResultParams) error {
+	return t.repo.SaveResultTx(ctx, t.tx, p)
+}
+
+func (t stdTx) WithTx(ctx context.Context) context.Context { return withTx(ctx, t.tx) }
+func (t stdTx) Commit(context.Context) error               { return t.tx.Commit() }
+func (t stdTx) Rollback(context.Context) error             { return t.tx.Rollback() }
+
 func (c *Config) setDefaults() {
 	if c.Key == nil {
 		c.Key = UUIDKey
@@ -135,15 +183,22 @@ func (c *Config) setDefaults() {
 // Validate reports every problem with the configuration at once.
 func (c Config) Validate() error {
 	var errs []error
-	if c.DB == nil {
-		errs = append(errs, errors.New("missing Config.DB"))
+	switch {
+	case c.DB == nil && c.Beginner == nil:
+		errs = append(errs, errors.New("missing Config.DB (or Config.Beginner)"))
+	case c.DB != nil && c.Beginner != nil:
+		errs = append(errs, errors.New("config.DB and Config.Beginner are both set: set one"))
+	case c.Beginner != nil && c.Outputs != nil:
+		errs = append(errs, errors.New("config.Outputs needs Config.DB: it writes on a *sql.Tx"))
+	case c.Beginner != nil && c.TxOptions != nil:
+		errs = append(errs, errors.New("config.TxOptions needs Config.DB: give a Beginner its own options"))
 	}
-	if c.Repository == nil {
+	if c.Repository == nil && c.Beginner == nil {
 		errs = append(errs, errors.New("missing Config.Repository"))
 	}
 	errs = append(errs, validateScoping("Config", c.Consumer, c.HandlerScopes)...)
 	errs = append(errs, validateShared(c.Retention, c.RedeliveryWindow)...)
-	if _, ok := c.Repository.(repository.Reader); c.ReadFirst && c.Repository != nil && !ok {
+	if _, ok := c.Repository.(repository.Reader); c.ReadFirst && !ok {
 		errs = append(errs, fmt.Errorf("config.ReadFirst needs a Repository implementing repository.Reader; %T does not", c.Repository))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -253,7 +308,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	// subscriber shutting down), racing the commit and leaving its outcome
 	// unknown. Statements still run with ctx and fail once it is cancelled;
 	// the commit alone decides.
-	tx, err := c.DB.BeginTx(context.WithoutCancel(ctx), c.TxOptions)
+	tx, err := i.begin(context.WithoutCancel(ctx))
 	if err != nil {
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: begin transaction: %w", err), nil)
 	}
@@ -261,13 +316,13 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	defer func() {
 		if !committed {
 			// Covers errors and panics alike: nothing of this attempt stays.
-			_ = tx.Rollback()
+			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
 
 	claimStart := time.Now()
 	readTime := obs.d.Claim
-	claim, err := c.Repository.ClaimTx(ctx, tx, repository.ClaimParams{
+	claim, err := tx.Claim(ctx, repository.ClaimParams{
 		Consumer:    scope,
 		Key:         key,
 		PayloadHash: hash,
@@ -283,7 +338,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	}
 
 	original := msg.Context()
-	msg.SetContext(withScope(withKey(withTx(ctx, tx), key), scope))
+	msg.SetContext(withScope(withKey(tx.WithTx(withInboxTx(ctx)), key), scope))
 	out, err := h(msg)
 	msg.SetContext(original)
 	stale := errors.Is(err, ErrStaleVersion)
@@ -300,7 +355,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		for pos, m := range out {
 			m.UUID = OutputUUID(scope, key, pos)
 		}
-		if err := c.Outputs.WriteOutputs(finish, tx, out); err != nil {
+		if err := c.Outputs.WriteOutputs(finish, tx.(stdTx).tx, out); err != nil {
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: write %d outputs of key %q: %w", produced, key, err), nil)
 		}
 		// They commit with the marker and the relay publishes them: nothing
@@ -312,11 +367,11 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: key %q: %w", key, err), nil)
 	}
 	if result != nil {
-		if err := c.Repository.SaveResultTx(finish, tx, repository.SaveResultParams{Consumer: scope, Key: key, Result: result}); err != nil {
+		if err := tx.SaveResult(finish, repository.SaveResultParams{Consumer: scope, Key: key, Result: result}); err != nil {
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: store result of key %q: %w", key, err), nil)
 		}
 	}
-	if err := tx.Commit(); err != nil {
+	if err := tx.Commit(finish); err != nil {
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: commit key %q: %w", key, err), nil)
 	}
 	committed = true
@@ -326,6 +381,18 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		return out, obs.end(ctx, OutcomeStaleVersion, nil, nil)
 	}
 	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": produced})
+}
+
+// begin begins the delivery's transaction on Beginner, or on DB.
+func (i *Inbox) begin(ctx context.Context) (InboxTx, error) {
+	if i.config.Beginner != nil {
+		return i.config.Beginner.BeginInbox(ctx)
+	}
+	tx, err := i.config.DB.BeginTx(ctx, i.config.TxOptions)
+	if err != nil {
+		return nil, err
+	}
+	return stdTx{tx, i.config.Repository}, nil
 }
 
 // extractKey runs the key function; no key is ErrNoKey.

@@ -41,7 +41,7 @@ func TestInboxFreshThenDuplicateReplaysResult(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, repository.StateCompleted, rec.State)
 		require.Equal(t, repository.HashPayload(msg.Payload), rec.PayloadHash)
-	})
+	}, withPgx...)
 }
 
 func TestInboxDuplicateWithoutOutputReplaysNothing(t *testing.T) {
@@ -57,7 +57,7 @@ func TestInboxDuplicateWithoutOutputReplaysNothing(t *testing.T) {
 			require.Empty(t, out)
 		}
 		require.Equal(t, 1, runs)
-	})
+	}, withPgx...)
 }
 
 func TestInboxPayloadMismatchIsPermanent(t *testing.T) {
@@ -73,7 +73,7 @@ func TestInboxPayloadMismatchIsPermanent(t *testing.T) {
 		require.Nil(t, out)
 		require.EqualValues(t, 1, h.runs.Load())
 		require.Equal(t, 1, s.chargesFor(t, "o-1"))
-	})
+	}, withPgx...)
 }
 
 func TestInboxMissingKeyIsPermanent(t *testing.T) {
@@ -124,7 +124,7 @@ func TestInboxHandlerErrorRollsBackAndRetrySucceeds(t *testing.T) {
 		require.Len(t, out, 1)
 		require.EqualValues(t, 2, h.runs.Load(), "the redelivery runs the handler again")
 		require.Equal(t, 1, s.chargesFor(t, "o-1"))
-	})
+	}, withPgx...)
 }
 
 func TestInboxPanicRollsBack(t *testing.T) {
@@ -138,7 +138,7 @@ func TestInboxPanicRollsBack(t *testing.T) {
 		require.Zero(t, s.chargesFor(t, "o-1"))
 		_, err := s.repo.Get(t.Context(), "billing", "uuid-1")
 		require.ErrorIs(t, err, repository.ErrNotFound)
-	})
+	}, withPgx...)
 }
 
 func TestInboxCommitFailureRollsBackAndRetrySucceeds(t *testing.T) {
@@ -228,7 +228,7 @@ func TestInboxConcurrentDeliveriesRunHandlerOnce(t *testing.T) {
 		}
 		require.EqualValues(t, 1, h.runs.Load(), "32 concurrent deliveries of one key run the handler once")
 		require.Equal(t, 1, s.chargesFor(t, "o-1"))
-	})
+	}, withPgx...)
 }
 
 func TestInboxConsumersAreScoped(t *testing.T) {
@@ -338,7 +338,7 @@ func TestInboxReadFirst(t *testing.T) {
 		require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
 		require.EqualValues(t, 1, h.runs.Load())
 		require.Equal(t, 1, s.chargesFor(t, "o-1"))
-	})
+	}, withPgx...)
 }
 
 func TestInboxReadFirstNeedsReader(t *testing.T) {

@@ -63,7 +63,7 @@ type NaturalKeyConfig struct {
 // the same transaction instead), and it cannot tell a redelivery from a
 // different message that reuses the key (no payload comparison).
 //
-// Inside the transactional Inbox (TxFromContext finds a transaction) a
+// Inside the transactional Inbox (on any driver) a
 // duplicate is not acknowledged: the inbox's transaction may be aborted
 // (PostgreSQL) and committing it would fail on every redelivery. Place
 // NaturalKey outside the Inbox instead — the Inbox then rolls back and
@@ -104,7 +104,7 @@ func (n *NaturalKey) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		case !n.config.IsDuplicate(err):
 			outcome = OutcomeFailed
 		default:
-			if _, inInbox := TxFromContext(ctx); inInbox {
+			if inInboxTx(ctx) {
 				err = fmt.Errorf("natural key: a duplicate inside the inbox transaction cannot be acknowledged (place NaturalKey outside the Inbox): %w", err)
 				outcome = OutcomeFailed
 				break

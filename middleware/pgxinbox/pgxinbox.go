@@ -1,0 +1,86 @@
+// Package pgxinbox runs the transactional inbox on pgx/v5: the inbox
+// transaction is a pgx.Tx begun on a pgxpool.Pool, and a handler reads it
+// with TxFromContext and passes it to its own pgx code (sqlc's pgx mode
+// included), so its writes commit or roll back with the marker.
+//
+//	repo, _ := postgres.NewPgxRepository(pool, postgres.Config{})
+//	inbox, _ := middleware.NewInbox(middleware.Config{
+//		Beginner:   pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
+//		Repository: repo, // optional: for ReadFirst
+//	})
+//
+// It is a package of its own so that the middleware package never links
+// pgx for MySQL and SQLite users.
+package pgxinbox
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/pgxexec"
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+)
+
+type ctxKey struct{}
+
+// TxFromContext returns the pgx inbox transaction of the message being
+// handled: use msg.Context(). Writes made through it commit or roll back
+// together with the deduplication marker. Handlers must not commit or
+// roll it back themselves. ok is false outside an inbox handler run by a
+// Beginner of this package.
+func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
+	tx, ok = ctx.Value(ctxKey{}).(pgx.Tx)
+	return tx, ok && tx != nil
+}
+
+// Beginner returns a middleware.Beginner that begins each inbox
+// transaction on pool with opts and keeps repo's markers in it. repo must
+// be on the same database (postgres.NewPgxRepository or NewRepository).
+// A nil pool or repo fails every delivery.
+func Beginner(pool *pgxpool.Pool, repo *postgres.Repository, opts pgx.TxOptions) middleware.Beginner {
+	return beginner{pool, repo, opts}
+}
+
+type beginner struct {
+	pool *pgxpool.Pool
+	repo *postgres.Repository
+	opts pgx.TxOptions
+}
+
+func (b beginner) BeginInbox(ctx context.Context) (middleware.InboxTx, error) {
+	if b.pool == nil || b.repo == nil {
+		return nil, errNil
+	}
+	tx, err := b.pool.BeginTx(ctx, b.opts)
+	if err != nil {
+		return nil, err
+	}
+	return inboxTx{tx, b.repo}, nil
+}
+
+type inboxTx struct {
+	tx   pgx.Tx
+	repo *postgres.Repository
+}
+
+func (t inboxTx) Claim(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
+	return t.repo.ClaimOn(ctx, pgxexec.Exec(t.tx), p)
+}
+
+func (t inboxTx) SaveResult(ctx context.Context, p repository.SaveResultParams) error {
+	return t.repo.SaveResultOn(ctx, pgxexec.Exec(t.tx), p)
+}
+
+func (t inboxTx) WithTx(ctx context.Context) context.Context {
+	return context.WithValue(ctx, ctxKey{}, t.tx)
+}
+
+func (t inboxTx) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
+func (t inboxTx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
+
+var errNil = errors.New("pgxinbox: Beginner needs a pool and a repository")
