@@ -51,6 +51,18 @@ func forEachLeaseStore(t *testing.T, fn func(t *testing.T, repo leaseRepo)) {
 			})
 			return repo
 		},
+		"postgres-pgx": func(t *testing.T) leaseRepo {
+			pool := testenv.PgxPool(t)
+			table := randomName("inbox")
+			repo, err := postgres.NewPgxRepository(pool, postgres.Config{Table: table})
+			require.NoError(t, err)
+			require.NoError(t, repo.Migrate(t.Context()))
+			t.Cleanup(func() {
+				_, err := pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+table)
+				require.NoError(t, err)
+			})
+			return repo
+		},
 		"mysql": func(t *testing.T) leaseRepo {
 			db := testenv.MySQL(t)
 			table := randomName("inbox")
