@@ -53,13 +53,18 @@ ON CONFLICT (consumer, entity) DO UPDATE SET version = excluded.version WHERE v.
 // a deadlock victim (1213) has had its whole transaction rolled back:
 // roll back and retry in both cases.
 func (s *Versions) AdvanceTx(ctx context.Context, tx repository.Querier, p repository.AdvanceParams) (bool, error) {
+	return s.AdvanceOn(ctx, StdQuerier(tx), p)
+}
+
+// AdvanceOn is AdvanceTx on any driver's transaction (see pgxexec.Exec).
+func (s *Versions) AdvanceOn(ctx context.Context, ex Executor, p repository.AdvanceParams) (bool, error) {
 	stored, err := repository.PrepareAdvance(p)
 	if err != nil {
 		return false, err
 	}
 	var n int64
 	for _, st := range s.advance {
-		if n, err = StdQuerier(tx).Exec(ctx, st.text, st.values([]any{stored.Consumer, stored.Entity, stored.Version})...); err != nil {
+		if n, err = ex.Exec(ctx, st.text, st.values([]any{stored.Consumer, stored.Entity, stored.Version})...); err != nil {
 			return false, s.wrap(fmt.Sprintf("advance version of %q", p.Entity), err)
 		}
 	}

@@ -16,6 +16,7 @@ package pgxinbox
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -82,5 +83,30 @@ func (t inboxTx) WithTx(ctx context.Context) context.Context {
 
 func (t inboxTx) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
 func (t inboxTx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
+
+// ApplyIfNewer is middleware.VersionGuard.ApplyIfNewer for a handler of
+// a pgx inbox: in the handler's pgx.Tx it records version as the last
+// applied one of entity, in the delivery's scope, if it is newer than
+// every version applied before, and returns nil (apply the message);
+// otherwise it writes nothing and returns an error wrapping
+// middleware.ErrStaleVersion (return it: the inbox commits the marker and
+// acknowledges). It returns middleware.ErrNoTransaction outside a pgx
+// inbox handler, and a wrapped storage error that must roll the
+// transaction back (return it).
+func ApplyIfNewer(ctx context.Context, store *postgres.VersionStore, entity string, version int64) error {
+	tx, ok := TxFromContext(ctx)
+	scope, _ := middleware.ScopeFromContext(ctx)
+	if !ok || scope == "" {
+		return fmt.Errorf("version guard: entity %q: %w", entity, middleware.ErrNoTransaction)
+	}
+	applied, err := store.AdvanceOn(ctx, pgxexec.Exec(tx), repository.AdvanceParams{Consumer: scope, Entity: entity, Version: version})
+	if err != nil {
+		return fmt.Errorf("version guard: %w", err)
+	}
+	if !applied {
+		return fmt.Errorf("%w: scope %q, entity %q, version %d is not newer than the applied one", middleware.ErrStaleVersion, scope, entity, version)
+	}
+	return nil
+}
 
 var errNil = errors.New("pgxinbox: Beginner needs a pool and a repository")
