@@ -6,6 +6,17 @@
 //	if err != nil { … }
 //	if err := repo.Migrate(ctx); err != nil { … }
 //
+// or natively on a pgx/v5 pool, with the transactional inbox's pgx.Tx
+// handed to handlers by middleware/pgxinbox (sqlc's pgx mode takes it):
+//
+//	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
+//	inbox, err := middleware.NewInbox(middleware.Config{
+//		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
+//	})
+//	// in the handler:
+//	tx, _ := pgxinbox.TxFromContext(msg.Context())
+//	err := queries.WithTx(tx).InsertCharge(msg.Context(), params)
+//
 // Claims are `INSERT … ON CONFLICT DO NOTHING` against the primary key
 // (consumer, dedup_key): a second transaction claiming the same key waits
 // on the first one's row lock and then sees its outcome. Cleanup deletes
