@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -35,6 +36,12 @@ func TestMain(m *testing.M) {
 	if os.Getenv("IDEMCTL_TEST_CONSUMER") != "" {
 		killedConsumer()
 		return
+	}
+	flag.Parse()
+	if testing.Short() {
+		// Building the binary is most of this package's time; under -short
+		// every test that runs it skips (see idemctl).
+		os.Exit(m.Run())
 	}
 	dir, err := os.MkdirTemp("", "idemctl")
 	if err != nil {
@@ -117,6 +124,9 @@ type result struct {
 // idemctl runs the binary with env (KEY=VALUE) and stdin.
 func idemctl(t *testing.T, env []string, stdin string, args ...string) result {
 	t.Helper()
+	if bin == "" {
+		t.Skip("-short: the idemctl binary is not built; run without -short")
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)

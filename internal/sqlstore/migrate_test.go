@@ -261,6 +261,9 @@ func golangMigrate(t testing.TB, b backend, inst func(table string) (database.Dr
 // golang-migrate (in a schema of their own, default table names) pass
 // the conformance suite, and migrate down and up again.
 func TestGolangMigratePostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs the whole conformance suite on the migrated schema")
+	}
 	db := testenv.Postgres(t)
 	b := backends[1]
 	dsn := testenv.PostgresDSN()
