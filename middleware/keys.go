@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -19,7 +20,15 @@ type KeyFunc func(msg *message.Message) (string, error)
 // UUIDKey uses the Watermill message UUID, assigned by the producer when
 // it creates the message. It is the default: correct whenever producers
 // keep the UUID on retries (Watermill publishers do; an outbox relay does).
+// A message from a producer that is not Watermill has an empty UUID
+// unless the subscriber's unmarshaler fills it from the producer's own
+// message id (keysource/amqpkeys, keysource/kafkakeys); an empty UUID is
+// an error, and the delivery fails with ErrNoKey.
 func UUIDKey(msg *message.Message) (string, error) {
+	if msg.UUID == "" {
+		return "", errors.New("message UUID is empty: the producer set none, or the unmarshaler did not read it " +
+			"(for producers that are not Watermill see keysource/amqpkeys and keysource/kafkakeys)")
+	}
 	return msg.UUID, nil
 }
 

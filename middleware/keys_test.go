@@ -24,6 +24,7 @@ func TestKeyFuncs(t *testing.T) {
 		wantErr string
 	}{
 		"uuid":                 {middleware.UUIDKey, msg("", nil), "the-uuid", ""},
+		"uuid empty":           {middleware.UUIDKey, message.NewMessage("", nil), "", "UUID is empty"},
 		"metadata":             {middleware.MetadataKey("idempotency_key"), msg("", map[string]string{"idempotency_key": "k-1"}), "k-1", ""},
 		"metadata missing":     {middleware.MetadataKey("idempotency_key"), msg("", nil), "", `"idempotency_key" is empty or missing`},
 		"cloudevents ce_":      {middleware.CloudEventsKey, msg("", map[string]string{"ce_source": "src", "ce_id": "1"}), "3:src:1", ""},
