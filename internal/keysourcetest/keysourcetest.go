@@ -210,3 +210,18 @@ func (c *Consumer) RequireOncePerOrder(t *testing.T, ids []string) {
 	require.Equal(t, want, c.Runs(), "handler runs per order")
 	require.Equal(t, want, c.Charges(t), "committed charges per order")
 }
+
+// RequireUUIDKey asserts that an unmarshaler gave msg the UUID want, and
+// that middleware.UUIDKey keys msg by it — or, for want "", refuses msg
+// for its empty UUID.
+func RequireUUIDKey(t *testing.T, msg *message.Message, want string) {
+	t.Helper()
+	require.Equal(t, want, msg.UUID)
+	key, err := middleware.UUIDKey(msg)
+	if want == "" {
+		require.ErrorContains(t, err, "UUID is empty")
+		return
+	}
+	require.NoError(t, err)
+	require.Equal(t, want, key)
+}

@@ -9,8 +9,8 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/internal/keysourcetest"
 	"github.com/idemkit/watermill-idempotent/keysource/amqpkeys"
-	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 func TestUnmarshalUUID(t *testing.T) {
@@ -30,13 +30,7 @@ func TestUnmarshalUUID(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			msg, err := amqpkeys.Marshaler{}.Unmarshal(tc.delivery)
 			require.NoError(t, err)
-			require.Equal(t, tc.want, msg.UUID)
-			key, err := middleware.UUIDKey(msg)
-			if tc.want == "" {
-				require.ErrorContains(t, err, "UUID is empty")
-				return
-			}
-			require.Equal(t, tc.want, key)
+			keysourcetest.RequireUUIDKey(t, msg, tc.want)
 		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/internal/keysourcetest"
 	"github.com/idemkit/watermill-idempotent/keysource/kafkakeys"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
@@ -47,18 +48,11 @@ func TestUnmarshalUUID(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			msg, err := tc.u.Unmarshal(tc.record)
 			require.NoError(t, err)
-			require.Equal(t, tc.want, msg.UUID)
-			key, err := middleware.UUIDKey(msg)
-			if tc.want == "" {
-				require.ErrorContains(t, err, "UUID is empty")
-				return
-			}
-			require.NoError(t, err)
-			require.Equal(t, tc.want, key)
+			keysourcetest.RequireUUIDKey(t, msg, tc.want)
 			if strings.HasPrefix(tc.want, "5:") { // keyed as a CloudEvent
 				ceKey, err := middleware.CloudEventsKey(msg)
 				require.NoError(t, err)
-				require.Equal(t, ceKey, key, "UUIDKey and CloudEventsKey store different keys")
+				require.Equal(t, ceKey, msg.UUID, "UUIDKey and CloudEventsKey store different keys")
 			}
 		})
 	}
