@@ -207,8 +207,22 @@ func (c *Consumer) RequireOncePerOrder(t *testing.T, ids []string) {
 	for _, id := range ids {
 		want[id] = 1
 	}
-	require.Equal(t, want, c.Runs(), "handler runs per order")
-	require.Equal(t, want, c.Charges(t), "committed charges per order")
+	runs, charges := c.Runs(), c.Charges(t)
+	c.mu.Lock()
+	acked := c.acked
+	c.mu.Unlock()
+	t.Logf("%d deliveries acknowledged; %d orders ran the handler %d times; %d charges committed",
+		acked, len(runs), sum(runs), sum(charges))
+	require.Equal(t, want, runs, "handler runs per order")
+	require.Equal(t, want, charges, "committed charges per order")
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 // RequireUUIDKey asserts that an unmarshaler gave msg the UUID want, and

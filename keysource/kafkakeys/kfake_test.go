@@ -25,6 +25,9 @@ import (
 // examples/internal/broker/kafka.go).
 var saramaVersion = sarama.V2_3_0_0
 
+// partitions of every test topic.
+const partitions = 3
+
 // cluster is an in-process Kafka (kfake) with an orders topic and its
 // poison topic, a franz-go client producing to it the way a service that
 // is not Watermill does, and Watermill's poison publisher.
@@ -38,12 +41,14 @@ type cluster struct {
 func newCluster(t *testing.T) *cluster {
 	c := &cluster{orders: backends.RandomName("orders")}
 	c.poison = c.orders + "_poison"
-	kf, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0), kfake.SeedTopics(3, c.orders, c.poison))
+	kf, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0), kfake.SeedTopics(partitions, c.orders, c.poison))
 	require.NoError(t, err)
 	t.Cleanup(kf.Close)
 	c.brokers = kf.ListenAddrs()
 
-	c.producer, err = kgo.NewClient(kgo.SeedBrokers(c.brokers...))
+	// Records name their partition, so a test can put the copies of one
+	// order on different partitions.
+	c.producer, err = kgo.NewClient(kgo.SeedBrokers(c.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	require.NoError(t, err)
 	t.Cleanup(c.producer.Close)
 
@@ -137,8 +142,9 @@ func cloudEvent(i int) (string, *kgo.Record) {
 // TestRawProducerOncePerOrder: a franz-go producer sends each order twice
 // (two separate produce calls, as an application retry does; kgo's
 // idempotent producer only dedupes its own internal retries) without a
-// Watermill header; the README wiring on kfake and SQLite runs the
-// handler exactly once per order.
+// Watermill header, the second copy on another partition, so the two
+// copies are consumed concurrently; the README wiring on kfake and SQLite
+// runs the handler exactly once per order.
 func TestRawProducerOncePerOrder(t *testing.T) {
 	const orders = 20
 	for name, tc := range map[string]struct {
@@ -167,6 +173,7 @@ func TestRawProducerOncePerOrder(t *testing.T) {
 					if attempt == 1 {
 						ids = append(ids, id)
 					}
+					r.Partition = int32((i + attempt) % partitions)
 					c.produce(t, r)
 				}
 			}
