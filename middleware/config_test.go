@@ -51,9 +51,6 @@ func TestConfigValidate(t *testing.T) {
 		}, "shorter than RedeliveryWindow"},
 		"negative redelivery window": {func(c *middleware.Config) { c.RedeliveryWindow = -1 }, "must not be negative"},
 		"DB and Beginner":            {func(c *middleware.Config) { c.Beginner = beginner }, "both set"},
-		"Beginner with Outputs": {func(c *middleware.Config) {
-			c.DB, c.Beginner, c.Outputs = nil, beginner, &captureOutputs{}
-		}, "Outputs needs Config.DB"},
 		"Beginner with TxOptions": {func(c *middleware.Config) {
 			c.DB, c.Beginner, c.TxOptions = nil, beginner, &sql.TxOptions{}
 		}, "TxOptions needs Config.DB"},

@@ -29,8 +29,9 @@ type Config struct {
 	Repository repository.Transactional
 	// Beginner begins the inbox transaction on another driver instead of
 	// DB: middleware/pgxinbox.Beginner runs it on a pgx/v5 pool, and the
-	// handler reads the pgx.Tx with pgxinbox.TxFromContext. Outputs and
-	// TxOptions need DB. Default: nil (use DB).
+	// handler reads the pgx.Tx with pgxinbox.TxFromContext. TxOptions
+	// needs DB; Outputs then needs a writer for that driver
+	// (outbox/pgxoutbox.Outputs). Default: nil (use DB).
 	Beginner Beginner
 	// Consumer is an optional namespace for the scopes of this inbox's
 	// deliveries. Records are stored per (scope, key), and each delivery's
@@ -116,7 +117,10 @@ type Config struct {
 }
 
 // OutputWriter stores a handler's output messages inside the inbox
-// transaction, so they are published if and only if it commits.
+// transaction, so they are published if and only if it commits. tx is the
+// inbox's *sql.Tx with Config.DB; with a Config.Beginner it is nil and
+// ctx carries the Beginner's transaction, as it does for the handler
+// (pgxinbox.TxFromContext).
 type OutputWriter interface {
 	WriteOutputs(ctx context.Context, tx *sql.Tx, msgs []*message.Message) error
 }
@@ -188,8 +192,6 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("missing Config.DB (or Config.Beginner)"))
 	case c.DB != nil && c.Beginner != nil:
 		errs = append(errs, errors.New("config.DB and Config.Beginner are both set: set one"))
-	case c.Beginner != nil && c.Outputs != nil:
-		errs = append(errs, errors.New("config.Outputs needs Config.DB: it writes on a *sql.Tx"))
 	case c.Beginner != nil && c.TxOptions != nil:
 		errs = append(errs, errors.New("config.TxOptions needs Config.DB: give a Beginner its own options"))
 	}
@@ -355,7 +357,11 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		for pos, m := range out {
 			m.UUID = OutputUUID(scope, key, pos)
 		}
-		if err := c.Outputs.WriteOutputs(finish, tx.(stdTx).tx, out); err != nil {
+		var sqlTx *sql.Tx
+		if s, ok := tx.(stdTx); ok {
+			sqlTx = s.tx
+		}
+		if err := c.Outputs.WriteOutputs(tx.WithTx(finish), sqlTx, out); err != nil {
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: write %d outputs of key %q: %w", produced, key, err), nil)
 		}
 		// They commit with the marker and the relay publishes them: nothing

@@ -131,12 +131,12 @@ func TestChainInboxOutboxRelayInbox(t *testing.T) {
 		cfg.BatchSize = 16
 		relayCtx, kill := context.WithCancel(ctx)
 		crasher := &crashAfter{Publisher: pubSub, n: 20, cancel: kill}
-		first, err := outbox.NewRelay(b.db, crasher, cfg, testLogger(t))
+		first, err := b.newRelay(crasher, cfg, testLogger(t))
 		require.NoError(t, err)
 		firstDone := make(chan error, 1)
 		go func() { firstDone <- first.Run(relayCtx) }()
 		require.ErrorIs(t, <-firstDone, context.Canceled)
-		second, err := outbox.NewRelay(b.db, pubSub, cfg, testLogger(t))
+		second, err := b.newRelay(pubSub, cfg, testLogger(t))
 		require.NoError(t, err)
 		runRelay(t, second)
 

@@ -49,7 +49,7 @@ func TestCloseIsBoundedWhenPublishBlocks(t *testing.T) {
 		b.write(t, "t", message.NewMessage("m", nil))
 		cfg := b.relayConfig()
 		cfg.CloseTimeout = closeTimeout
-		relay, err := outbox.NewRelay(b.db, pub, cfg, testLogger(t))
+		relay, err := b.newRelay(pub, cfg, testLogger(t))
 		require.NoError(t, err)
 		done := make(chan error, 1)
 		go func() { done <- relay.Run(context.Background()) }()
@@ -110,7 +110,7 @@ func TestGracefulCloseFinishesBatchInFlight(t *testing.T) {
 			b.write(t, names[i], newMessages(names[i], total/topics)...)
 		}
 		pub := &closeMidBatch{Publisher: s, entered: make(chan struct{})}
-		relay, err := outbox.NewRelay(b.db, pub, b.relayConfig(), testLogger(t))
+		relay, err := b.newRelay(pub, b.relayConfig(), testLogger(t))
 		require.NoError(t, err)
 		pub.relay = relay
 		done := make(chan error, 1)
@@ -194,7 +194,7 @@ func TestBatchBytesBoundHeap(t *testing.T) {
 		pub := &discard{}
 		cfg := b.relayConfig()
 		cfg.MaxBatchBytes = maxBatchBytes
-		relay, err := outbox.NewRelay(b.db, pub, cfg, testLogger(t))
+		relay, err := b.newRelay(pub, cfg, testLogger(t))
 		require.NoError(t, err)
 
 		runtime.GC()

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 )
 
 // Limits of the dead-letter operator API.
@@ -64,13 +66,20 @@ type ListParams struct {
 // them back into the outbox, or delete them. It is safe for concurrent
 // use, also with relays running.
 type DeadLetters struct {
-	db *sql.DB
+	db sqlstore.DB
 	d  dialect
 }
 
 // NewDeadLetters returns the dead-letter API for the outbox described by
 // config (the same Config as the Outbox and the relay).
 func NewDeadLetters(db *sql.DB, config Config) (*DeadLetters, error) {
+	return NewDeadLettersOn(sqlstore.StdDB(db), config)
+}
+
+// NewDeadLettersOn is NewDeadLetters on a pool of any driver, for this
+// module's driver packages; use NewDeadLetters or
+// pgxoutbox.NewDeadLetters.
+func NewDeadLettersOn(db sqlstore.DB, config Config) (*DeadLetters, error) {
 	if db == nil {
 		return nil, errors.New("outbox: dead letters: db is nil")
 	}
@@ -99,7 +108,7 @@ func (dl *DeadLetters) List(ctx context.Context, params ListParams) ([]DeadLette
 	if dl.d.kind == MySQL {
 		args = []any{params.AfterID, params.Topic, params.Topic, params.Limit}
 	}
-	rows, err := dl.db.QueryContext(ctx, dl.d.listDeadSQL, args...)
+	rows, err := dl.db.Query(ctx, dl.d.listDeadSQL, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
 	}
@@ -125,7 +134,7 @@ func (dl *DeadLetters) List(ctx context.Context, params ListParams) ([]DeadLette
 // Count returns the number of dead letters.
 func (dl *DeadLetters) Count(ctx context.Context) (int, error) {
 	var n int
-	if err := dl.db.QueryRowContext(ctx, dl.d.countDeadSQL).Scan(&n); err != nil {
+	if err := dl.db.QueryRow(ctx, dl.d.countDeadSQL).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: count dead letters: %w", err)
 	}
 	return n, nil
@@ -142,31 +151,23 @@ func (dl *DeadLetters) Requeue(ctx context.Context, ids ...int64) (int, error) {
 	if err := checkIDs(ids); err != nil || len(ids) == 0 {
 		return 0, err
 	}
-	tx, err := dl.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	var n int
+	err := dl.db.InTx(ctx, true, func(tx sqlstore.Executor) error {
+		var err error
+		switch dl.d.kind {
+		case PostgreSQL:
+			var affected int64
+			affected, err = tx.Exec(ctx, dl.d.requeueDeadSQL, ids)
+			n = int(affected)
+		case SQLite:
+			n, err = dl.d.requeueSQLite(ctx, tx, ids)
+		default:
+			n, err = dl.d.requeueMySQL(ctx, tx, ids)
+		}
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("outbox: requeue dead letters: %w", err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	var n int
-	if dl.d.kind == PostgreSQL {
-		res, err := tx.ExecContext(ctx, dl.d.requeueDeadSQL, ids)
-		if err != nil {
-			return 0, fmt.Errorf("outbox: requeue dead letters: %w", err)
-		}
-		affected, err := res.RowsAffected()
-		if err != nil {
-			return 0, fmt.Errorf("outbox: requeue dead letters: %w", err)
-		}
-		n = int(affected)
-	} else if dl.d.kind == SQLite {
-		if n, err = dl.d.requeueSQLite(ctx, tx, ids); err != nil {
-			return 0, fmt.Errorf("outbox: requeue dead letters: %w", err)
-		}
-	} else if n, err = dl.d.requeueMySQL(ctx, tx, ids); err != nil {
-		return 0, fmt.Errorf("outbox: requeue dead letters: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("outbox: requeue dead letters: commit: %w", err)
 	}
 	return n, nil
 }
@@ -178,11 +179,7 @@ func (dl *DeadLetters) Delete(ctx context.Context, ids ...int64) (int, error) {
 		return 0, err
 	}
 	q, args := dl.d.deleteDeadQuery(ids)
-	res, err := dl.db.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: delete dead letters: %w", err)
-	}
-	n, err := res.RowsAffected()
+	n, err := dl.db.Exec(ctx, q, args...)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: delete dead letters: %w", err)
 	}

@@ -52,7 +52,7 @@ func (c *deadLetterCounter) BatchFailed(error) { c.failed.Add(1) }
 
 func (b backend) deadLetters(t *testing.T) *outbox.DeadLetters {
 	t.Helper()
-	dl, err := b.outbox.DeadLetters(b.db)
+	dl, err := b.newDeadLetters()
 	require.NoError(t, err)
 	return dl
 }
@@ -92,7 +92,7 @@ func TestPoisonRowIsDeadLetteredWhileOthersFlow(t *testing.T) {
 		cfg := b.relayConfig()
 		cfg.MaxAttempts = maxAttempts
 		cfg.Metrics = m
-		relay, err := outbox.NewRelay(b.db, pub, cfg, testLogger(t))
+		relay, err := b.newRelay(pub, cfg, testLogger(t))
 		require.NoError(t, err)
 		start := time.Now()
 		runRelay(t, relay)
@@ -152,7 +152,7 @@ func TestUndecodableMetadataIsDeadLetteredAtOnce(t *testing.T) {
 		m := &deadLetterCounter{}
 		cfg := b.relayConfig()
 		cfg.Metrics = m
-		relay, err := outbox.NewRelay(b.db, s, cfg, testLogger(t))
+		relay, err := b.newRelay(s, cfg, testLogger(t))
 		require.NoError(t, err)
 		n, err := relay.ForwardBatch(ctx)
 		require.NoError(t, err)
@@ -207,7 +207,7 @@ func TestDeadLettersListRequeueDelete(t *testing.T) {
 		b.write(t, "t", message.NewMessage("good-1", nil), p1, message.NewMessage("good-2", nil), p2)
 		cfg := b.relayConfig()
 		cfg.MaxAttempts = 1
-		relay, err := outbox.NewRelay(b.db, pub, cfg, testLogger(t))
+		relay, err := b.newRelay(pub, cfg, testLogger(t))
 		require.NoError(t, err)
 
 		// Batch 1 fails as a whole; batch 2 isolates: the good rows go,
@@ -322,7 +322,7 @@ func TestPublisherOutageChargesNothing(t *testing.T) {
 		b.write(t, "t", newMessages("m", 64)...)
 		cfg := b.relayConfig()
 		cfg.MaxAttempts = 1
-		relay, err := outbox.NewRelay(b.db, pub, cfg, testLogger(t))
+		relay, err := b.newRelay(pub, cfg, testLogger(t))
 		require.NoError(t, err)
 		const batches = 5
 		for range batches {

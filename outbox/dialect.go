@@ -56,12 +56,12 @@ func mustReadMigration(dir string) string {
 var migrationDialects = map[Dialect]*sqlstore.Dialect{
 	PostgreSQL: {
 		Name: "postgres", Quote: `"`, Bind: sqlstore.Dollar,
-		MigrateLock: `SELECT 1 FROM pg_advisory_xact_lock(hashtext('watermill-idempotent-migrate'))`,
+		MigrateLock: sqlstore.PostgresMigrateLock,
 	},
 	MySQL: {
 		Name: "mysql", Quote: "`", Bind: sqlstore.Question,
-		MigrateLock:   `SELECT GET_LOCK('watermill_idempotent_migrate', 60)`,
-		MigrateUnlock: `DO RELEASE_LOCK('watermill_idempotent_migrate')`,
+		MigrateLock:   sqlstore.MySQLMigrateLock,
+		MigrateUnlock: sqlstore.MySQLMigrateUnlock,
 	},
 	SQLite: {Name: "sqlite", Quote: `"`, Bind: sqlstore.QuestionNumbered, QualifyIndex: true},
 }
@@ -268,11 +268,6 @@ func notifyChannel(table string) string {
 	return table[:46] + "_" + hex.EncodeToString(sum[:8])
 }
 
-func (d dialect) migrate(ctx context.Context, db *sql.DB, table string) error {
-	_, err := migrationLine(d.kind).Migrate(ctx, sqlstore.StdDB(db), table)
-	return err
-}
-
 // placeholder returns the n-th (1-based) bind marker.
 func (d dialect) placeholder(n int) string {
 	if d.kind == PostgreSQL {
@@ -408,8 +403,8 @@ func (d dialect) deleteDeadQuery(ids []int64) (string, []any) {
 // three statements (MySQL has no DELETE … RETURNING): lock the rows, copy
 // them, delete them. The lock makes the database decide between two
 // concurrent requeues of one row: the second finds it gone.
-func (d dialect) requeueMySQL(ctx context.Context, tx *sql.Tx, ids []int64) (int, error) {
-	rows, err := tx.QueryContext(ctx, "SELECT o.`id` FROM "+mysqlIDTable+" STRAIGHT_JOIN "+d.deadTable+
+func (d dialect) requeueMySQL(ctx context.Context, tx sqlstore.Executor, ids []int64) (int, error) {
+	rows, err := tx.Query(ctx, "SELECT o.`id` FROM "+mysqlIDTable+" STRAIGHT_JOIN "+d.deadTable+
 		" AS o ON o.`id` = k.`id` ORDER BY o.`id` FOR UPDATE", jsonIDs(ids))
 	if err != nil {
 		return 0, err
@@ -430,13 +425,13 @@ func (d dialect) requeueMySQL(ctx context.Context, tx *sql.Tx, ids []int64) (int
 	if len(locked) == 0 {
 		return 0, nil
 	}
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+d.table+" (`topic`, `uuid`, `payload`, `metadata`, `message_bytes`)"+
+	if _, err := tx.Exec(ctx, "INSERT INTO "+d.table+" (`topic`, `uuid`, `payload`, `metadata`, `message_bytes`)"+
 		" SELECT o.`topic`, o.`uuid`, o.`payload`, o.`metadata`, LENGTH(o.`payload`) + LENGTH(o.`metadata`) + LENGTH(o.`uuid`) + LENGTH(o.`topic`) FROM "+
 		mysqlIDTable+" STRAIGHT_JOIN "+d.deadTable+" AS o ON o.`id` = k.`id` ORDER BY o.`id`", jsonIDs(locked)); err != nil {
 		return 0, err
 	}
 	q, args := d.deleteDeadQuery(locked)
-	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return 0, err
 	}
 	return len(locked), nil
@@ -445,18 +440,14 @@ func (d dialect) requeueMySQL(ctx context.Context, tx *sql.Tx, ids []int64) (int
 // requeueSQLite moves dead letters ids back into the outbox inside tx:
 // copy, then delete. The transaction is a write transaction from its
 // BEGIN (see claimSQL), so no other requeue runs between the two.
-func (d dialect) requeueSQLite(ctx context.Context, tx *sql.Tx, ids []int64) (int, error) {
-	res, err := tx.ExecContext(ctx, `INSERT INTO `+d.table+` (topic, uuid, payload, metadata)
+func (d dialect) requeueSQLite(ctx context.Context, tx sqlstore.Executor, ids []int64) (int, error) {
+	n, err := tx.Exec(ctx, `INSERT INTO `+d.table+` (topic, uuid, payload, metadata)
 SELECT topic, uuid, payload, metadata FROM `+d.deadTable+` WHERE id IN `+sqliteIDs+` ORDER BY id`, jsonIDs(ids))
-	if err != nil {
-		return 0, err
-	}
-	n, err := res.RowsAffected()
 	if err != nil || n == 0 {
 		return 0, err
 	}
 	q, args := d.deleteDeadQuery(ids)
-	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return 0, err
 	}
 	return int(n), nil

@@ -15,12 +15,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
@@ -37,8 +40,11 @@ func testLogger(t *testing.T) watermill.LoggerAdapter {
 
 // backend is one database with a fresh outbox table.
 type backend struct {
-	name    string
+	name string
+	// db reads and checks the tables; on "postgres-pgx" the outbox
+	// itself (writes in write, relays, dead letters, Migrate) runs on pool.
 	db      *sql.DB
+	pool    *pgxpool.Pool
 	dialect outbox.Dialect
 	table   string
 	outbox  *outbox.Outbox
@@ -53,7 +59,28 @@ func (b backend) ph(n int) string {
 }
 
 func (b backend) relayConfig() outbox.RelayConfig {
-	return outbox.RelayConfig{Dialect: b.dialect, Table: b.table, RetryInterval: 20 * time.Millisecond}
+	cfg := outbox.RelayConfig{Dialect: b.dialect, Table: b.table, RetryInterval: 20 * time.Millisecond}
+	if b.dialect == outbox.PostgreSQL && b.pool == nil {
+		cfg.Notifier = pgxoutbox.Notifier(b.db)
+	}
+	return cfg
+}
+
+// newRelay is outbox.NewRelay on the backend's driver (pgxoutbox.NewRelay
+// on "postgres-pgx", with its pool's LISTEN).
+func (b backend) newRelay(pub message.Publisher, cfg outbox.RelayConfig, logger watermill.LoggerAdapter) (*outbox.Relay, error) {
+	if b.pool != nil {
+		return pgxoutbox.NewRelay(b.pool, pub, cfg, logger)
+	}
+	return outbox.NewRelay(b.db, pub, cfg, logger)
+}
+
+// newDeadLetters is the dead-letter API on the backend's driver.
+func (b backend) newDeadLetters() (*outbox.DeadLetters, error) {
+	if b.pool != nil {
+		return pgxoutbox.NewDeadLetters(b.pool, b.outbox.Config())
+	}
+	return b.outbox.DeadLetters(b.db)
 }
 
 func randomSuffix() string {
@@ -62,9 +89,10 @@ func randomSuffix() string {
 	return hex.EncodeToString(buf[:])
 }
 
-// forEachBackend runs fn as a parallel subtest on PostgreSQL, MariaDB and
-// SQLite (a fresh database file), each with its own outbox table, dropped
-// when the subtest ends.
+// forEachBackend runs fn as a parallel subtest on PostgreSQL
+// (database/sql with the pgx stdlib driver, and pgx natively: "postgres-pgx"),
+// MariaDB and SQLite (a fresh database file), each with its own outbox
+// table, dropped when the subtest ends.
 func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 	t.Helper()
 	forEachBackendMode(t, true, fn)
@@ -72,7 +100,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 
 func forEachBackendMode(t *testing.T, parallel bool, fn func(t *testing.T, b backend)) {
 	t.Helper()
-	for _, name := range []string{"postgres", "mariadb", "sqlite"} {
+	for _, name := range []string{"postgres", "postgres-pgx", "mariadb", "sqlite"} {
 		t.Run(name, func(t *testing.T) {
 			if parallel {
 				t.Parallel()
@@ -81,6 +109,8 @@ func forEachBackendMode(t *testing.T, parallel bool, fn func(t *testing.T, b bac
 			switch name {
 			case "postgres":
 				b.db, b.dialect = testenv.Postgres(t), outbox.PostgreSQL
+			case "postgres-pgx":
+				b.db, b.pool, b.dialect = testenv.Postgres(t), testenv.PgxPool(t), outbox.PostgreSQL
 			case "mariadb":
 				b.db, b.dialect = testenv.MySQL(t), outbox.MySQL
 			default:
@@ -89,7 +119,11 @@ func forEachBackendMode(t *testing.T, parallel bool, fn func(t *testing.T, b bac
 			b.db.SetMaxOpenConns(20)
 			ob, err := outbox.New(outbox.Config{Dialect: b.dialect, Table: b.table})
 			require.NoError(t, err)
-			require.NoError(t, ob.Migrate(context.Background(), b.db))
+			if b.pool != nil {
+				require.NoError(t, pgxoutbox.Migrate(context.Background(), ob, b.pool))
+			} else {
+				require.NoError(t, ob.Migrate(context.Background(), b.db))
+			}
 			b.outbox = ob
 			t.Cleanup(func() {
 				_, _ = b.db.Exec(`DROP TABLE ` + b.table)
@@ -126,16 +160,23 @@ func (b backend) waitEmpty(t *testing.T, timeout time.Duration) {
 	}
 }
 
-// write commits msgs to topic in one transaction.
+// write commits msgs to topic in one transaction (a pgx.Tx on
+// "postgres-pgx").
 func (b backend) write(t testing.TB, topic string, msgs ...*message.Message) {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := b.db.BeginTx(ctx, nil)
-	require.NoError(t, err)
 	out := make([]outbox.Outgoing, len(msgs))
 	for i, m := range msgs {
 		out[i] = outbox.Outgoing{Topic: topic, Message: m}
 	}
+	if b.pool != nil {
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			return pgxoutbox.WriteTx(ctx, b.outbox, tx, out...)
+		}))
+		return
+	}
+	tx, err := b.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
 	require.NoError(t, b.outbox.WriteTx(ctx, tx, out...))
 	require.NoError(t, tx.Commit())
 }

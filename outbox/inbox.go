@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -21,7 +22,8 @@ import (
 // The business writes, the inbox marker and the outbox rows then commit or
 // roll back together, and the relay publishes the outputs with the
 // deterministic UUIDs the inbox gave them (middleware.OutputUUID of the
-// handler's scope and key).
+// handler's scope and key). It needs the inbox's Config.DB; for an inbox
+// on pgx (pgxinbox.Beginner) use pgxoutbox.Outputs.
 func (o *Outbox) Outputs(topic string) middleware.OutputWriter {
 	return outputs{outbox: o, topic: topic}
 }
@@ -32,6 +34,9 @@ type outputs struct {
 }
 
 func (w outputs) WriteOutputs(ctx context.Context, tx *sql.Tx, msgs []*message.Message) error {
+	if tx == nil {
+		return errors.New("outbox: the inbox has no *sql.Tx (it runs on a Config.Beginner): use pgxoutbox.Outputs")
+	}
 	out := make([]Outgoing, len(msgs))
 	for i, m := range msgs {
 		out[i] = Outgoing{Topic: w.topic, Message: m}

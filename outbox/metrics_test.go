@@ -45,7 +45,7 @@ func TestBatchLag(t *testing.T) {
 		b.write(t, "new", newMessages("new", 3)...)
 		cfg := b.relayConfig()
 		cfg.Metrics = m
-		relay, err := outbox.NewRelay(b.db, s, cfg, nil)
+		relay, err := b.newRelay(s, cfg, nil)
 		require.NoError(t, err)
 
 		n, err := relay.ForwardBatch(context.Background())
@@ -77,7 +77,7 @@ func TestBatchLagOnlyForPublished(t *testing.T) {
 		b.write(t, "b", newMessages("b", 3)...)
 		cfg := b.relayConfig()
 		cfg.Metrics = m
-		relay, err := outbox.NewRelay(b.db, &failOnce{Publisher: s, topic: "b"}, cfg, nil)
+		relay, err := b.newRelay(&failOnce{Publisher: s, topic: "b"}, cfg, nil)
 		require.NoError(t, err)
 		_, err = relay.ForwardBatch(context.Background())
 		require.Error(t, err)
@@ -93,7 +93,7 @@ func TestBacklog(t *testing.T) {
 		s := newSink(t, nil, "old", "new")
 		cfg := b.relayConfig()
 		cfg.BatchSize = 5
-		relay, err := outbox.NewRelay(b.db, s, cfg, nil)
+		relay, err := b.newRelay(s, cfg, nil)
 		require.NoError(t, err)
 
 		backlog, err := relay.Backlog(ctx)
@@ -198,7 +198,7 @@ func TestRunSamplesBacklog(t *testing.T) {
 		cfg := b.relayConfig()
 		cfg.Metrics = m
 		cfg.BacklogInterval = 5 * time.Millisecond
-		relay, err := outbox.NewRelay(b.db, g, cfg, testLogger(t))
+		relay, err := b.newRelay(g, cfg, testLogger(t))
 		require.NoError(t, err)
 		runRelay(t, relay)
 		t.Cleanup(g.release) // runs before runRelay's Close

@@ -11,6 +11,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -23,7 +24,8 @@ type Dialect string
 const (
 	// PostgreSQL (10+; the shipped schema uses CREATE OR REPLACE TRIGGER,
 	// so Migrate needs 14+), used through database/sql with the pgx/v5
-	// stdlib driver.
+	// stdlib driver, or natively on pgx/v5 through outbox/pgxoutbox, which
+	// also provides the relay's LISTEN/NOTIFY wake-up.
 	PostgreSQL Dialect = "postgres"
 	// MySQL covers MySQL 8.0+ and MariaDB 10.6+ (the relay needs
 	// FOR UPDATE SKIP LOCKED), used with github.com/go-sql-driver/mysql.
@@ -142,10 +144,16 @@ func (o *Outbox) SchemaDDL() string { return SchemaDDL(o.config.Dialect, o.confi
 // column). Never run it inside a business transaction: DDL commits
 // implicitly on MySQL.
 func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
+	return o.MigrateOn(ctx, sqlstore.StdDB(db))
+}
+
+// MigrateOn is Migrate on a pool of any driver, for this module's driver
+// packages (pgxoutbox.Migrate); use Migrate or pgxoutbox.Migrate.
+func (o *Outbox) MigrateOn(ctx context.Context, db sqlstore.DB) error {
 	if db == nil {
 		return errors.New("outbox: migrate: db is nil")
 	}
-	if err := o.dialect.migrate(ctx, db, o.config.Table); err != nil {
+	if _, err := migrationLine(o.config.Dialect).Migrate(ctx, db, o.config.Table); err != nil {
 		return fmt.Errorf("outbox: migrate %s: %w", o.config.Table, err)
 	}
 	return nil
@@ -207,6 +215,16 @@ func (o *Outbox) WriteTx(ctx context.Context, tx *sql.Tx, msgs ...Outgoing) erro
 	if tx == nil {
 		return errors.New("outbox: tx is nil")
 	}
+	return o.WriteOn(ctx, sqlstore.StdQuerier(tx), msgs...)
+}
+
+// WriteOn is WriteTx on a transaction of any driver, for this module's
+// driver packages (pgxoutbox.WriteTx writes in a pgx.Tx); use WriteTx or
+// pgxoutbox.WriteTx.
+func (o *Outbox) WriteOn(ctx context.Context, tx sqlstore.Executor, msgs ...Outgoing) error {
+	if tx == nil {
+		return errors.New("outbox: tx is nil")
+	}
 	for _, m := range msgs {
 		if err := validateOutgoing(m.Topic, m.Message); err != nil {
 			return err
@@ -218,7 +236,7 @@ func (o *Outbox) WriteTx(ctx context.Context, tx *sql.Tx, msgs ...Outgoing) erro
 		if err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, q.Query, q.Args...); err != nil {
+		if _, err := tx.Exec(ctx, q.Query, q.Args...); err != nil {
 			return fmt.Errorf("outbox: insert %d messages: %w", end-start, err)
 		}
 	}

@@ -79,7 +79,7 @@ func TestCommitAndRollbackTogether(t *testing.T) {
 		require.Equal(t, 3, b.outboxRows(t), "outbox rows")
 
 		s := newSink(t, nil, "orders.created", "audit")
-		relay, err := outbox.NewRelay(b.db, s, b.relayConfig(), nil)
+		relay, err := b.newRelay(s, b.relayConfig(), nil)
 		require.NoError(t, err)
 		published, err := relay.ForwardBatch(ctx)
 		require.NoError(t, err)
@@ -158,7 +158,7 @@ func TestPublisherFailsPartway(t *testing.T) {
 		b.write(t, "b", newMessages("b", 2)...)
 		b.write(t, "a", newMessages("a2", 1)...)
 
-		relay, err := outbox.NewRelay(b.db, &failOnce{Publisher: s, topic: "b"}, b.relayConfig(), nil)
+		relay, err := b.newRelay(&failOnce{Publisher: s, topic: "b"}, b.relayConfig(), nil)
 		require.NoError(t, err)
 		n, err := relay.ForwardBatch(ctx)
 		require.ErrorContains(t, err, "broker unavailable")
@@ -194,7 +194,7 @@ func TestMetricsHooks(t *testing.T) {
 		b.write(t, "b", newMessages("b", 2)...)
 		cfg := b.relayConfig()
 		cfg.Metrics = m
-		relay, err := outbox.NewRelay(b.db, &failOnce{Publisher: s, topic: "b"}, cfg, nil)
+		relay, err := b.newRelay(&failOnce{Publisher: s, topic: "b"}, cfg, nil)
 		require.NoError(t, err)
 		_, err = relay.ForwardBatch(context.Background())
 		require.Error(t, err)

@@ -17,6 +17,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 )
 
 // Relay defaults.
@@ -73,15 +75,20 @@ type RelayConfig struct {
 	// as Watermill's router).
 	CloseTimeout time.Duration
 	// PollInterval is how long the relay waits after finding the outbox
-	// empty before it looks again. On PostgreSQL with LISTEN/NOTIFY it is
-	// only the fallback (rows claimed by a relay that then died, a lost
-	// listener connection). Default: DefaultNotifyPollInterval (1s) when
-	// NOTIFY is used, DefaultPollInterval (100ms) otherwise.
+	// empty before it looks again. With a Notifier it is only the
+	// fallback (rows claimed by a relay that then died, a lost listener
+	// connection). Default: DefaultNotifyPollInterval (1s) with a
+	// Notifier, DefaultPollInterval (100ms) otherwise.
 	PollInterval time.Duration
-	// DisableNotify turns LISTEN/NOTIFY off on PostgreSQL, leaving polling
-	// only. LISTEN needs the pgx/v5 stdlib driver ("pgx"); with another
-	// driver the relay logs that once and polls. Default: false. Ignored
-	// on MySQL.
+	// Notifier wakes the relay when a transaction that wrote outbox rows
+	// commits, so it need not poll often. On PostgreSQL use
+	// pgxoutbox.Notifier (database/sql with the pgx stdlib driver) or
+	// pgxoutbox.PoolNotifier (pgxpool; pgxoutbox.NewRelay sets it): the
+	// shipped trigger sends NOTIFY on commit and they LISTEN. It lives
+	// there so that MySQL and SQLite programs never link pgx. Default: nil
+	// (poll only). Ignored on MySQL and SQLite, which send no NOTIFY.
+	Notifier Notifier
+	// DisableNotify ignores Notifier, leaving polling only. Default: false.
 	DisableNotify bool
 	// RetryInterval is the pause after a failed batch (database or
 	// publisher error) before the next attempt. Default:
@@ -128,7 +135,21 @@ func (c *RelayConfig) setDefaults() {
 	}
 }
 
-func (c RelayConfig) notify() bool { return c.Dialect == PostgreSQL && !c.DisableNotify }
+func (c RelayConfig) notify() bool {
+	return c.Dialect == PostgreSQL && c.Notifier != nil && !c.DisableNotify
+}
+
+// Notifier wakes a relay when rows commit: see RelayConfig.Notifier.
+type Notifier interface {
+	// Listen listens on channel (Relay.NotifyChannel) until ctx ends or
+	// its connection fails, calling wake once it listens (to catch up on
+	// commits it may have missed) and after every notification. It
+	// returns ctx's error, or the failure; the relay polls meanwhile and
+	// calls Listen again after a second. An error wrapping
+	// errors.ErrUnsupported (the connection cannot LISTEN) ends listening
+	// for good: the relay logs it and polls.
+	Listen(ctx context.Context, channel string, wake func()) error
+}
 
 // Validate reports every problem with the configuration at once.
 func (c RelayConfig) Validate() error {
@@ -244,7 +265,7 @@ type BatchStats struct {
 // A Relay holds no goroutine until Run; Run's goroutines stop before it
 // returns.
 type Relay struct {
-	db              *sql.DB
+	db              sqlstore.DB
 	pub             message.Publisher
 	config          RelayConfig
 	d               dialect
@@ -267,6 +288,13 @@ type Relay struct {
 // publisher. logger may be nil (watermill.NopLogger). The relay does not
 // close db or publisher.
 func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
+	return NewRelayOn(sqlstore.StdDB(db), publisher, config, logger)
+}
+
+// NewRelayOn is NewRelay on a pool of any driver, for this module's
+// driver packages (pgxoutbox.NewRelay runs the relay on a pgxpool.Pool);
+// use NewRelay or pgxoutbox.NewRelay.
+func NewRelayOn(db sqlstore.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
 	if db == nil {
 		return nil, errors.New("outbox: relay: db is nil")
 	}
@@ -478,7 +506,7 @@ func (r *Relay) sampleBacklog(ctx context.Context, o BacklogObserver) {
 func (r *Relay) Backlog(ctx context.Context) (Backlog, error) {
 	var n, dead int
 	var ageMicros int64
-	if err := r.db.QueryRowContext(ctx, r.d.backlogSQL).Scan(&n, &ageMicros, &dead); err != nil {
+	if err := r.db.QueryRow(ctx, r.d.backlogSQL).Scan(&n, &ageMicros, &dead); err != nil {
 		return Backlog{}, fmt.Errorf("outbox: relay: backlog: %w", err)
 	}
 	return Backlog{Messages: n, OldestAge: microseconds(ageMicros), DeadLetters: dead}, nil
@@ -698,35 +726,72 @@ type deadLetter struct {
 	err      error
 }
 
+// errNoCommit ends a batch that changed nothing: roll back.
+var errNoCommit = errors.New("outbox: relay: nothing to commit")
+
 // forward runs one batch; see ForwardBatch.
 func (r *Relay) forward(ctx context.Context) (res batchResult, err error) {
+	var (
+		began, fnFailed bool
+		pubErr          error
+		p               *batchPublish
+		dead            []deadLetter
+		charged         []deadLetter
+	)
 	// READ COMMITTED: on InnoDB the locking read then takes no gap locks,
 	// so writers inserting new rows never wait for the relay.
-	tx, err := r.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
+	err = r.db.InTx(ctx, true, func(tx sqlstore.Executor) error {
+		began = true
+		var err error
+		p, dead, charged, pubErr, err = r.batch(ctx, tx, &res)
+		fnFailed = err != nil
+		return err
+	})
+	switch {
+	case !began && err != nil:
 		return res, fmt.Errorf("outbox: relay: begin: %w", err)
+	case errors.Is(err, errNoCommit):
+		return res, pubErr
+	case fnFailed:
+		return res, errors.Join(pubErr, err)
+	case err != nil:
+		return res, errors.Join(pubErr, fmt.Errorf("outbox: relay: commit: %w", err))
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
+	res.lag, res.deadLettered = p.lag, len(dead)
 
+	for _, d := range charged {
+		r.logger.Info("Outbox relay: publisher refused a message, will retry", watermill.LogFields{
+			"message_uuid": d.row.msg.UUID, "topic": d.row.topic, "outbox_id": d.row.id,
+			"attempts": d.attempts, "max_attempts": r.config.MaxAttempts, "error": d.err.Error(),
+		})
+	}
+	for _, d := range dead {
+		r.logger.Error("Outbox relay: message moved to the dead-letter table", d.err, watermill.LogFields{
+			"message_uuid": d.row.msg.UUID, "topic": d.row.topic, "outbox_id": d.row.id,
+			"attempts": d.attempts, "dead_letter_table": r.deadLetterTable,
+		})
+	}
+	r.logger.Trace("Outbox relay batch", watermill.LogFields{"claimed": res.claimed, "published": len(p.lag), "dead_lettered": len(dead)})
+	return res, pubErr
+}
+
+// batch claims, publishes and acknowledges in tx. It returns errNoCommit
+// when there is nothing to write, and a database error (without pubErr)
+// that rolls the batch back.
+func (r *Relay) batch(ctx context.Context, tx sqlstore.Executor, res *batchResult) (p *batchPublish, dead, charged []deadLetter, pubErr, err error) {
 	// The rows' ages are taken at the fetch statement's start;
 	// claimStart is a moment on the relay's clock before it.
 	claimStart := time.Now()
 	batch, err := r.claim(ctx, tx, claimStart)
 	if err != nil {
-		return res, err
+		return nil, nil, nil, nil, err
 	}
 	res.claimed = len(batch)
 	if len(batch) == 0 {
-		return res, nil
+		return nil, nil, nil, nil, errNoCommit
 	}
 
-	p := &batchPublish{r: r, rows: batch, claimStart: claimStart, state: make([]int, len(batch)), errs: make([]error, len(batch))}
-	var pubErr error
+	p = &batchPublish{r: r, rows: batch, claimStart: claimStart, state: make([]int, len(batch)), errs: make([]error, len(batch))}
 	var charge []int
 	if r.isolating.Load() {
 		p.isolate()
@@ -746,8 +811,6 @@ func (r *Relay) forward(ctx context.Context) (res batchResult, err error) {
 		r.isolating.Store(true)
 	}
 
-	var dead []deadLetter
-	var charged []deadLetter
 	for _, row := range batch {
 		if row.undecodable != nil {
 			dead = append(dead, deadLetter{row: row, attempts: row.attempts, err: row.undecodable})
@@ -762,7 +825,7 @@ func (r *Relay) forward(ctx context.Context) (res batchResult, err error) {
 		}
 	}
 	if p.accepted == 0 && len(dead) == 0 && len(charged) == 0 {
-		return res, pubErr
+		return p, nil, nil, pubErr, errNoCommit
 	}
 
 	if p.accepted > 0 {
@@ -771,43 +834,24 @@ func (r *Relay) forward(ctx context.Context) (res batchResult, err error) {
 			ids[k] = batch[i].id
 		}
 		q, args := r.d.deleteQuery(ids)
-		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-			return res, errors.Join(pubErr, fmt.Errorf("outbox: relay: acknowledge %d rows: %w", len(ids), err))
+		if _, err := tx.Exec(ctx, q, args...); err != nil {
+			return p, dead, charged, pubErr, fmt.Errorf("outbox: relay: acknowledge %d rows: %w", len(ids), err)
 		}
 	}
 	for _, d := range charged {
-		if _, err := tx.ExecContext(ctx, r.d.chargeSQL, d.row.id); err != nil {
-			return res, errors.Join(pubErr, fmt.Errorf("outbox: relay: count attempt of row %d: %w", d.row.id, err))
+		if _, err := tx.Exec(ctx, r.d.chargeSQL, d.row.id); err != nil {
+			return p, dead, charged, pubErr, fmt.Errorf("outbox: relay: count attempt of row %d: %w", d.row.id, err)
 		}
 	}
 	for _, d := range dead {
-		if _, err := tx.ExecContext(ctx, r.d.deadLetterSQL, r.d.deadLetterArgs(d.row.id, d.attempts-d.row.attempts, errorText(d.err))...); err != nil {
-			return res, errors.Join(pubErr, fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err))
+		if _, err := tx.Exec(ctx, r.d.deadLetterSQL, r.d.deadLetterArgs(d.row.id, d.attempts-d.row.attempts, errorText(d.err))...); err != nil {
+			return p, dead, charged, pubErr, fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err)
 		}
-		if _, err := tx.ExecContext(ctx, r.d.deleteOneSQL, d.row.id); err != nil {
-			return res, errors.Join(pubErr, fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err))
+		if _, err := tx.Exec(ctx, r.d.deleteOneSQL, d.row.id); err != nil {
+			return p, dead, charged, pubErr, fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err)
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		return res, errors.Join(pubErr, fmt.Errorf("outbox: relay: commit: %w", err))
-	}
-	committed = true
-	res.lag, res.deadLettered = p.lag, len(dead)
-
-	for _, d := range charged {
-		r.logger.Info("Outbox relay: publisher refused a message, will retry", watermill.LogFields{
-			"message_uuid": d.row.msg.UUID, "topic": d.row.topic, "outbox_id": d.row.id,
-			"attempts": d.attempts, "max_attempts": r.config.MaxAttempts, "error": d.err.Error(),
-		})
-	}
-	for _, d := range dead {
-		r.logger.Error("Outbox relay: message moved to the dead-letter table", d.err, watermill.LogFields{
-			"message_uuid": d.row.msg.UUID, "topic": d.row.topic, "outbox_id": d.row.id,
-			"attempts": d.attempts, "dead_letter_table": r.deadLetterTable,
-		})
-	}
-	r.logger.Trace("Outbox relay batch", watermill.LogFields{"claimed": len(batch), "published": len(p.lag), "dead_lettered": len(dead)})
-	return res, pubErr
+	return p, dead, charged, pubErr, nil
 }
 
 // maxErrorText bounds the last_error stored with a dead letter.
@@ -837,7 +881,7 @@ const claimWindows = 4
 // within MaxBatchBytes (at least one row) and reads those rows, sorted by
 // id. On PostgreSQL, rows locked beyond the prefix stay in the table and
 // are skipped by other relays until this batch ends.
-func (r *Relay) claim(ctx context.Context, tx *sql.Tx, claimStart time.Time) ([]claimedRow, error) {
+func (r *Relay) claim(ctx context.Context, tx sqlstore.Executor, claimStart time.Time) ([]claimedRow, error) {
 	after := int64(math.MinInt64)
 	for range claimWindows {
 		ids, err := r.claimWindow(ctx, tx, after)
@@ -857,8 +901,8 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx, claimStart time.Time) ([]
 
 // claimWindow returns the ids of the next rows after id after that fit
 // MaxBatchBytes (at least one).
-func (r *Relay) claimWindow(ctx context.Context, tx *sql.Tx, after int64) ([]int64, error) {
-	rows, err := tx.QueryContext(ctx, r.d.claimSQL, after, r.config.BatchSize)
+func (r *Relay) claimWindow(ctx context.Context, tx sqlstore.Executor, after int64) ([]int64, error) {
+	rows, err := tx.Query(ctx, r.d.claimSQL, after, r.config.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
 	}
@@ -888,9 +932,9 @@ func (r *Relay) claimWindow(ctx context.Context, tx *sql.Tx, after int64) ([]int
 
 // fetch reads the rows ids; on MySQL it also locks them, skipping rows
 // locked by others.
-func (r *Relay) fetch(ctx context.Context, tx *sql.Tx, ids []int64, claimStart time.Time) ([]claimedRow, error) {
+func (r *Relay) fetch(ctx context.Context, tx sqlstore.Executor, ids []int64, claimStart time.Time) ([]claimedRow, error) {
 	q, args := r.d.fetchQuery(ids, claimStart)
-	rows, err := tx.QueryContext(ctx, q, args...)
+	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: read claimed rows: %w", err)
 	}

@@ -124,7 +124,7 @@ func newOrdersRelay(t *testing.T, b backend) (*sink, *outbox.Relay) {
 	cfg := b.relayConfig()
 	cfg.PollInterval = 10 * time.Millisecond
 	cfg.BatchSize = 50
-	relay, err := outbox.NewRelay(b.db, s, cfg, testLogger(t))
+	relay, err := b.newRelay(s, cfg, testLogger(t))
 	require.NoError(t, err)
 	return s, relay
 }
@@ -211,7 +211,7 @@ func TestRelayKilledMidBatchAndRestarted(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		crasher := &crashAfter{Publisher: s, n: 2*batch + 1, cancel: cancel}
-		first, err := outbox.NewRelay(b.db, crasher, cfg, testLogger(t))
+		first, err := b.newRelay(crasher, cfg, testLogger(t))
 		require.NoError(t, err)
 		require.ErrorIs(t, first.Run(ctx), context.Canceled)
 		left := b.outboxRows(t)
@@ -219,7 +219,7 @@ func TestRelayKilledMidBatchAndRestarted(t *testing.T) {
 		deliveredBeforeRestart, _, _ := s.rec.stats()
 
 		// Restart: a new relay finishes the job.
-		second, err := outbox.NewRelay(b.db, s, cfg, testLogger(t))
+		second, err := b.newRelay(s, cfg, testLogger(t))
 		require.NoError(t, err)
 		runRelay(t, second)
 		s.rec.waitDistinct(t, total, 30*time.Second)
@@ -254,7 +254,7 @@ func TestSeveralRelaysConcurrently(t *testing.T) {
 		var metrics [relays]relayCounter
 		for i := range relays {
 			cfg.Metrics = &metrics[i]
-			r, err := outbox.NewRelay(b.db, s, cfg, testLogger(t))
+			r, err := b.newRelay(s, cfg, testLogger(t))
 			require.NoError(t, err)
 			runRelay(t, r)
 		}
@@ -301,7 +301,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 		s := newSink(t, nil, "t")
 		cfg := b.relayConfig()
 		cfg.PollInterval = time.Hour
-		relay, err := outbox.NewRelay(b.db, s, cfg, testLogger(t))
+		relay, err := b.newRelay(s, cfg, testLogger(t))
 		require.NoError(t, err)
 		runRelay(t, relay)
 		for i := range 3 {
@@ -316,7 +316,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 func TestRunAndCloseLifecycle(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		s := newSink(t, nil, "t")
-		relay, err := outbox.NewRelay(b.db, s, b.relayConfig(), testLogger(t))
+		relay, err := b.newRelay(s, b.relayConfig(), testLogger(t))
 		require.NoError(t, err)
 
 		ctx, cancel := context.WithCancel(context.Background())
@@ -406,10 +406,10 @@ func TestEndToEndThroughGoChannel(t *testing.T) {
 		cfg.BatchSize = 25
 		relayCtx, kill := context.WithCancel(ctx)
 		crasher := &crashAfter{Publisher: pubSub, n: 40, cancel: kill}
-		first, err := outbox.NewRelay(b.db, crasher, cfg, testLogger(t))
+		first, err := b.newRelay(crasher, cfg, testLogger(t))
 		require.NoError(t, err)
 		require.ErrorIs(t, first.Run(relayCtx), context.Canceled)
-		second, err := outbox.NewRelay(b.db, pubSub, cfg, testLogger(t))
+		second, err := b.newRelay(pubSub, cfg, testLogger(t))
 		require.NoError(t, err)
 		runRelay(t, second)
 

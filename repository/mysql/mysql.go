@@ -31,10 +31,9 @@ var dialect = &sqlstore.Dialect{
 	Quote:      "`",
 	Bind:       sqlstore.Question,
 	Migrations: Migrations,
-	// GET_LOCK belongs to a session; if the connection dies, the server
-	// drops the lock. It waits up to a minute.
-	MigrateLock:   `SELECT GET_LOCK('watermill_idempotent_migrate', 60)`,
-	MigrateUnlock: `DO RELEASE_LOCK('watermill_idempotent_migrate')`,
+	// The lock every migration line takes, the outbox's too.
+	MigrateLock:   sqlstore.MySQLMigrateLock,
+	MigrateUnlock: sqlstore.MySQLMigrateUnlock,
 	IsApplied:     func(err error) bool { return hasNumber(err, 1050, 1061) }, // table, index exists
 	// A locking read returns the latest committed row, not the row as of
 	// the transaction's REPEATABLE READ snapshot, which may predate it.

@@ -26,9 +26,8 @@ var dialect = &sqlstore.Dialect{
 	Quote:      `"`,
 	Bind:       sqlstore.Dollar,
 	Migrations: Migrations,
-	// Concurrent CREATE … IF NOT EXISTS can still fail on the catalog's
-	// unique index: a transaction-level lock serialises migrations.
-	MigrateLock:    `SELECT 1 FROM pg_advisory_xact_lock(hashtext('watermill-idempotent-migrate'))`,
+	// The lock every migration line takes, the outbox's too.
+	MigrateLock:    sqlstore.PostgresMigrateLock,
 	IgnoreConflict: ` ON CONFLICT (consumer, dedup_key) DO NOTHING`,
 	ByteOrder:      ` COLLATE "C"`,
 	Returning:      true,

@@ -1,0 +1,157 @@
+// Package pgxoutbox runs the transactional outbox on pgx/v5: messages are
+// written in a pgx.Tx (a pgx inbox handler's included), the relay reads
+// the outbox on a pgxpool.Pool, and LISTEN/NOTIFY wakes it on a native
+// pgx connection.
+//
+//	ob, _ := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
+//	_ = pgxoutbox.Migrate(ctx, ob, pool)
+//	// in a transaction of yours, or an inbox handler's (pgxinbox):
+//	_ = pgxoutbox.WriteTx(ctx, ob, tx, outbox.Outgoing{Topic: "orders", Message: msg})
+//	relay, _ := pgxoutbox.NewRelay(pool, publisher, outbox.RelayConfig{Dialect: outbox.PostgreSQL}, logger)
+//
+// A relay on database/sql (outbox.NewRelay with the pgx stdlib driver)
+// gets its wake-up from Notifier. This package is the outbox's only link
+// to pgx, so programs on MySQL or SQLite that import outbox never link it.
+package pgxoutbox
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/pgxexec"
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
+	"github.com/idemkit/watermill-idempotent/outbox"
+)
+
+// WriteTx is outbox.Outbox.WriteTx in a pgx transaction: msgs are
+// published by the relay if and only if tx commits. tx may be the pgx.Tx
+// of a pgx inbox handler (pgxinbox.TxFromContext).
+func WriteTx(ctx context.Context, ob *outbox.Outbox, tx pgx.Tx, msgs ...outbox.Outgoing) error {
+	if tx == nil {
+		return errors.New("outbox: tx is nil")
+	}
+	return ob.WriteOn(ctx, pgxexec.Exec(tx), msgs...)
+}
+
+// Outputs is outbox.Outbox.Outputs for an inbox on pgx
+// (middleware.Config.Beginner: pgxinbox.Beginner): the handler's outputs
+// are written, bound for topic, in the delivery's pgx.Tx, so they commit
+// or roll back with the marker and the handler's writes.
+func Outputs(ob *outbox.Outbox, topic string) middleware.OutputWriter {
+	return outputs{ob, topic}
+}
+
+type outputs struct {
+	ob    *outbox.Outbox
+	topic string
+}
+
+func (w outputs) WriteOutputs(ctx context.Context, _ *sql.Tx, msgs []*message.Message) error {
+	tx, ok := pgxinbox.TxFromContext(ctx)
+	if !ok {
+		return errors.New("pgxoutbox: no pgx inbox transaction in the context: Outputs needs Config.Beginner = pgxinbox.Beginner")
+	}
+	out := make([]outbox.Outgoing, len(msgs))
+	for i, m := range msgs {
+		out[i] = outbox.Outgoing{Topic: w.topic, Message: m}
+	}
+	return WriteTx(ctx, w.ob, tx, out...)
+}
+
+// NewRelay is outbox.NewRelay on a pgx pool: every batch is a pgx
+// transaction. Unless config.Notifier is set or config.DisableNotify,
+// the relay LISTENs on a connection of pool (PoolNotifier).
+func NewRelay(pool *pgxpool.Pool, publisher message.Publisher, config outbox.RelayConfig, logger watermill.LoggerAdapter) (*outbox.Relay, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: relay: pool is nil")
+	}
+	if config.Notifier == nil {
+		config.Notifier = PoolNotifier(pool)
+	}
+	return outbox.NewRelayOn(pgxexec.Pool(pool), publisher, config, logger)
+}
+
+// Migrate is outbox.Outbox.Migrate on a pgx pool.
+func Migrate(ctx context.Context, ob *outbox.Outbox, pool *pgxpool.Pool) error {
+	if pool == nil {
+		return errors.New("outbox: migrate: pool is nil")
+	}
+	return ob.MigrateOn(ctx, pgxexec.Pool(pool))
+}
+
+// NewDeadLetters is outbox.NewDeadLetters on a pgx pool.
+func NewDeadLetters(pool *pgxpool.Pool, config outbox.Config) (*outbox.DeadLetters, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: dead letters: pool is nil")
+	}
+	return outbox.NewDeadLettersOn(pgxexec.Pool(pool), config)
+}
+
+// PoolNotifier returns an outbox.Notifier that holds one connection of
+// pool in LISTEN while the relay runs. The connection is closed, not
+// returned to the pool, when listening ends.
+func PoolNotifier(pool *pgxpool.Pool) outbox.Notifier { return poolNotifier{pool} }
+
+type poolNotifier struct{ pool *pgxpool.Pool }
+
+func (n poolNotifier) Listen(ctx context.Context, channel string, wake func()) error {
+	conn, err := n.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("outbox: relay: listen: %w", err)
+	}
+	// A connection left in LISTEN must not serve other queries: it
+	// leaves the pool and is closed.
+	pc := conn.Hijack()
+	defer pc.Close(context.Background())
+	return listen(ctx, pc, channel, wake)
+}
+
+// Notifier returns an outbox.Notifier for a relay on database/sql: it
+// holds one connection of db in LISTEN while the relay runs. db must use
+// the pgx/v5 stdlib driver ("pgx"); with another driver Listen fails with
+// errors.ErrUnsupported and the relay polls.
+func Notifier(db *sql.DB) outbox.Notifier { return stdNotifier{db} }
+
+type stdNotifier struct{ db *sql.DB }
+
+func (n stdNotifier) Listen(ctx context.Context, channel string, wake func()) error {
+	conn, err := n.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("outbox: relay: listen: %w", err)
+	}
+	defer conn.Close()
+	return conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("LISTEN/NOTIFY needs the pgx/v5 stdlib driver, the connection is %T: %w", dc, errors.ErrUnsupported)
+		}
+		// A listening connection must not go back to the pool:
+		// ErrBadConn makes database/sql close it.
+		return fmt.Errorf("%w: %w", listen(ctx, sc.Conn(), channel, wake), driver.ErrBadConn)
+	})
+}
+
+// listen runs LISTEN on conn and calls wake once and after every
+// notification, until ctx ends or the connection fails.
+func listen(ctx context.Context, conn *pgx.Conn, channel string, wake func()) error {
+	if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{channel}.Sanitize()); err != nil {
+		return fmt.Errorf("outbox: relay: LISTEN: %w", err)
+	}
+	wake()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return fmt.Errorf("outbox: relay: wait for notification: %w", err)
+		}
+		wake()
+	}
+}
