@@ -1,0 +1,19 @@
+// Command mysql is a program on MySQL with the inbox, the outbox and the
+// relay: TestDependencies checks that it links no pgx.
+package main
+
+import (
+	"database/sql"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/repository/mysql"
+)
+
+func main() {
+	db, _ := sql.Open("mysql", "root@tcp(127.0.0.1:3306)/test")
+	repo, _ := mysql.NewRepository(db, mysql.Config{})
+	ob, _ := outbox.New(outbox.Config{Dialect: outbox.MySQL})
+	_, _ = middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Outputs: ob.Outputs("out")})
+	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: outbox.MySQL}, nil)
+}
