@@ -1,0 +1,214 @@
+package pgxoutbox_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
+	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// schemaPool returns a pool whose search_path is a fresh schema, dropped
+// when the test ends, so the default table names are the test's own.
+func schemaPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	admin := testenv.PgxPool(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "pgxoutbox_" + hex.EncodeToString(b[:])
+	_, err := admin.Exec(t.Context(), `CREATE SCHEMA `+schema)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := admin.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`)
+		require.NoError(t, err)
+	})
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresDSN())
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// received subscribes to topics and collects the messages published.
+type received struct {
+	mu   sync.Mutex
+	msgs map[string]*message.Message // by UUID
+	ch   chan struct{}
+}
+
+func subscribe(t *testing.T, pubSub *gochannel.GoChannel, topics ...string) *received {
+	t.Helper()
+	r := &received{msgs: map[string]*message.Message{}, ch: make(chan struct{}, 100)}
+	var wg sync.WaitGroup
+	for _, topic := range topics {
+		msgs, err := pubSub.Subscribe(context.Background(), topic)
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range msgs {
+				r.mu.Lock()
+				r.msgs[m.UUID] = m
+				r.mu.Unlock()
+				m.Ack()
+				r.ch <- struct{}{}
+			}
+		}()
+	}
+	t.Cleanup(func() {
+		_ = pubSub.Close()
+		wg.Wait()
+	})
+	return r
+}
+
+func (r *received) wait(t *testing.T, n int) map[string]*message.Message {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		r.mu.Lock()
+		got := len(r.msgs)
+		r.mu.Unlock()
+		if got >= n {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.msgs
+		}
+		select {
+		case <-r.ch:
+		case <-deadline:
+			t.Fatalf("%d of %d messages published", got, n)
+		}
+	}
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, table string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT COUNT(*) FROM `+table).Scan(&n))
+	return n
+}
+
+// TestPgxInboxOutboxRelay: an inbox on pgx (pgxinbox.Beginner) hands the
+// handler a pgx.Tx; the handler's own outbox write (WriteTx) and its
+// returned outputs (Outputs) commit with the marker, roll back with a
+// failed handler, and are not written again for a duplicate. A relay on
+// the pool, woken only by NOTIFY (PollInterval 1h), publishes them with
+// the inbox's deterministic output UUIDs and empties the outbox.
+func TestPgxInboxOutboxRelay(t *testing.T) {
+	ctx := t.Context()
+	pool := schemaPool(t)
+	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(ctx))
+	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
+	require.NoError(t, err)
+	require.NoError(t, pgxoutbox.Migrate(ctx, ob, pool))
+
+	inbox, err := middleware.NewInbox(middleware.Config{
+		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
+		Consumer: "shipping",
+		Outputs:  pgxoutbox.Outputs(ob, "shipments"),
+	})
+	require.NoError(t, err)
+	runs := 0
+	handler := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		runs++
+		tx, ok := pgxinbox.TxFromContext(msg.Context())
+		require.True(t, ok)
+		audit := message.NewMessage("audit-"+msg.UUID, msg.Payload)
+		if err := pgxoutbox.WriteTx(msg.Context(), ob, tx, outbox.Outgoing{Topic: "audit", Message: audit}); err != nil {
+			return nil, err
+		}
+		if string(msg.Payload) == "fail" {
+			return nil, errors.New("handler failed after writing")
+		}
+		return []*message.Message{message.NewMessage("replaced-by-inbox", []byte("shipped "+string(msg.Payload)))}, nil
+	})
+
+	_, err = handler(message.NewMessage("order-1", []byte("o-1")))
+	require.NoError(t, err)
+	_, err = handler(message.NewMessage("order-1", []byte("o-1")))
+	require.NoError(t, err, "a duplicate is acknowledged")
+	_, err = handler(message.NewMessage("order-2", []byte("fail")))
+	require.Error(t, err)
+	require.Equal(t, 2, runs, "the duplicate did not run the handler")
+	require.Equal(t, 2, count(t, pool, outbox.DefaultTableName), "order-1's audit row and output; nothing of order-2")
+
+	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	got := subscribe(t, pubSub, "audit", "shipments")
+	relay, err := pgxoutbox.NewRelay(pool, pubSub, outbox.RelayConfig{Dialect: outbox.PostgreSQL, PollInterval: time.Hour}, nil)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(context.Background()) }()
+	t.Cleanup(func() {
+		require.NoError(t, relay.Close())
+		require.NoError(t, <-done)
+	})
+
+	msgs := got.wait(t, 2)
+	require.Contains(t, msgs, "audit-order-1")
+	out := msgs[middleware.OutputUUID("shipping", "order-1", 0)]
+	require.NotNil(t, out, "the output keeps the inbox's deterministic UUID: %v", msgs)
+	require.Equal(t, "shipped o-1", string(out.Payload))
+
+	// Rows committed while the relay waits: only NOTIFY can wake it.
+	_, err = handler(message.NewMessage("order-3", []byte("o-3")))
+	require.NoError(t, err)
+	msgs = got.wait(t, 4)
+	require.Contains(t, msgs, "audit-order-3")
+	require.Contains(t, msgs, middleware.OutputUUID("shipping", "order-3", 0))
+	require.Eventually(t, func() bool { return count(t, pool, outbox.DefaultTableName) == 0 }, 10*time.Second, 5*time.Millisecond)
+}
+
+// TestOutputsNeedPgxInbox: pgxoutbox.Outputs on an inbox on database/sql
+// (no pgx.Tx in the context) fails the delivery and writes nothing; so
+// does outbox.Outputs on a pgx inbox.
+func TestOutputsNeedPgxInbox(t *testing.T) {
+	ctx := t.Context()
+	pool := schemaPool(t)
+	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(ctx))
+	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
+	require.NoError(t, err)
+	require.NoError(t, pgxoutbox.Migrate(ctx, ob, pool))
+
+	inbox, err := middleware.NewInbox(middleware.Config{
+		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
+		Consumer: "c",
+		Outputs:  ob.Outputs("out"),
+	})
+	require.NoError(t, err)
+	_, err = inbox.Middleware(func(*message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage("x", nil)}, nil
+	})(message.NewMessage("m", nil))
+	require.ErrorContains(t, err, "pgxoutbox.Outputs")
+	require.Zero(t, count(t, pool, outbox.DefaultTableName))
+
+	err = pgxoutbox.Outputs(ob, "out").WriteOutputs(ctx, nil, []*message.Message{message.NewMessage("x", nil)})
+	require.ErrorContains(t, err, "pgxinbox.Beginner")
+}
