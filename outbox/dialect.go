@@ -29,24 +29,24 @@ import (
 //go:embed migrations
 var Migrations embed.FS
 
-// PostgresSchemaSQL is the PostgreSQL DDL for DefaultTableName:
-// migrations/postgres/0001_create_outbox.up.sql.
-var PostgresSchemaSQL = mustReadMigration("postgres")
+// PostgresSchemaSQL is the PostgreSQL DDL for DefaultTableName: the up
+// migrations of migrations/postgres, in order.
+var PostgresSchemaSQL = mustReadMigrations(PostgreSQL)
 
-// MySQLSchemaSQL is the MySQL/MariaDB DDL for DefaultTableName:
-// migrations/mysql/0001_create_outbox.up.sql.
-var MySQLSchemaSQL = mustReadMigration("mysql")
+// MySQLSchemaSQL is the MySQL/MariaDB DDL for DefaultTableName: the up
+// migrations of migrations/mysql, in order.
+var MySQLSchemaSQL = mustReadMigrations(MySQL)
 
-// SQLiteSchemaSQL is the SQLite DDL for DefaultTableName:
-// migrations/sqlite/0001_create_outbox.up.sql.
-var SQLiteSchemaSQL = mustReadMigration("sqlite")
+// SQLiteSchemaSQL is the SQLite DDL for DefaultTableName: the up
+// migrations of migrations/sqlite, in order.
+var SQLiteSchemaSQL = mustReadMigrations(SQLite)
 
-func mustReadMigration(dir string) string {
-	b, err := Migrations.ReadFile("migrations/" + dir + "/0001_create_outbox.up.sql")
+func mustReadMigrations(d Dialect) string {
+	ddl, err := migrationLine(d).DDL(DefaultTableName)
 	if err != nil {
 		panic(err)
 	}
-	return string(b)
+	return ddl
 }
 
 // migrationDialects carry what the migration runner needs of each
@@ -80,6 +80,15 @@ func migrationLine(kind Dialect) sqlstore.Line {
 		Extra: func(table string) []string {
 			dead, _ := repository.QuoteTableName(DeadLetterTableName(table), q)
 			pairs := []string{q + DeadLetterTableName(DefaultTableName) + q, dead}
+			if kind == MySQL {
+				// Migration 2 looks the columns up in information_schema.
+				schema, name := "DATABASE()", table
+				if i := strings.LastIndexByte(table, '.'); i >= 0 {
+					schema, name = "'"+table[:i]+"'", table[i+1:]
+				}
+				pairs = append(pairs, `'`+DefaultTableName+`'`, `'`+name+`'`,
+					`table_schema = DATABASE()`, `table_schema = `+schema)
+			}
 			if kind == PostgreSQL {
 				fn := `"` + repository.IndexName(table, "notify") + `"`
 				if i := strings.LastIndexByte(table, '.'); i >= 0 {

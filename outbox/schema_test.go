@@ -57,14 +57,18 @@ func TestMigrateIsRecorded(t *testing.T) {
 			require.NoError(t, rows.Err())
 			return out
 		}
-		require.Equal(t, []int{1}, versions())
+		want := []int{1}
+		if b.dialect == outbox.MySQL {
+			want = []int{1, 2}
+		}
+		require.Equal(t, want, versions())
 		require.NoError(t, b.outbox.Migrate(ctx, b.db))
-		require.Equal(t, []int{1}, versions())
+		require.Equal(t, want, versions())
 
 		_, err := b.db.ExecContext(ctx, `DROP TABLE `+b.table)
 		require.NoError(t, err)
 		require.NoError(t, b.outbox.Migrate(ctx, b.db))
-		require.Equal(t, []int{1}, versions())
+		require.Equal(t, want, versions())
 		require.Zero(t, b.outboxRows(t))
 	})
 }
