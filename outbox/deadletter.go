@@ -104,11 +104,8 @@ func (dl *DeadLetters) List(ctx context.Context, params ListParams) ([]DeadLette
 	if params.Limit < 0 || params.Limit > MaxDeadLetterIDs {
 		return nil, fmt.Errorf("%w: limit %d, want 1..%d", ErrInvalidParams, params.Limit, MaxDeadLetterIDs)
 	}
-	args := []any{params.AfterID, params.Topic, params.Limit}
-	if dl.d.kind == MySQL {
-		args = []any{params.AfterID, params.Topic, params.Topic, params.Limit}
-	}
-	rows, err := dl.db.Query(ctx, dl.d.listDeadSQL, args...)
+	list := dl.d.listDead
+	rows, err := dl.db.Query(ctx, list.SQL(), list.Args(params.AfterID, params.Topic, params.Limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
 	}
@@ -134,7 +131,7 @@ func (dl *DeadLetters) List(ctx context.Context, params ListParams) ([]DeadLette
 // Count returns the number of dead letters.
 func (dl *DeadLetters) Count(ctx context.Context) (int, error) {
 	var n int
-	if err := dl.db.QueryRow(ctx, dl.d.countDeadSQL).Scan(&n); err != nil {
+	if err := dl.db.QueryRow(ctx, dl.d.countDead.SQL()).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: count dead letters: %w", err)
 	}
 	return n, nil
@@ -154,16 +151,7 @@ func (dl *DeadLetters) Requeue(ctx context.Context, ids ...int64) (int, error) {
 	var n int
 	err := dl.db.InTx(ctx, true, func(tx sqlstore.Executor) error {
 		var err error
-		switch dl.d.kind {
-		case PostgreSQL:
-			var affected int64
-			affected, err = tx.Exec(ctx, dl.d.requeueDeadSQL, ids)
-			n = int(affected)
-		case SQLite:
-			n, err = dl.d.requeueSQLite(ctx, tx, ids)
-		default:
-			n, err = dl.d.requeueMySQL(ctx, tx, ids)
-		}
+		n, err = dl.d.requeue(ctx, tx, ids)
 		return err
 	})
 	if err != nil {
@@ -178,8 +166,8 @@ func (dl *DeadLetters) Delete(ctx context.Context, ids ...int64) (int, error) {
 	if err := checkIDs(ids); err != nil || len(ids) == 0 {
 		return 0, err
 	}
-	q, args := dl.d.deleteDeadQuery(ids)
-	n, err := dl.db.Exec(ctx, q, args...)
+	del := dl.d.deleteDead
+	n, err := dl.db.Exec(ctx, del.SQL(), del.Args(dl.d.f.ids(ids))...)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: delete dead letters: %w", err)
 	}

@@ -506,7 +506,7 @@ func (r *Relay) sampleBacklog(ctx context.Context, o BacklogObserver) {
 func (r *Relay) Backlog(ctx context.Context) (Backlog, error) {
 	var n, dead int
 	var ageMicros int64
-	if err := r.db.QueryRow(ctx, r.d.backlogSQL).Scan(&n, &ageMicros, &dead); err != nil {
+	if err := r.db.QueryRow(ctx, r.d.backlog.SQL(), r.d.backlog.Args(time.Now().UnixMicro())...).Scan(&n, &ageMicros, &dead); err != nil {
 		return Backlog{}, fmt.Errorf("outbox: relay: backlog: %w", err)
 	}
 	return Backlog{Messages: n, OldestAge: microseconds(ageMicros), DeadLetters: dead}, nil
@@ -833,21 +833,20 @@ func (r *Relay) batch(ctx context.Context, tx sqlstore.Executor, res *batchResul
 		for k, i := range p.order {
 			ids[k] = batch[i].id
 		}
-		q, args := r.d.deleteQuery(ids)
-		if _, err := tx.Exec(ctx, q, args...); err != nil {
+		if _, err := tx.Exec(ctx, r.d.deleteAcked.SQL(), r.d.deleteAcked.Args(r.d.f.ids(ids))...); err != nil {
 			return p, dead, charged, pubErr, fmt.Errorf("outbox: relay: acknowledge %d rows: %w", len(ids), err)
 		}
 	}
 	for _, d := range charged {
-		if _, err := tx.Exec(ctx, r.d.chargeSQL, d.row.id); err != nil {
+		if _, err := tx.Exec(ctx, r.d.charge.SQL(), r.d.charge.Args(d.row.id)...); err != nil {
 			return p, dead, charged, pubErr, fmt.Errorf("outbox: relay: count attempt of row %d: %w", d.row.id, err)
 		}
 	}
 	for _, d := range dead {
-		if _, err := tx.Exec(ctx, r.d.deadLetterSQL, r.d.deadLetterArgs(d.row.id, d.attempts-d.row.attempts, errorText(d.err))...); err != nil {
+		if _, err := tx.Exec(ctx, r.d.deadLetter.SQL(), r.d.deadLetter.Args(d.row.id, d.attempts-d.row.attempts, errorText(d.err), time.Now().UnixMicro())...); err != nil {
 			return p, dead, charged, pubErr, fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err)
 		}
-		if _, err := tx.Exec(ctx, r.d.deleteOneSQL, d.row.id); err != nil {
+		if _, err := tx.Exec(ctx, r.d.deleteOne.SQL(), r.d.deleteOne.Args(d.row.id)...); err != nil {
 			return p, dead, charged, pubErr, fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err)
 		}
 	}
@@ -889,7 +888,7 @@ func (r *Relay) claim(ctx context.Context, tx sqlstore.Executor, claimStart time
 			return nil, err
 		}
 		batch, err := r.fetch(ctx, tx, ids, claimStart)
-		if err != nil || len(batch) > 0 || r.d.claimLocks {
+		if err != nil || len(batch) > 0 || r.d.f.claimLocks {
 			return batch, err
 		}
 		// MySQL: other relays hold every row of this prefix; look past
@@ -902,7 +901,7 @@ func (r *Relay) claim(ctx context.Context, tx sqlstore.Executor, claimStart time
 // claimWindow returns the ids of the next rows after id after that fit
 // MaxBatchBytes (at least one).
 func (r *Relay) claimWindow(ctx context.Context, tx sqlstore.Executor, after int64) ([]int64, error) {
-	rows, err := tx.Query(ctx, r.d.claimSQL, after, r.config.BatchSize)
+	rows, err := tx.Query(ctx, r.d.claim.SQL(), r.d.claim.Args(after, r.config.BatchSize)...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
 	}
@@ -933,8 +932,7 @@ func (r *Relay) claimWindow(ctx context.Context, tx sqlstore.Executor, after int
 // fetch reads the rows ids; on MySQL it also locks them, skipping rows
 // locked by others.
 func (r *Relay) fetch(ctx context.Context, tx sqlstore.Executor, ids []int64, claimStart time.Time) ([]claimedRow, error) {
-	q, args := r.d.fetchQuery(ids, claimStart)
-	rows, err := tx.Query(ctx, q, args...)
+	rows, err := tx.Query(ctx, r.d.fetch.SQL(), r.d.fetch.Args(r.d.f.ids(ids), claimStart.UnixMicro())...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: read claimed rows: %w", err)
 	}

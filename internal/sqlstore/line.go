@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"io/fs"
+	"strconv"
 	"strings"
 )
 
@@ -89,3 +90,37 @@ const (
 
 // nilDB lets DDL build a migrator without a database; it is never used.
 type nilDB struct{ DB }
+
+// Stmt is a statement bound for a dialect, for SQL kept outside this
+// package (the outbox's).
+type Stmt struct{ s stmt }
+
+// Statement binds query, written with {T} for the quoted table and $n for
+// the n-th argument, to d's placeholders.
+func (d *Dialect) Statement(quotedTable, query string) Stmt {
+	return Stmt{d.bind(quotedTable, query)}
+}
+
+// SQL is the statement's text.
+func (s Stmt) SQL() string { return s.s.text }
+
+// Args returns args in the order the statement's placeholders take them,
+// without those it does not use (none when it has no placeholder).
+func (s Stmt) Args(args ...any) []any {
+	if s.s.max == 0 {
+		return nil
+	}
+	return s.s.values(args)
+}
+
+// Placeholder is the n-th (1-based) placeholder of d, for statements
+// built argument by argument in order.
+func (d *Dialect) Placeholder(n int) string {
+	switch d.Bind {
+	case QuestionNumbered:
+		return "?" + strconv.Itoa(n)
+	case Question:
+		return "?"
+	}
+	return "$" + strconv.Itoa(n)
+}
