@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 )
 
 // Benchmarks: the outbox → GoChannel path of this package's Relay against
@@ -146,7 +147,11 @@ func newRelayPipeline(b *testing.B, d benchDB) pipeline {
 			_, _ = db.Exec(`DROP FUNCTION IF EXISTS ` + table + `_notify()`)
 		}
 	})
-	return &relayPipeline{b: b, db: db, ob: ob, config: outbox.RelayConfig{Dialect: d.dialect, Table: table}}
+	cfg := outbox.RelayConfig{Dialect: d.dialect, Table: table}
+	if d.dialect == outbox.PostgreSQL {
+		cfg.Notifier = pgxoutbox.Notifier(db)
+	}
+	return &relayPipeline{b: b, db: db, ob: ob, config: cfg}
 }
 
 func (p *relayPipeline) write(ctx context.Context, msgs []*message.Message, beforeCommit func()) error {

@@ -19,7 +19,10 @@
 //	err = tx.Commit()
 //
 //	// Relay: outbox → broker.
-//	relay, err := outbox.NewRelay(db, amqpPublisher, outbox.RelayConfig{Dialect: outbox.PostgreSQL}, logger)
+//	relay, err := outbox.NewRelay(db, amqpPublisher, outbox.RelayConfig{
+//		Dialect:  outbox.PostgreSQL,
+//		Notifier: pgxoutbox.Notifier(db), // LISTEN/NOTIFY wake-up; PostgreSQL only
+//	}, logger)
 //	go func() { _ = relay.Run(ctx) }()
 //	defer relay.Close()
 //
@@ -31,7 +34,10 @@
 // batches, so a transaction that commits late (holding an earlier id)
 // is never skipped, and several relays can share one table. On
 // PostgreSQL a statement-level trigger sends NOTIFY on commit and the
-// relay LISTENs, with polling as the fallback. A message the publisher
+// relay LISTENs through RelayConfig.Notifier, with polling as the
+// fallback. Package outbox/pgxoutbox holds everything that needs pgx —
+// the LISTEN, writing in a pgx.Tx, the relay on a pgxpool.Pool — so that
+// this package links no driver. A message the publisher
 // keeps refusing is isolated and, after RelayConfig.MaxAttempts, moved to
 // a dead-letter table that DeadLetters lists and requeues; batches are
 // bounded by bytes (MaxBatchBytes); Close finishes the batch in flight

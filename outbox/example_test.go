@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 )
 
 // A producer writes an order and its event in one transaction; a relay
@@ -49,7 +50,10 @@ func Example() {
 	// The relay, usually in its own goroutine or process, forwards to any
 	// Watermill publisher (AMQP, Kafka, …).
 	var broker message.Publisher // e.g. amqp.NewPublisher(…)
-	relay, err := outbox.NewRelay(db, broker, outbox.RelayConfig{Dialect: outbox.PostgreSQL}, watermill.NopLogger{})
+	relay, err := outbox.NewRelay(db, broker, outbox.RelayConfig{
+		Dialect:  outbox.PostgreSQL,
+		Notifier: pgxoutbox.Notifier(db), // wake on commit (LISTEN/NOTIFY)
+	}, watermill.NopLogger{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
@@ -314,6 +315,7 @@ func runRelay(ctx context.Context, s spec, logger watermill.LoggerAdapter) error
 	defer pub.Close()
 	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{
 		Dialect: outbox.PostgreSQL, Table: s.Names.Outbox, RetryInterval: 200 * time.Millisecond, BatchSize: 100,
+		Notifier: pgxoutbox.Notifier(db),
 	}, logger)
 	if err != nil {
 		return err

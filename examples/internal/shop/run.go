@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/examples/internal/broker"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
@@ -340,7 +341,8 @@ func (s *scenario) play(ctx context.Context) (err error) {
 	if s.store.Outbox != nil {
 		relay, err := outbox.NewRelay(s.store.DB, s.publisher, outbox.RelayConfig{
 			Dialect: outbox.PostgreSQL, Table: s.store.Tables.Outbox, RetryInterval: 100 * time.Millisecond,
-			Metrics: s.config.RelayMetrics,
+			Notifier: pgxoutbox.Notifier(s.store.DB),
+			Metrics:  s.config.RelayMetrics,
 		}, s.config.Logger)
 		if err != nil {
 			return err
