@@ -136,7 +136,9 @@ func TestGolangMigrate(t *testing.T) {
 			t.Cleanup(func() { _ = db.Close() })
 			b := backend{name: name, db: db, dialect: outbox.PostgreSQL}
 			if name == "postgres-pgx" {
-				b.pool = schemaPgxPool(t, dsn)
+				b.pool, err = pgxpool.New(context.Background(), dsn)
+				require.NoError(t, err)
+				t.Cleanup(b.pool.Close)
 			}
 			check(t, b)
 		})
@@ -245,13 +247,4 @@ func TestMigrateUpgradesPreReleaseTable(t *testing.T) {
 			coreChecks(t, b)
 		})
 	}
-}
-
-// schemaPgxPool opens a pgx pool on dsn, closed when the test ends.
-func schemaPgxPool(t *testing.T, dsn string) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
 }

@@ -6,7 +6,9 @@ package testenv
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"testing"
@@ -75,6 +77,38 @@ func PgxPool(t testing.TB) *pgxpool.Pool {
 	}
 	if err != nil {
 		Missing(t, "PostgreSQL ("+PostgresEnv+"="+PostgresDSN()+")", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// PgxSchemaPool creates a schema named prefix + a random suffix, dropped
+// with its tables when t ends, and returns a pgxpool.Pool whose
+// search_path is that schema, so fixed table names (sqlc's, the default
+// ones) are the test's own.
+func PgxSchemaPool(t testing.TB, prefix string) *pgxpool.Pool {
+	t.Helper()
+	admin := PgxPool(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := prefix + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(context.Background(), `CREATE SCHEMA `+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`); err != nil {
+			t.Error(err)
+		}
+	})
+	cfg, err := pgxpool.ParseConfig(PostgresDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = MaxConns
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
 	return pool

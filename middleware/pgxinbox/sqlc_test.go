@@ -2,8 +2,6 @@ package pgxinbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"testing"
 
@@ -103,22 +101,4 @@ func charges(t *testing.T, pool *pgxpool.Pool) int {
 
 // schemaPool returns a pool whose search_path is a fresh schema, dropped
 // when t ends, so sqlc's fixed table names are the test's own.
-func schemaPool(t *testing.T) *pgxpool.Pool {
-	admin := testenv.PgxPool(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "sqlc_" + hex.EncodeToString(b[:])
-	_, err := admin.Exec(t.Context(), `CREATE SCHEMA `+schema)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := admin.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`)
-		require.NoError(t, err)
-	})
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresDSN())
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
+func schemaPool(t *testing.T) *pgxpool.Pool { return testenv.PgxSchemaPool(t, "sqlc_") }

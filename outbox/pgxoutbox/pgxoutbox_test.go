@@ -2,8 +2,6 @@ package pgxoutbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"sync"
 	"testing"
@@ -29,27 +27,18 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// schemaPool returns a pool whose search_path is a fresh schema, dropped
-// when the test ends, so the default table names are the test's own.
-func schemaPool(t *testing.T) *pgxpool.Pool {
+// setup returns a pool on a schema of the test's own holding a migrated
+// inbox (default names) and outbox.
+func setup(t *testing.T) (*pgxpool.Pool, *postgres.Repository, *outbox.Outbox) {
 	t.Helper()
-	admin := testenv.PgxPool(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "pgxoutbox_" + hex.EncodeToString(b[:])
-	_, err := admin.Exec(t.Context(), `CREATE SCHEMA `+schema)
+	pool := testenv.PgxSchemaPool(t, "pgxoutbox_")
+	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := admin.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`)
-		require.NoError(t, err)
-	})
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresDSN())
+	require.NoError(t, repo.Migrate(t.Context()))
+	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
 	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	require.NoError(t, pgxoutbox.Migrate(t.Context(), ob, pool))
+	return pool, repo, ob
 }
 
 // received subscribes to topics and collects the messages published.
@@ -119,14 +108,7 @@ func count(t *testing.T, pool *pgxpool.Pool, table string) int {
 // the pool, woken only by NOTIFY (PollInterval 1h), publishes them with
 // the inbox's deterministic output UUIDs and empties the outbox.
 func TestPgxInboxOutboxRelay(t *testing.T) {
-	ctx := t.Context()
-	pool := schemaPool(t)
-	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(ctx))
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
-	require.NoError(t, err)
-	require.NoError(t, pgxoutbox.Migrate(ctx, ob, pool))
+	pool, repo, ob := setup(t)
 
 	inbox, err := middleware.NewInbox(middleware.Config{
 		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
@@ -189,13 +171,7 @@ func TestPgxInboxOutboxRelay(t *testing.T) {
 // does outbox.Outputs on a pgx inbox.
 func TestOutputsNeedPgxInbox(t *testing.T) {
 	ctx := t.Context()
-	pool := schemaPool(t)
-	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(ctx))
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
-	require.NoError(t, err)
-	require.NoError(t, pgxoutbox.Migrate(ctx, ob, pool))
+	pool, repo, ob := setup(t)
 
 	inbox, err := middleware.NewInbox(middleware.Config{
 		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
