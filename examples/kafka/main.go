@@ -1,68 +1,257 @@
-// Command kafka runs the orders → payments example on Kafka
-// (watermill-kafka v3, Sarama, a consumer group) with the inbox on
-// PostgreSQL and payment events leaving through the transactional outbox.
+// Command kafka is an orders → payments service on Kafka (watermill-kafka
+// v3, Sarama, consumer groups) whose consumers run behind the inbox, with
+// payment events leaving through the transactional outbox, all on
+// PostgreSQL. Copy it into a service.
 //
-//	go run ./examples/kafka                                 # in-process kfake broker
-//	go run ./examples/kafka -kafka-brokers=127.0.0.1:9092   # a real Kafka (see README.md)
+//	go run ./examples/kafka                                # in-process Kafka (kfake) + PostgreSQL
+//	go run ./examples/kafka -kafka-brokers=127.0.0.1:9092  # a real Kafka (docker-compose.yml here)
 //
-// Two billing instances share one consumer group over a 4-partition
-// topic. The producer re-sends a quarter of the orders after "lost"
-// publish confirmations, some charges fail once and roll back, and two
-// instances crash after their commit and before their offset is
-// committed: the member leaves the group, the group rebalances, the
-// partition's next owner consumes the order again, and a replacement
-// instance joins. Two deliberately bad messages go to the poison topic.
-// The run ends with a ledger showing every order charged exactly once and
-// every payment delivered to the receipts service once.
+// The producer publishes every order and re-sends every third one with the
+// same UUID, as a producer does when a publish confirmation is lost.
+// Billing charges an order in the inbox transaction, so the charge, the
+// "processed" marker and the PaymentCompleted event (in the outbox) commit
+// together; the relay publishes the event; receipts records one receipt
+// per payment. The ledger at the end shows every order charged once.
 //
-// With no -kafka-brokers (or KAFKA_BROKERS) it starts an in-process
-// Kafka-protocol broker (github.com/twmb/franz-go/pkg/kfake), so it runs
-// anywhere PostgreSQL does; -db=sqlite needs no service at all. The
-// broker is configuration: -broker=amqp or -broker=gochannel runs the same
-// handlers elsewhere. Every run uses its own topics, consumer groups and
-// tables and deletes them at the end unless -keep.
+// Competing instances, crashes before the offset commit, poison messages
+// and the other brokers are exercised by examples/internal/e2e.
 package main
 
 import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log"
 	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/idemkit/watermill-idempotent/examples/internal/broker"
-	"github.com/idemkit/watermill-idempotent/examples/internal/shop"
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
+type config struct {
+	KafkaBrokers, PostgresDSN string // no KafkaBrokers: start kfake
+	Orders                    int
+	Prefix                    string // of every table, topic and consumer group
+}
+
 func main() {
-	cli := shop.NewCLI(flag.CommandLine, broker.Kafka)
+	c := config{Prefix: "shop_"}
+	flag.StringVar(&c.KafkaBrokers, "kafka-brokers", env("KAFKA_BROKERS", ""), "Kafka bootstrap addresses, comma-separated (env KAFKA_BROKERS; default: an in-process kfake broker)")
+	flag.StringVar(&c.PostgresDSN, "postgres-dsn", env("POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN (env POSTGRES_DSN)")
+	flag.IntVar(&c.Orders, "orders", 12, "orders to place")
 	flag.Parse()
-	if err := run(cli); err != nil {
-		fmt.Fprintln(os.Stderr, "kafka example:", err)
-		os.Exit(1)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, c, os.Stdout); err != nil {
+		log.Fatal(err)
 	}
 }
 
-func run(cli *shop.CLI) error {
-	if cli.Config.Broker.Kind == broker.Kafka && len(cli.Config.Broker.KafkaBrokers) == 0 {
-		cluster, err := startKfake()
+type order struct {
+	ID       string `json:"id"`
+	Customer string `json:"customer"`
+	Cents    int64  `json:"cents"`
+}
+
+func run(ctx context.Context, c config, w io.Writer) error {
+	logger := watermill.NopLogger{}
+	ordersTopic, paymentsTopic := c.Prefix+"orders", c.Prefix+"payments"
+	charges, receipts := c.Prefix+"charges", c.Prefix+"receipts"
+
+	db, err := sql.Open("pgx", c.PostgresDSN)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: c.Prefix + "inbox"})
+	if err != nil {
+		return err
+	}
+	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: c.Prefix + "outbox"})
+	if err != nil {
+		return err
+	}
+	if err := repo.Migrate(ctx); err != nil { // or apply its migrations with your tool
+		return err
+	}
+	if err := ob.Migrate(ctx, db); err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+charges+` (order_id TEXT, customer TEXT, cents BIGINT);
+		CREATE TABLE IF NOT EXISTS `+receipts+` (payment_uuid TEXT, payment TEXT)`); err != nil {
+		return err
+	}
+
+	brokers := strings.Split(c.KafkaBrokers, ",")
+	if c.KafkaBrokers == "" {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
 		if err != nil {
 			return err
 		}
 		defer cluster.Close()
-		cli.Config.Broker.KafkaBrokers = cluster.ListenAddrs()
-		fmt.Printf("no -kafka-brokers given: started an in-process kfake broker at %v\n\n", cli.Config.Broker.KafkaBrokers)
+		brokers = cluster.ListenAddrs()
 	}
-	return cli.Run(os.Stdout)
+	// Sarama speaks Kafka 2.3.0: the newest kfake accepts from Sarama; Kafka 2.3+ accepts it too.
+	saramaConfig := func(sc *sarama.Config) *sarama.Config { sc.Version = sarama.V2_3_0_0; return sc }
+	if err := createTopics(brokers, saramaConfig(sarama.NewConfig()), ordersTopic, paymentsTopic); err != nil {
+		return err
+	}
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: kafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: saramaConfig(kafka.DefaultSaramaSyncPublisherConfig())}, logger)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	group := func(name string) (*kafka.Subscriber, error) {
+		sc := saramaConfig(kafka.DefaultSaramaSubscriberConfig())
+		sc.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what was published before it joined
+		return kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{},
+			OverwriteSaramaConfig: sc, ConsumerGroup: c.Prefix + name}, logger)
+	}
+	billingSub, err := group("billing")
+	if err != nil {
+		return err
+	}
+	receiptsSub, err := group("receipts")
+	if err != nil {
+		return err
+	}
+
+	// One inbox for the router: keys are scoped by handler name. Payments
+	// go to the outbox inside the inbox transaction, not to the publisher.
+	seen := &outcomes{n: map[string]int{}}
+	inbox, err := middleware.NewInbox(middleware.Config{
+		DB: db, Repository: repo, Outputs: ob.Outputs(paymentsTopic), Observer: seen, Logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: c.Prefix + "outbox"}, logger)
+	if err != nil {
+		return err
+	}
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		return err
+	}
+	router.AddMiddleware(inbox.Middleware)
+	router.AddHandler("billing", ordersTopic, billingSub, paymentsTopic, pub, func(msg *message.Message) ([]*message.Message, error) {
+		var o order
+		if err := json.Unmarshal(msg.Payload, &o); err != nil {
+			return nil, err
+		}
+		tx, _ := middleware.TxFromContext(msg.Context())
+		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO `+charges+` VALUES ($1, $2, $3)`, o.ID, o.Customer, o.Cents); err != nil {
+			return nil, err // rolls back charge and marker: the redelivery charges again
+		}
+		scope, _ := middleware.ScopeFromContext(msg.Context())
+		key, _ := middleware.KeyFromContext(msg.Context())
+		return []*message.Message{message.NewMessage(middleware.OutputUUID(scope, key, 0), msg.Payload)}, nil
+	})
+	router.AddConsumerHandler("receipts", paymentsTopic, receiptsSub, func(msg *message.Message) error {
+		tx, _ := middleware.TxFromContext(msg.Context())
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+receipts+` VALUES ($1, $2)`, msg.UUID, string(msg.Payload))
+		return err
+	})
+
+	ctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }() // after stop: the relay and the router end with ctx
+	wg.Go(func() { _ = relay.Run(ctx) })
+	wg.Go(func() { _ = router.Run(ctx) })
+	<-router.Running()
+
+	// The producer: a third of the orders re-sent with the same UUID.
+	run := watermill.NewShortUUID()[:8]
+	published := 0
+	for i := range c.Orders {
+		o := order{ID: fmt.Sprintf("%s-%03d", run, i+1), Customer: []string{"alice", "bob", "carol"}[i%3], Cents: int64(100 + i*250)}
+		payload, _ := json.Marshal(o)
+		msg := message.NewMessage(watermill.NewUUID(), payload)
+		for range 1 + (i%3)/2 {
+			if err := pub.Publish(ordersTopic, msg.Copy()); err != nil {
+				return err
+			}
+			published++
+		}
+	}
+	for seen.get("billing") < published || seen.get("receipts") < c.Orders {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the orders: %w (%d billing and %d receipts deliveries)", ctx.Err(), seen.get("billing"), seen.get("receipts"))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return printLedger(ctx, w, db, charges, receipts, run, c.Orders, published, seen)
 }
 
-// startKfake starts an in-process Kafka-protocol broker on a free local
-// port. Sarama must speak protocol 2.3.0 or older to it (see
-// examples/internal/broker/kafka.go).
-func startKfake() (*kfake.Cluster, error) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0))
+func printLedger(ctx context.Context, w io.Writer, db *sql.DB, charges, receipts, run string, orders, published int, seen *outcomes) error {
+	var charged, chargedOrders, cents, receiptCount int
+	err := db.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(DISTINCT order_id), COALESCE(SUM(cents), 0), (SELECT COUNT(*) FROM `+receipts+
+		` WHERE payment LIKE '%"'||$1||'-%') FROM `+charges+` WHERE order_id LIKE $1||'-%'`, run).Scan(&charged, &chargedOrders, &cents, &receiptCount)
 	if err != nil {
-		return nil, fmt.Errorf("starting kfake: %w", err)
+		return err
 	}
-	return cluster, nil
+	fmt.Fprintf(w, "run %s: %d orders published as %d messages (%d re-sent with the same UUID)\n", run, orders, published, published-orders)
+	fmt.Fprintf(w, "billing:  %d charges for %d orders, $%d.%02d; %d duplicates acknowledged without charging\n",
+		charged, chargedOrders, cents/100, cents%100, seen.get("billing/duplicate"))
+	fmt.Fprintf(w, "receipts: %d payments relayed from the outbox, %d receipts\n", seen.get("receipts"), receiptCount)
+	if charged != orders || chargedOrders != orders || receiptCount != orders {
+		return fmt.Errorf("%d charges and %d receipts for %d orders", charged, receiptCount, orders)
+	}
+	_, err = fmt.Fprintln(w, "every order charged exactly once, one receipt per payment")
+	return err
+}
+
+func createTopics(brokers []string, sc *sarama.Config, topics ...string) error {
+	admin, err := sarama.NewClusterAdmin(brokers, sc)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	for _, topic := range topics {
+		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 4, ReplicationFactor: 1}, false)
+		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+			return err
+		}
+	}
+	return nil
+}
+
+// outcomes counts the inbox's outcomes per handler ("billing/duplicate").
+type outcomes struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (o *outcomes) ObserveDelivery(_ context.Context, d middleware.Delivery) {
+	o.mu.Lock()
+	o.n[d.Consumer+"/"+string(d.Outcome)]++
+	o.n[d.Consumer]++
+	o.mu.Unlock()
+}
+
+func (o *outcomes) get(k string) int { o.mu.Lock(); defer o.mu.Unlock(); return o.n[k] }
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

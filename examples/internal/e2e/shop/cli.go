@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/idemkit/watermill-idempotent/examples/internal/broker"
+	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
 	"github.com/idemkit/watermill-idempotent/health"
 	"github.com/idemkit/watermill-idempotent/metrics"
 	"github.com/idemkit/watermill-idempotent/outbox"

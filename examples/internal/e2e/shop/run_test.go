@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/examples/internal/broker"
+	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
+	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/shop"
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
+)
+
+// TestKafka runs the example through an in-process kfake broker with the
+// inbox on PostgreSQL. A crash makes its consumer-group member leave
+// without committing the held offset; the group rebalances and the
+// partition's next owner consumes from the last committed offset. Which
+// other in-flight deliveries that interrupts (and so redelivers) depends
+// on timing, so delivery totals are bounded, while the effects — charges,
+// payments, receipts, poisoned messages — are exact.
+func TestKafka(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the whole scenario with consumer-group rebalances; make test runs it (the GoChannel run in examples/internal/e2e/shop covers it here)")
+	}
+	testenv.Postgres(t)
+	cluster, err := startKfake()
+	require.NoError(t, err)
+	defer cluster.Close()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // a deadline for a stuck run, far above a loaded machine's 25 s
+	defer cancel()
+	start := time.Now()
+	l, err := shop.Run(ctx, shop.Config{
+		Broker:      broker.Config{Kind: broker.Kafka, KafkaBrokers: cluster.ListenAddrs()},
+		Database:    shop.Postgres,
+		PostgresDSN: testenv.PostgresDSN(),
+	})
+	require.NoError(t, err)
+	var out bytes.Buffer
+	l.Print(&out)
+	t.Logf("kafka (kfake) in %s\n%s", time.Since(start).Round(time.Millisecond), out.String())
+
+	const orders, resent, bad, failures, crashes = 40, 10, 2, 4, 2
+	require.Equal(t, orders+resent+bad, l.Published)
+	require.GreaterOrEqual(t, float64(l.Resent())/float64(l.Orders), 0.2, "at least 20% duplicates on the wire")
+
+	b := l.Billing
+	require.GreaterOrEqual(t, b.Total(), orders+resent+bad+failures+crashes, "every publish, plus at least one redelivery per failure and per crash")
+	require.Equal(t, failures, l.Failures, "injected failures")
+	require.GreaterOrEqual(t, b[middleware.OutcomeFailed], failures)
+	require.Equal(t, crashes, l.Crashes)
+	// Two crash orders in flight in one member at once (it consumes its
+	// partitions concurrently) take it down once.
+	require.GreaterOrEqual(t, l.InstancesDown, 1, "a crash takes its member down")
+	require.LessOrEqual(t, l.InstancesDown, crashes)
+	require.Equal(t, l.InstancesDown, l.Restarts, "each crashed member replaced by a new one")
+	require.GreaterOrEqual(t, b.Duplicates(), resent+crashes, "producer re-sends and crash redeliveries")
+	require.Equal(t, 1, b[middleware.OutcomePayloadMismatch])
+	require.GreaterOrEqual(t, b[middleware.OutcomeNoKey], 1)
+
+	require.Equal(t, orders, l.ChargedOrders, "every order charged")
+	require.Zero(t, l.DoubleCharged, "no order charged twice")
+	require.Equal(t, l.Expected, l.Charged)
+
+	require.True(t, l.ViaOutbox)
+	require.Equal(t, orders, l.PaymentsPublished, "one payment per committed charge, through the outbox")
+	require.Equal(t, orders, l.PaymentsDelivered, "every payment event delivered downstream")
+	require.Zero(t, l.OutboxBacklog)
+	require.Equal(t, orders, l.Receipts[middleware.OutcomeProcessed])
+	require.Equal(t, orders, l.ReceiptRows)
+	require.Equal(t, orders, l.ReceiptOrders)
+
+	require.Subset(t, l.BadUUIDs, l.Poisoned, "nothing but the bad messages poisoned")
+	require.Subset(t, l.Poisoned, l.BadUUIDs, "both bad messages poisoned")
+	require.True(t, l.ExactlyOnce())
+	require.Contains(t, out.String(), "every order charged exactly once")
+}
