@@ -1,10 +1,10 @@
 // Package broker picks the Watermill publisher and subscribers from one
 // configuration value, so the handlers and the inbox never change when the
-// broker does. It is the one place to copy into a service that must run on
-// RabbitMQ in one environment and Kafka in another.
+// broker does: the one place that knows about RabbitMQ, Kafka, NATS
+// JetStream, Redis Streams, watermill-sql on PostgreSQL and GoChannel.
 //
-//	cfg := broker.ConfigFromEnv()    // BROKER=amqp|kafka|gochannel, AMQP_URL, KAFKA_BROKERS
-//	cfg.RegisterFlags(flag.CommandLine) // -broker, -amqp-url, -kafka-brokers override the environment
+//	cfg := broker.ConfigFromEnv(broker.Config{Kind: broker.AMQP}) // BROKER, AMQP_URL, KAFKA_BROKERS, NATS_URL, REDIS_ADDR, SQL_DSN
+//	cfg.RegisterFlags(flag.CommandLine) // -broker, -amqp-url, … override the environment
 //	flag.Parse()
 //	b, err := broker.Open(cfg, logger)
 //	if err != nil { … }
@@ -22,16 +22,28 @@
 //   - kafka (watermill-kafka v3, Sarama): a topic, and a consumer group per
 //     group. Create topics with enough partitions (CreateTopics) for every
 //     instance to get some.
+//   - nats (watermill-nats v2's JetStream package): a stream per topic
+//     (CreateTopics) and a durable pull consumer per topic and group, which
+//     the group's subscribers pull from: competing consumers. A message
+//     not acked within the ack wait (3s here) is redelivered.
+//   - redis (watermill-redisstream): a stream per topic and a consumer group
+//     per group. A message read and not acked stays pending and is claimed
+//     by another consumer once idle for 3s (here).
+//   - sql (watermill-sql v3 on PostgreSQL): a table per topic and an offset
+//     row per topic and group, locked while a subscriber holds a message,
+//     so a group's subscribers take turns.
 //   - gochannel: in-process; each group shares one subscription whose
 //     messages its subscribers compete for. Nothing survives the process.
 package broker
 
 import (
 	"context"
+	stdsql "database/sql"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -45,21 +57,33 @@ type Kind string
 
 // The supported brokers.
 const (
-	AMQP      Kind = "amqp"
-	Kafka     Kind = "kafka"
-	GoChannel Kind = "gochannel"
+	AMQP        Kind = "amqp"
+	Kafka       Kind = "kafka"
+	NATS        Kind = "nats"
+	RedisStream Kind = "redis"
+	SQL         Kind = "sql"
+	GoChannel   Kind = "gochannel"
 )
+
+// Kinds lists every broker Open accepts.
+var Kinds = []Kind{AMQP, Kafka, NATS, RedisStream, SQL, GoChannel}
 
 // Environment variables read by ConfigFromEnv.
 const (
 	KindEnv         = "BROKER"
 	AMQPURLEnv      = "AMQP_URL"
 	KafkaBrokersEnv = "KAFKA_BROKERS"
+	NATSURLEnv      = "NATS_URL"
+	RedisAddrEnv    = "REDIS_ADDR"
+	SQLDSNEnv       = "SQL_DSN"
 )
 
 // Defaults used when neither a flag nor the environment says otherwise.
 const (
 	DefaultAMQPURL         = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultNATSURL         = "nats://127.0.0.1:4222"
+	DefaultRedisAddr       = "127.0.0.1:6379"
+	DefaultSQLDSN          = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	DefaultKafkaPartitions = 4
 )
 
@@ -74,6 +98,14 @@ type Config struct {
 	// KafkaPartitions is the partition count of topics made by
 	// CreateTopics. Default: DefaultKafkaPartitions.
 	KafkaPartitions int32
+	// NATSURL is the NATS server (with JetStream enabled). Default:
+	// DefaultNATSURL.
+	NATSURL string
+	// RedisAddr is the Redis server. Default: DefaultRedisAddr.
+	RedisAddr string
+	// SQLDSN is the PostgreSQL database watermill-sql keeps its topics in
+	// (pgx). Default: DefaultSQLDSN.
+	SQLDSN string
 }
 
 // ConfigFromEnv returns a Config read from BROKER, AMQP_URL and
@@ -90,13 +122,23 @@ func ConfigFromEnv(def Config) Config {
 	if v := os.Getenv(KafkaBrokersEnv); v != "" {
 		c.KafkaBrokers = splitList(v)
 	}
+	if v := os.Getenv(NATSURLEnv); v != "" {
+		c.NATSURL = v
+	}
+	if v := os.Getenv(RedisAddrEnv); v != "" {
+		c.RedisAddr = v
+	}
+	if v := os.Getenv(SQLDSNEnv); v != "" {
+		c.SQLDSN = v
+	}
 	return c
 }
 
-// RegisterFlags defines -broker, -amqp-url and -kafka-brokers on fs, with
+// RegisterFlags defines -broker, -amqp-url, -kafka-brokers, -nats-url,
+// -redis-addr and -sql-dsn on fs, with
 // c's current values as defaults; parsing fs overwrites them.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.Func("broker", fmt.Sprintf("broker: amqp, kafka or gochannel (env %s; default %q)", KindEnv, c.Kind), func(s string) error {
+	fs.Func("broker", fmt.Sprintf("broker: %s (env %s; default %q)", kindList(), KindEnv, c.Kind), func(s string) error {
 		c.Kind = Kind(s)
 		return c.validateKind()
 	})
@@ -105,6 +147,17 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		c.KafkaBrokers = splitList(s)
 		return nil
 	})
+	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS URL, JetStream enabled (env "+NATSURLEnv+")")
+	fs.StringVar(&c.RedisAddr, "redis-addr", c.RedisAddr, "Redis address (env "+RedisAddrEnv+")")
+	fs.StringVar(&c.SQLDSN, "sql-dsn", c.SQLDSN, "PostgreSQL DSN of the watermill-sql broker (env "+SQLDSNEnv+")")
+}
+
+func kindList() string {
+	names := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		names[i] = string(k)
+	}
+	return strings.Join(names, ", ")
 }
 
 func splitList(s string) []string {
@@ -124,14 +177,22 @@ func (c *Config) setDefaults() {
 	if c.KafkaPartitions == 0 {
 		c.KafkaPartitions = DefaultKafkaPartitions
 	}
+	if c.NATSURL == "" {
+		c.NATSURL = DefaultNATSURL
+	}
+	if c.RedisAddr == "" {
+		c.RedisAddr = DefaultRedisAddr
+	}
+	if c.SQLDSN == "" {
+		c.SQLDSN = DefaultSQLDSN
+	}
 }
 
 func (c Config) validateKind() error {
-	switch c.Kind {
-	case AMQP, Kafka, GoChannel:
+	if slices.Contains(Kinds, c.Kind) {
 		return nil
 	}
-	return fmt.Errorf("unknown broker %q: want amqp, kafka or gochannel", c.Kind)
+	return fmt.Errorf("unknown broker %q: want one of %s", c.Kind, kindList())
 }
 
 // Validate reports whether the configuration is usable.
@@ -156,6 +217,7 @@ type Broker struct {
 
 	publisher message.Publisher
 	goChannel *gochannel.GoChannel // GoChannel only
+	sqlDB     *stdsql.DB           // SQL only
 
 	mu     sync.Mutex
 	groups map[string]*sharedGroup // GoChannel only: one subscription per topic and group
@@ -181,6 +243,14 @@ func Open(config Config, logger watermill.LoggerAdapter) (*Broker, error) {
 		b.publisher, err = newAMQPPublisher(config, logger)
 	case Kafka:
 		b.publisher, err = newKafkaPublisher(config, logger)
+	case NATS:
+		b.publisher, err = newNATSPublisher(config, logger)
+	case RedisStream:
+		b.publisher, err = newRedisPublisher(config, logger)
+	case SQL:
+		if b.sqlDB, err = openSQL(config); err == nil {
+			b.publisher, err = newSQLPublisher(b.sqlDB, logger)
+		}
 	case GoChannel:
 		b.goChannel = gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 256}, logger)
 		b.publisher = b.goChannel
@@ -221,6 +291,12 @@ func (b *Broker) NewSubscriber(group string) (message.Subscriber, error) {
 		sub, err = b.newAMQPSubscriber(group)
 	case Kafka:
 		sub, err = newKafkaSubscriber(b.config, group, b.logger)
+	case NATS:
+		sub, err = newNATSSubscriber(b.config, group, b.logger)
+	case RedisStream:
+		sub, err = newRedisSubscriber(b.config, group, b.logger)
+	case SQL:
+		sub, err = newSQLSubscriber(b.sqlDB, group, b.logger)
 	case GoChannel:
 		sub = &goChannelSubscriber{broker: b, group: group}
 	}
@@ -230,18 +306,24 @@ func (b *Broker) NewSubscriber(group string) (message.Subscriber, error) {
 	return sub, nil
 }
 
-// CreateTopics makes sure topics exist with KafkaPartitions partitions
-// (Kafka); an existing topic is left as it is. AMQP and GoChannel create
-// what they need on subscribe and publish, so it does nothing there.
+// CreateTopics makes sure topics exist: Kafka topics with KafkaPartitions
+// partitions, NATS streams; an existing one is left as it is. The other
+// brokers create what they need on subscribe and publish, so it does
+// nothing there.
 func (b *Broker) CreateTopics(ctx context.Context, topics ...string) error {
-	if b.config.Kind != Kafka {
-		return nil
+	switch b.config.Kind {
+	case Kafka:
+		return createKafkaTopics(ctx, b.config, topics)
+	case NATS:
+		return createNATSStreams(ctx, b.config, topics)
 	}
-	return createKafkaTopics(ctx, b.config, topics)
+	return nil
 }
 
 // DeleteTopics deletes the topics and everything this Broker's
-// subscribers declared for them: AMQP exchanges and queues, Kafka topics.
+// subscribers declared for them: AMQP exchanges and queues, Kafka topics,
+// NATS streams (with their consumers), Redis streams (with their groups),
+// watermill-sql's message and offsets tables.
 // Use it to leave a shared server clean after a run.
 func (b *Broker) DeleteTopics(ctx context.Context, topics ...string) error {
 	switch b.config.Kind {
@@ -255,6 +337,12 @@ func (b *Broker) DeleteTopics(ctx context.Context, topics ...string) error {
 		return deleteAMQP(ctx, b.config, topics, queues)
 	case Kafka:
 		return deleteKafkaTopics(ctx, b.config, topics)
+	case NATS:
+		return deleteNATSStreams(ctx, b.config, topics)
+	case RedisStream:
+		return deleteRedisStreams(ctx, b.config, topics)
+	case SQL:
+		return deleteSQLTopics(ctx, b.sqlDB, topics)
 	}
 	return nil
 }
@@ -275,8 +363,12 @@ func (b *Broker) Close() error {
 		g.cancel()
 		g.wg.Wait()
 	}
-	if err := b.publisher.Close(); err != nil {
-		return fmt.Errorf("broker %s: closing the publisher: %w", b.config.Kind, err)
+	err := b.publisher.Close()
+	if err != nil {
+		err = fmt.Errorf("broker %s: closing the publisher: %w", b.config.Kind, err)
 	}
-	return nil
+	if b.sqlDB != nil {
+		err = errors.Join(err, b.sqlDB.Close())
+	}
+	return err
 }

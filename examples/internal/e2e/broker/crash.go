@@ -5,6 +5,9 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wmjs "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/jetstream"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
@@ -26,6 +29,18 @@ import (
 //     owner consumes it again from the last committed offset. The
 //     subscriber is gone: its router stops, and a replacement instance has
 //     to join the group.
+//   - nats: the subscriber closes (its pull subscription and connection
+//     go) without acking. JetStream redelivers the message to another
+//     subscriber of the durable consumer when the ack wait runs out. The
+//     subscriber is gone, as on Kafka.
+//   - redis: the subscriber closes without XACK. The message stays in the
+//     group's pending entries list under the dead consumer's name until
+//     another consumer claims it (XCLAIM, once idle for the max idle
+//     time). The subscriber is gone.
+//   - sql: the subscriber closes; its transaction, which holds the group's
+//     offset row, commits without moving the offset, and the next
+//     subscriber of the group reads the message again. The subscriber is
+//     gone.
 //   - gochannel: there is no connection to lose; the caller's nack makes
 //     GoChannel resend. The subscriber survives.
 //
@@ -46,6 +61,11 @@ func Crash(sub message.Subscriber) (survives bool, err error) {
 		// message was never marked, so its offset is not committed.
 		if err := s.Close(); err != nil {
 			return false, fmt.Errorf("kafka crash: %w", err)
+		}
+		return false, nil
+	case *wmjs.Subscriber, *redisstream.Subscriber, *wmsql.Subscriber:
+		if err := sub.Close(); err != nil {
+			return false, fmt.Errorf("crash: closing the subscriber: %w", err)
 		}
 		return false, nil
 	case *goChannelSubscriber:

@@ -160,7 +160,7 @@ type Topics struct {
 
 // TopicsFor returns the topic names of run.
 func TopicsFor(run string) Topics {
-	return Topics{Orders: "shop.orders." + run, Payments: "shop.payments." + run, Poison: "shop.orders.poison." + run}
+	return Topics{Orders: "shop_orders_" + run, Payments: "shop_payments_" + run, Poison: "shop_orders_poison_" + run}
 }
 
 // Run plays the scenario on the configured broker and database: Instances

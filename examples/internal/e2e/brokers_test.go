@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
+	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/shop"
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
+)
+
+// TestNATS plays the scenario on the real NATS server (JetStream, durable
+// pull consumers). A crash closes the subscriber holding the delivery; the
+// message's ack wait runs out and JetStream redelivers it to the other
+// subscriber of the durable consumer, and a replacement instance joins.
+func TestNATS(t *testing.T) {
+	url := testenv.NATS(t)
+	testenv.Postgres(t)
+	playOnReplacedSubscribers(t, broker.Config{Kind: broker.NATS, NATSURL: url})
+}
+
+// TestRedisStream plays the scenario on the real Redis (Streams, consumer
+// groups). A crash closes the consumer holding the delivery; the message
+// stays pending under its name until another consumer of the group claims
+// it (XCLAIM after the max idle time), and a replacement instance joins.
+func TestRedisStream(t *testing.T) {
+	testenv.Redis(t)
+	testenv.Postgres(t)
+	playOnReplacedSubscribers(t, broker.Config{Kind: broker.RedisStream, RedisAddr: testenv.RedisAddr()})
+}
+
+// TestSQL plays the scenario on watermill-sql's Pub/Sub on the real
+// PostgreSQL (the same database as the inbox). A crash closes the
+// subscriber holding the delivery; its transaction ends without moving the
+// group's offset, the next subscriber reads the message again, and a
+// replacement instance joins.
+func TestSQL(t *testing.T) {
+	testenv.Postgres(t)
+	playOnReplacedSubscribers(t, broker.Config{Kind: broker.SQL, SQLDSN: testenv.PostgresDSN()})
+}
+
+// playOnReplacedSubscribers runs the scenario with the inbox on PostgreSQL
+// (payments through the outbox) on a broker where a crash takes the
+// subscriber down and a replacement joins, and asserts the ledger. Each
+// subscriber holds one message at a time, so every delivery count is
+// exact: every publish, plus one redelivery per injected failure and per
+// crash.
+func playOnReplacedSubscribers(t *testing.T, config broker.Config) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("-short: the whole scenario on %s; make test runs it (the GoChannel run in examples/internal/e2e/shop covers it here)", config.Kind)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // a deadline for a stuck run
+	defer cancel()
+	start := time.Now()
+	l, err := shop.Run(ctx, shop.Config{Broker: config, Database: shop.Postgres, PostgresDSN: testenv.PostgresDSN()})
+	require.NoError(t, err)
+	var out bytes.Buffer
+	l.Print(&out)
+	t.Logf("%s in %s\n%s", config.Kind, time.Since(start).Round(time.Millisecond), out.String())
+
+	const orders, resent, bad, failures, crashes = 40, 10, 2, 4, 2
+	require.Equal(t, orders, l.Orders)
+	require.Equal(t, orders+resent+bad, l.Published, "a quarter of the orders re-sent, two bad messages")
+	require.Equal(t, resent, l.Resent())
+
+	b := l.Billing
+	require.Equal(t, orders+resent+bad+failures+crashes, b.Total(), "every publish, plus one redelivery per failure and per crash")
+	require.Equal(t, orders, b[middleware.OutcomeProcessed], "each order charged by one delivery")
+	require.Equal(t, failures, b[middleware.OutcomeFailed])
+	require.Equal(t, failures, l.Failures)
+	require.Equal(t, crashes, l.Crashes)
+	require.GreaterOrEqual(t, l.InstancesDown, 1, "a crash takes its subscriber down")
+	require.LessOrEqual(t, l.InstancesDown, crashes)
+	require.Equal(t, l.InstancesDown, l.Restarts, "each crashed instance replaced by a new one")
+	require.Equal(t, resent+crashes, b.Duplicates(), "producer re-sends and crash redeliveries")
+	require.Equal(t, 1, b[middleware.OutcomeNoKey])
+	require.Equal(t, 1, b[middleware.OutcomePayloadMismatch])
+
+	require.Equal(t, orders, l.ChargedOrders)
+	require.Zero(t, l.DoubleCharged)
+	require.Equal(t, l.Expected, l.Charged)
+	require.True(t, l.ChargedOnce())
+
+	require.True(t, l.ViaOutbox)
+	require.Zero(t, b[middleware.OutcomeReplayed], "nothing to replay: payments left through the outbox")
+	require.Equal(t, orders, l.PaymentsPublished, "the relay publishes each committed payment once")
+	require.Equal(t, orders, l.PaymentsDelivered)
+	require.Zero(t, l.OutboxBacklog)
+	require.Equal(t, orders, l.Receipts[middleware.OutcomeProcessed])
+	require.Zero(t, l.Receipts.Duplicates())
+	require.Equal(t, orders, l.ReceiptRows)
+	require.Equal(t, orders, l.ReceiptOrders)
+
+	require.ElementsMatch(t, l.BadUUIDs, l.Poisoned, "the poison topic holds the two bad messages and nothing else")
+	require.True(t, l.ExactlyOnce())
+	require.Contains(t, out.String(), "billing    58 deliveries = 40 processed + 4 failed + 12 duplicates + 2 poisoned\n")
+	require.Contains(t, out.String(), "12 duplicates acknowledged without charging: 10 re-sent by the producer, 2 redelivered after a crash\n")
+	require.Contains(t, out.String(), "payments   40 published by the relay from the outbox, 40 delivered to receipts, 0 left in the outbox\n")
+	require.Contains(t, out.String(), "every order charged exactly once")
+}
