@@ -108,9 +108,10 @@ type Config struct {
 	SQLDSN string
 }
 
-// ConfigFromEnv returns a Config read from BROKER, AMQP_URL and
-// KAFKA_BROKERS (comma-separated), with def's values where a variable is
-// unset.
+// ConfigFromEnv returns a Config read from BROKER, AMQP_URL,
+// KAFKA_BROKERS (comma-separated), NATS_URL, REDIS_ADDR and SQL_DSN, with
+// def's values where a variable is unset and the defaults where def has
+// none.
 func ConfigFromEnv(def Config) Config {
 	c := def
 	if v := os.Getenv(KindEnv); v != "" {
@@ -131,6 +132,7 @@ func ConfigFromEnv(def Config) Config {
 	if v := os.Getenv(SQLDSNEnv); v != "" {
 		c.SQLDSN = v
 	}
+	c.setDefaults()
 	return c
 }
 

@@ -1,5 +1,5 @@
-// Package shop is the small domain shared by the RabbitMQ and Kafka
-// examples: an order-placed event charges a customer and emits
+// Package shop is the small domain of the end-to-end harness
+// (examples/internal/e2e): an order-placed event charges a customer and emits
 // payment-completed, and a downstream receipts service consumes that.
 //
 // The handlers (Billing.Handle, Receipts.Handle) are ordinary Watermill

@@ -30,7 +30,7 @@ const (
 	PostgresDSNEnv = "POSTGRES_DSN"
 )
 
-// CLI is the command line shared by the examples.
+// CLI is the command line of the harness (examples/internal/e2e).
 type CLI struct {
 	Config      Config
 	MetricsAddr string
@@ -38,9 +38,10 @@ type CLI struct {
 	debug       bool
 }
 
-// NewCLI returns the command line of an example whose broker defaults to
-// kind, with defaults from the environment (BROKER, AMQP_URL,
-// KAFKA_BROKERS, DATABASE, POSTGRES_DSN), and defines its flags on fs.
+// NewCLI returns the command line of a harness whose broker defaults to
+// kind, with defaults from the environment (BROKER, AMQP_URL, NATS_URL,
+// REDIS_ADDR, SQL_DSN, KAFKA_BROKERS, DATABASE, POSTGRES_DSN), and defines
+// its flags on fs.
 func NewCLI(fs *flag.FlagSet, kind broker.Kind) *CLI {
 	c := &CLI{}
 	c.Config.Broker = broker.ConfigFromEnv(broker.Config{Kind: kind})
