@@ -36,6 +36,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -150,7 +151,13 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	router.AddMiddleware(inbox.Middleware)
+	// Permanent inbox errors (no key, a key reused for other content) go to
+	// the poison topic and are acknowledged; every other error is retried.
+	poison, err := wmiddleware.PoisonQueueWithFilter(pub, c.Prefix+"orders_poison", middleware.IsPermanent)
+	if err != nil {
+		return err
+	}
+	router.AddMiddleware(poison, inbox.Middleware)
 	router.AddHandler("billing", ordersTopic, billingSub, paymentsTopic, pub, func(msg *message.Message) ([]*message.Message, error) {
 		var o order
 		if err := json.Unmarshal(msg.Payload, &o); err != nil {

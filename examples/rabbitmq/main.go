@@ -32,6 +32,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
 	"github.com/idemkit/watermill-idempotent/middleware"
@@ -128,7 +129,13 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	router.AddMiddleware(inbox.Middleware)
+	// Permanent inbox errors (no key, a key reused for other content) go to
+	// the poison topic and are acknowledged; every other error is retried.
+	poison, err := wmiddleware.PoisonQueueWithFilter(pub, c.Prefix+"orders_poison", middleware.IsPermanent)
+	if err != nil {
+		return err
+	}
+	router.AddMiddleware(poison, inbox.Middleware)
 	router.AddHandler("billing", ordersTopic, billingSub, paymentsTopic, pub, func(msg *message.Message) ([]*message.Message, error) {
 		var o order
 		if err := json.Unmarshal(msg.Payload, &o); err != nil {
