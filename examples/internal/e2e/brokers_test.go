@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -47,15 +48,22 @@ func TestSQL(t *testing.T) {
 // playOnReplacedSubscribers runs the scenario with the inbox on PostgreSQL
 // (payments through the outbox) on a broker where a crash takes the
 // subscriber down and a replacement joins, and asserts the ledger. Each
-// subscriber holds one message at a time, so every delivery count is
-// exact: every publish, plus one redelivery per injected failure and per
-// crash.
+// subscriber holds one message at a time, so processed deliveries and
+// duplicates are exact. A subscriber that is closing can still hand one
+// more message to its router (watermill's subscribers select between
+// sending it and closing), whose context the close then cancels: that
+// delivery fails, nothing committed, and is redelivered. So each crash
+// adds at most one failed delivery, and the total is every publish plus
+// one redelivery per failed delivery and per crash.
 func playOnReplacedSubscribers(t *testing.T, config broker.Config) {
 	t.Helper()
 	if testing.Short() {
 		t.Skipf("-short: the whole scenario on %s; make test runs it (the GoChannel run in examples/internal/e2e/shop covers it here)", config.Kind)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // a deadline for a stuck run
+	// A deadline for a stuck run. The sql broker stalls while any
+	// transaction in the PostgreSQL cluster is older than its newest
+	// messages (see docs/examples.md), and the cluster is shared.
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	start := time.Now()
 	l, err := shop.Run(ctx, shop.Config{Broker: config, Database: shop.Postgres, PostgresDSN: testenv.PostgresDSN()})
@@ -70,15 +78,16 @@ func playOnReplacedSubscribers(t *testing.T, config broker.Config) {
 	require.Equal(t, resent, l.Resent())
 
 	b := l.Billing
-	require.Equal(t, orders+resent+bad+failures+crashes, b.Total(), "every publish, plus one redelivery per failure and per crash")
 	require.Equal(t, orders, b[middleware.OutcomeProcessed], "each order charged by one delivery")
-	require.Equal(t, failures, b[middleware.OutcomeFailed])
-	require.Equal(t, failures, l.Failures)
+	require.Equal(t, resent+crashes, b.Duplicates(), "producer re-sends and crash redeliveries")
+	require.Equal(t, failures, l.Failures, "injected failures")
 	require.Equal(t, crashes, l.Crashes)
+	require.GreaterOrEqual(t, b[middleware.OutcomeFailed], failures)
+	require.LessOrEqual(t, b[middleware.OutcomeFailed], failures+crashes, "a crash interrupts at most the one delivery its subscriber handed over while closing")
+	require.Equal(t, l.Published+b[middleware.OutcomeFailed]+crashes, b.Total(), "every publish, plus one redelivery per failed delivery and per crash")
 	require.GreaterOrEqual(t, l.InstancesDown, 1, "a crash takes its subscriber down")
 	require.LessOrEqual(t, l.InstancesDown, crashes)
 	require.Equal(t, l.InstancesDown, l.Restarts, "each crashed instance replaced by a new one")
-	require.Equal(t, resent+crashes, b.Duplicates(), "producer re-sends and crash redeliveries")
 	require.Equal(t, 1, b[middleware.OutcomeNoKey])
 	require.Equal(t, 1, b[middleware.OutcomePayloadMismatch])
 
@@ -99,7 +108,7 @@ func playOnReplacedSubscribers(t *testing.T, config broker.Config) {
 
 	require.ElementsMatch(t, l.BadUUIDs, l.Poisoned, "the poison topic holds the two bad messages and nothing else")
 	require.True(t, l.ExactlyOnce())
-	require.Contains(t, out.String(), "billing    58 deliveries = 40 processed + 4 failed + 12 duplicates + 2 poisoned\n")
+	require.Contains(t, out.String(), fmt.Sprintf("billing    %d deliveries = 40 processed + %d failed + 12 duplicates + 2 poisoned\n", b.Total(), b[middleware.OutcomeFailed]))
 	require.Contains(t, out.String(), "12 duplicates acknowledged without charging: 10 re-sent by the producer, 2 redelivered after a crash\n")
 	require.Contains(t, out.String(), "payments   40 published by the relay from the outbox, 40 delivered to receipts, 0 left in the outbox\n")
 	require.Contains(t, out.String(), "every order charged exactly once")
