@@ -22,7 +22,7 @@ import (
 
 // saramaVersion is the newest protocol version the in-process kfake
 // broker understands from Sarama's consumer group (see
-// examples/internal/broker/kafka.go).
+// examples/internal/e2e/broker/kafka.go).
 var saramaVersion = sarama.V2_3_0_0
 
 // partitions of every test topic.
