@@ -405,9 +405,17 @@ func (s *scenario) play(ctx context.Context) (err error) {
 	// Every condition is an effect that has happened, not a guess at
 	// timing: stopping earlier cuts off work in flight and the ledger
 	// would count a state no run ends in.
-	minDeliveries := s.ledger.Published + len(s.faults.FailOnce) + len(s.faults.CrashBeforeAck)
+	// Every publish is delivered, and redelivered once per crash and once
+	// per failed delivery: the injected failures, and deliveries a crash
+	// interrupted (a closing subscriber can hand over one more message and
+	// then cancel it), whose redelivery may come only after the broker's
+	// redelivery timer.
+	minDeliveries := func() int {
+		billing := s.counter.snapshot("billing")
+		return s.ledger.Published + len(s.faults.CrashBeforeAck) + max(billing[middleware.OutcomeFailed], len(s.faults.FailOnce))
+	}
 	if err := s.waitUntil(ctx, "the flow to settle", func() bool {
-		if s.counter.total("billing") < minDeliveries ||
+		if s.counter.total("billing") < minDeliveries() ||
 			s.receiptsSeen.Load() < s.publisher.count.Load() ||
 			s.poisonSeen.Load() < int64(s.ledger.BadMessages) {
 			return false
