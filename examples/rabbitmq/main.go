@@ -17,6 +17,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -48,8 +49,8 @@ type config struct {
 
 func main() {
 	c := config{Prefix: "shop_"}
-	flag.StringVar(&c.AMQPURL, "amqp-url", env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (env AMQP_URL)")
-	flag.StringVar(&c.PostgresDSN, "postgres-dsn", env("POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN (env POSTGRES_DSN)")
+	flag.StringVar(&c.AMQPURL, "amqp-url", cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (env AMQP_URL)")
+	flag.StringVar(&c.PostgresDSN, "postgres-dsn", cmp.Or(os.Getenv("POSTGRES_DSN"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN (env POSTGRES_DSN)")
 	flag.IntVar(&c.Orders, "orders", 12, "orders to place")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -163,10 +164,10 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	<-router.Running()
 
 	// The producer: a third of the orders re-sent with the same UUID.
-	run := watermill.NewShortUUID()[:8]
+	runID := watermill.NewShortUUID()[:8] // in every order ID: the ledger reads this run's rows
 	published := 0
 	for i := range c.Orders {
-		o := order{ID: fmt.Sprintf("%s-%03d", run, i+1), Customer: []string{"alice", "bob", "carol"}[i%3], Cents: int64(100 + i*250)}
+		o := order{ID: fmt.Sprintf("%s-%03d", runID, i+1), Customer: []string{"alice", "bob", "carol"}[i%3], Cents: int64(100 + i*250)}
 		payload, _ := json.Marshal(o)
 		msg := message.NewMessage(watermill.NewUUID(), payload)
 		for range 1 + (i%3)/2 {
@@ -183,22 +184,20 @@ func run(ctx context.Context, c config, w io.Writer) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	return printLedger(ctx, w, db, charges, receipts, run, c.Orders, published, seen)
-}
 
-func printLedger(ctx context.Context, w io.Writer, db *sql.DB, charges, receipts, run string, orders, published int, seen *outcomes) error {
+	// The ledger, from the database.
 	var charged, chargedOrders, cents, receiptCount int
-	err := db.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(DISTINCT order_id), COALESCE(SUM(cents), 0), (SELECT COUNT(*) FROM `+receipts+
-		` WHERE payment LIKE '%"'||$1||'-%') FROM `+charges+` WHERE order_id LIKE $1||'-%'`, run).Scan(&charged, &chargedOrders, &cents, &receiptCount)
+	err = db.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(DISTINCT order_id), COALESCE(SUM(cents), 0), (SELECT COUNT(*) FROM `+receipts+
+		` WHERE payment LIKE '%"'||$1||'-%') FROM `+charges+` WHERE order_id LIKE $1||'-%'`, runID).Scan(&charged, &chargedOrders, &cents, &receiptCount)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "run %s: %d orders published as %d messages (%d re-sent with the same UUID)\n", run, orders, published, published-orders)
+	fmt.Fprintf(w, "run %s: %d orders published as %d messages (%d re-sent with the same UUID)\n", runID, c.Orders, published, published-c.Orders)
 	fmt.Fprintf(w, "billing:  %d charges for %d orders, $%d.%02d; %d duplicates acknowledged without charging\n",
 		charged, chargedOrders, cents/100, cents%100, seen.get("billing/duplicate"))
 	fmt.Fprintf(w, "receipts: %d payments relayed from the outbox, %d receipts\n", seen.get("receipts"), receiptCount)
-	if charged != orders || chargedOrders != orders || receiptCount != orders {
-		return fmt.Errorf("%d charges and %d receipts for %d orders", charged, receiptCount, orders)
+	if charged != c.Orders || chargedOrders != c.Orders || receiptCount != c.Orders {
+		return fmt.Errorf("%d charges and %d receipts for %d orders", charged, receiptCount, c.Orders)
 	}
 	_, err = fmt.Fprintln(w, "every order charged exactly once, one receipt per payment")
 	return err
@@ -218,10 +217,3 @@ func (o *outcomes) ObserveDelivery(_ context.Context, d middleware.Delivery) {
 }
 
 func (o *outcomes) get(k string) int { o.mu.Lock(); defer o.mu.Unlock(); return o.n[k] }
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
