@@ -64,6 +64,7 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 		return runResult{}, err
 	}
 	probe := startProbe(cs.pids())
+	wal0 := sampleWAL(ctx, db)
 	if err := cs.signal("go"); err != nil {
 		return runResult{}, err
 	}
@@ -74,6 +75,7 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 	}); err != nil {
 		return runResult{}, fmt.Errorf("waiting for %d orders: %w", o.n, err)
 	}
+	fsyncs, perSync := walRates(wal0, sampleWAL(ctx, db))
 	ours, err := ourBackends(ctx, db, app)
 	if err != nil {
 		return runResult{}, err
@@ -100,7 +102,8 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 		}
 	}
 	lat = sortDurations(lat)
-	return runResult{rate: float64(o.n-1) / span, p50: percentile(lat, 50), p99: percentile(lat, 99), cpu: cpu, load: load}, nil
+	return runResult{rate: float64(o.n-1) / span, p50: percentile(lat, 50), p99: percentile(lat, 99), cpu: cpu, load: load,
+		fsyncs: fsyncs, commitsPerSync: perSync}, nil
 }
 
 // amqpConfig is a competing-consumer queue: every subscriber of the

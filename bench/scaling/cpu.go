@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -119,4 +121,27 @@ func uniq(pids []int) []int {
 		}
 	}
 	return out
+}
+
+// walSample is the server's WAL fsync and commit counters (every
+// database's, other users' included).
+type walSample struct {
+	syncs, commits int64
+	at             time.Time
+}
+
+func sampleWAL(ctx context.Context, db *sql.DB) walSample {
+	s := walSample{at: time.Now()}
+	_ = db.QueryRowContext(ctx, `SELECT (SELECT wal_sync FROM pg_stat_wal), (SELECT SUM(xact_commit)::bigint FROM pg_stat_database)`).Scan(&s.syncs, &s.commits)
+	return s
+}
+
+// walRates returns WAL fsyncs per second and commits per fsync between
+// two samples.
+func walRates(a, b walSample) (fsyncsPerSec, commitsPerSync float64) {
+	syncs := float64(b.syncs - a.syncs)
+	if syncs <= 0 {
+		return 0, 0
+	}
+	return syncs / b.at.Sub(a.at).Seconds(), float64(b.commits-a.commits) / syncs
 }

@@ -142,14 +142,14 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	if len(o.consumers) > 0 {
 		fmt.Fprintf(w, "\nconsumers: competing consumers on one RabbitMQ queue, %d handlers per process (prefetch %d each), inbox on PostgreSQL\n", o.workers, o.prefetch)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "procs\thandlers\tmsgs/s\tp50\tp99\tpg (ours)\tpg (all)\tconsumers\trabbitmq\tload avg\t")
+		fmt.Fprintln(tw, "procs\thandlers\tmsgs/s\tp50\tp99\tpg (ours)\tpg (all)\tconsumers\trabbitmq\tWAL fsync/s\tcommits/fsync\tload avg\t")
 		for _, n := range o.consumers {
 			r, err := runConsumers(ctx, db, o, n)
 			if err != nil {
 				return fmt.Errorf("%d consumers: %w", n, err)
 			}
-			fmt.Fprintf(tw, "%d\t%d\t%.0f\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", n, n*o.workers, r.rate,
-				ms(r.p50), ms(r.p99), r.cpu.pgOurs, r.cpu.pgAll, r.cpu.children, r.cpu.rabbit, r.load)
+			fmt.Fprintf(tw, "%d\t%d\t%.0f\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.1f\t%s\t\n", n, n*o.workers, r.rate,
+				ms(r.p50), ms(r.p99), r.cpu.pgOurs, r.cpu.pgAll, r.cpu.children, r.cpu.rabbit, r.fsyncs, r.commitsPerSync, r.load)
 			fmt.Fprintf(os.Stderr, "scaling: %d consumer processes done: %.0f msgs/s\n", n, r.rate)
 		}
 		_ = tw.Flush()
@@ -181,7 +181,10 @@ type runResult struct {
 	p50, p99   time.Duration
 	inversions int
 	cpu        cpuUse
-	load       string
+	// fsyncs is WAL fsyncs per second, commitsPerSync the commits each
+	// covered (group commit), server-wide.
+	fsyncs, commitsPerSync float64
+	load                   string
 }
 
 func randomSuffix() string {

@@ -244,3 +244,16 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 	}
 	return loss
 }
+
+func BenchmarkClusterRepository(b *testing.B) {
+	client := testenv.RedisCluster(b)
+	repotest.Bench(b, repotest.BenchBackend{
+		Name:     "redis-cluster",
+		Features: repotest.Features{TwoPhase: true, NoSQLTable: true, ExpiryByTTL: true},
+		New: func(tb testing.TB, table string) (repotest.Repository, error) {
+			prefix := "watermill-idempotent-bench:" + table + ":"
+			testenv.DeleteRedisKeysOnCleanup(tb, client, prefix)
+			return redis.NewRepository(client, redis.Config{KeyPrefix: prefix})
+		},
+	})
+}
