@@ -135,16 +135,19 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 		}
 	}
 	require.NotNil(t, replica, "the victim primary must have a replica")
-	slots, err := victimClient.ClusterSlots(ctx).Result()
+	shards, err := victimClient.ClusterShards(ctx).Result()
 	require.NoError(t, err)
 	var victimSlots [][2]int
-	for _, s := range slots {
+	for _, s := range shards {
 		for _, n := range s.Nodes {
 			if n.ID == victimID {
-				victimSlots = append(victimSlots, [2]int{int(s.Start), int(s.End)})
+				for _, r := range s.Slots {
+					victimSlots = append(victimSlots, [2]int{int(r.Start), int(r.End)})
+				}
 			}
 		}
 	}
+	require.NotEmpty(t, victimSlots, "the victim primary must serve slots")
 
 	var (
 		mu      sync.Mutex
