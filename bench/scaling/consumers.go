@@ -69,21 +69,14 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 		return runResult{}, err
 	}
 	if err := waitFor(ctx, 3*time.Minute, func() (bool, error) {
-		var got int
-		err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+orders).Scan(&got)
+		got, err := countRows(ctx, db, orders)
 		return got >= o.n, err
 	}); err != nil {
 		return runResult{}, fmt.Errorf("waiting for %d orders: %w", o.n, err)
 	}
 	fsyncs, perSync := walRates(wal0, sampleWAL(ctx, db))
-	ours, err := ourBackends(ctx, db, app)
+	cpu, load, reports, err := cs.finish(ctx, db, app, probe)
 	if err != nil {
-		return runResult{}, err
-	}
-	cpu := probe.finish(ours)
-	load := loadAverage()
-	reports := make([]report, n)
-	if err := cs.stop(func(i int) any { return &reports[i] }); err != nil {
 		return runResult{}, err
 	}
 

@@ -49,7 +49,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -257,24 +256,38 @@ func (cs *children) signal(line string) error {
 	return errors.Join(errs...)
 }
 
-// stop closes the children's stdin (their signal to stop), decodes the
-// report each writes into one of reports, and waits for them.
-func (cs *children) stop(report func(i int) any) error {
-	var errs []error
+// finish ends a run: it samples the CPU of the probe's processes and of
+// the run's postgres backends (application_name app) and the load
+// average, then closes the children's stdin (their signal to stop),
+// decodes the report each writes, and waits for them.
+func (cs *children) finish(ctx context.Context, db *sql.DB, app string, probe *cpuProbe) (cpuUse, string, []report, error) {
+	ours, err := ourBackends(ctx, db, app)
+	if err != nil {
+		return cpuUse{}, "", nil, err
+	}
+	cpu := probe.finish(ours)
+	load := loadAverage()
 	for _, p := range cs.procs {
 		_ = p.stdin.Close()
 	}
+	reports := make([]report, len(cs.procs))
+	var errs []error
 	for i, p := range cs.procs {
-		if report != nil {
-			if err := json.NewDecoder(p.stdout).Decode(report(i)); err != nil {
-				errs = append(errs, fmt.Errorf("child report: %w: %s", err, p.stderr.String()))
-			}
+		if err := json.NewDecoder(p.stdout).Decode(&reports[i]); err != nil {
+			errs = append(errs, fmt.Errorf("child report: %w: %s", err, p.stderr.String()))
 		}
 		if err := p.cmd.Wait(); err != nil {
 			errs = append(errs, fmt.Errorf("child: %w: %s", err, p.stderr.String()))
 		}
 	}
-	return errors.Join(errs...)
+	return cpu, load, reports, errors.Join(errs...)
+}
+
+// countRows returns the number of rows in table.
+func countRows(ctx context.Context, db *sql.DB, table string) (int, error) {
+	var n int
+	err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+table).Scan(&n)
+	return n, err
 }
 
 // kill ends children that are still running (after a failed run).
@@ -341,12 +354,8 @@ func ourBackends(ctx context.Context, db *sql.DB, app string) ([]int, error) {
 	return pids, rows.Err()
 }
 
-var loadMu sync.Mutex
-
-// loadAverage returns /proc/loadavg's first three fields.
+// loadAverage returns /proc/loadavg's first three fields (as bench's).
 func loadAverage() string {
-	loadMu.Lock()
-	defer loadMu.Unlock()
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return "unknown"

@@ -62,21 +62,14 @@ func runRelays(ctx context.Context, db *sql.DB, o options, n int) (runResult, er
 		return runResult{}, err
 	}
 	if err := waitFor(ctx, 3*time.Minute, func() (bool, error) {
-		var left int
-		err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+table).Scan(&left)
+		left, err := countRows(ctx, db, table)
 		return left == 0, err
 	}); err != nil {
 		return runResult{}, fmt.Errorf("waiting for the outbox to drain: %w", err)
 	}
 	elapsed := time.Since(start)
-	ours, err := ourBackends(ctx, db, app)
+	cpu, load, reports, err := cs.finish(ctx, db, app, probe)
 	if err != nil {
-		return runResult{}, err
-	}
-	cpu := probe.finish(ours)
-	load := loadAverage()
-	reports := make([]report, n)
-	if err := cs.stop(func(i int) any { return &reports[i] }); err != nil {
 		return runResult{}, err
 	}
 	var all [][2]int64

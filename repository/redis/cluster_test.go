@@ -18,7 +18,6 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 	"github.com/idemkit/watermill-idempotent/repository/redis"
-	"github.com/idemkit/watermill-idempotent/repository/repotest"
 )
 
 // TestClusterConformance runs the whole conformance suite through a
@@ -26,16 +25,7 @@ import (
 // records of one case spread over every primary's slots, so the Operator
 // and Stats cases fail if ListStuck or CountRecords miss a node.
 func TestClusterConformance(t *testing.T) {
-	client := testenv.RedisCluster(t)
-	repotest.Run(t, repotest.Backend{
-		Name:     "redis-cluster",
-		Features: repotest.Features{TwoPhase: true, NoSQLTable: true, ExpiryByTTL: true, Operator: true, Stats: true},
-		New: func(t *testing.T, table string) (repotest.Repository, error) {
-			prefix := "watermill-idempotent-test:" + table + ":"
-			testenv.DeleteRedisKeysOnCleanup(t, client, prefix)
-			return redis.NewRepository(client, redis.Config{KeyPrefix: prefix})
-		},
-	})
+	runConformance(t, "redis-cluster", testenv.RedisCluster(t))
 }
 
 // TestClusterJanitorAndOperatorSeeEveryPrimary seeds records that land on
@@ -249,14 +239,5 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 }
 
 func BenchmarkClusterRepository(b *testing.B) {
-	client := testenv.RedisCluster(b)
-	repotest.Bench(b, repotest.BenchBackend{
-		Name:     "redis-cluster",
-		Features: repotest.Features{TwoPhase: true, NoSQLTable: true, ExpiryByTTL: true},
-		New: func(tb testing.TB, table string) (repotest.Repository, error) {
-			prefix := "watermill-idempotent-bench:" + table + ":"
-			testenv.DeleteRedisKeysOnCleanup(tb, client, prefix)
-			return redis.NewRepository(client, redis.Config{KeyPrefix: prefix})
-		},
-	})
+	runBench(b, "redis-cluster", testenv.RedisCluster(b))
 }
