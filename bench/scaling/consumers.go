@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,9 +24,9 @@ import (
 
 // childArgs are a child process's settings.
 type childArgs struct {
-	queue, inbox, orders, outbox, app string
-	workers, prefetch, batch          int
-	pgDSN, amqpURL                    string
+	queue, inbox, orders, outbox, app, brokers string
+	workers, prefetch, batch                   int
+	pgDSN, amqpURL                             string
 }
 
 // report is what a child prints on stdout when it stops.
@@ -52,18 +53,39 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 	if _, err := db.ExecContext(ctx, `CREATE TABLE `+orders+` (id VARCHAR(64) PRIMARY KEY, amount BIGINT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())`); err != nil {
 		return runResult{}, err
 	}
-	defer deleteQueue(o.amqpURL, queue)
-	if err := publishAll(o, queue); err != nil {
+	args := []string{"-child", "consumer", "-queue", queue, "-inbox", inbox, "-orders", orders, "-app", app,
+		"-workers", strconv.Itoa(o.workers), "-prefetch", strconv.Itoa(o.prefetch)}
+	var broker []int // nil: RabbitMQ
+	var pub message.Publisher
+	handlers := n * o.workers
+	if o.broker == "kafka" {
+		kf, err := startKfake(queue, o.partitions)
+		if err != nil {
+			return runResult{}, err
+		}
+		defer kf.Close()
+		args = append(args, "-brokers", strings.Join(kf.ListenAddrs(), ","))
+		broker, handlers = []int{os.Getpid()}, o.partitions
+		if pub, err = newKafkaPublisher(kf.ListenAddrs()); err != nil {
+			return runResult{}, err
+		}
+	} else {
+		defer deleteQueue(o.amqpURL, queue)
+		if pub, err = newAMQPPublisher(o.amqpURL, queue); err != nil {
+			return runResult{}, err
+		}
+	}
+	err = publishAll(pub, queue, o.n)
+	if err = errors.Join(err, pub.Close()); err != nil {
 		return runResult{}, fmt.Errorf("publish: %w", err)
 	}
 
-	cs, err := startChildren(n, "-child", "consumer", "-queue", queue, "-inbox", inbox, "-orders", orders, "-app", app,
-		"-workers", strconv.Itoa(o.workers), "-prefetch", strconv.Itoa(o.prefetch))
+	cs, err := startChildren(n, args...)
 	defer cs.kill()
 	if err != nil {
 		return runResult{}, err
 	}
-	probe := startProbe(cs.pids())
+	probe := startProbe(cs.pids(), broker)
 	wal0 := sampleWAL(ctx, db)
 	if err := cs.signal("go"); err != nil {
 		return runResult{}, err
@@ -80,9 +102,17 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 		return runResult{}, err
 	}
 
+	// Kafka: the group's members join (and the group rebalances) while
+	// the first ones already consume, so the rate is taken over the
+	// middle 80 % of the commits; RabbitMQ: over all of them.
+	lo, hi := 0.0, 1.0
+	if o.broker == "kafka" {
+		lo, hi = 0.1, 0.9
+	}
 	var got int
 	var span float64
-	if err := db.QueryRowContext(ctx, `SELECT COUNT(*), EXTRACT(EPOCH FROM MAX(at) - MIN(at))::float8 FROM `+orders).Scan(&got, &span); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*), EXTRACT(EPOCH FROM
+	percentile_disc($2::float8) WITHIN GROUP (ORDER BY at) - percentile_disc($1::float8) WITHIN GROUP (ORDER BY at))::float8 FROM `+orders, lo, hi).Scan(&got, &span); err != nil {
 		return runResult{}, err
 	}
 	if got != o.n {
@@ -95,7 +125,7 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 		}
 	}
 	lat = sortDurations(lat)
-	return runResult{rate: float64(o.n-1) / span, p50: percentile(lat, 50), p99: percentile(lat, 99), cpu: cpu, load: load,
+	return runResult{rate: (hi - lo) * float64(o.n-1) / span, handlers: handlers, p50: percentile(lat, 50), p99: percentile(lat, 99), cpu: cpu, load: load,
 		fsyncs: fsyncs, commitsPerSync: perSync}, nil
 }
 
@@ -107,30 +137,30 @@ func amqpConfig(url string, prefetch int) amqp.Config {
 	return c
 }
 
-// publishAll declares queue and publishes o.n messages to it, 500 per
-// Publish call. (The publisher sends to the default exchange, which
-// drops messages for a queue that does not exist yet.)
-func publishAll(o options, queue string) error {
-	sub, err := amqp.NewSubscriber(amqpConfig(o.amqpURL, 1), watermill.NopLogger{})
+// newAMQPPublisher declares queue and returns a publisher to it. (The
+// publisher sends to the default exchange, which drops messages for a
+// queue that does not exist yet.)
+func newAMQPPublisher(url, queue string) (message.Publisher, error) {
+	sub, err := amqp.NewSubscriber(amqpConfig(url, 1), watermill.NopLogger{})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	err = sub.SubscribeInitialize(queue)
 	_ = sub.Close()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	pub, err := amqp.NewPublisher(amqpConfig(o.amqpURL, 1), watermill.NopLogger{})
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
+	return amqp.NewPublisher(amqpConfig(url, 1), watermill.NopLogger{})
+}
+
+// publishAll publishes n messages to topic, 500 per Publish call.
+func publishAll(pub message.Publisher, topic string, n int) error {
 	batch := make([]*message.Message, 0, 500)
-	for i := range o.n {
+	for i := range n {
 		id := watermill.NewUUID()
 		batch = append(batch, message.NewMessage(id, fmt.Appendf(nil, `{"order":%q,"amount":%d}`, id, i+1)))
-		if len(batch) == cap(batch) || i == o.n-1 {
-			if err := pub.Publish(queue, batch...); err != nil {
+		if len(batch) == cap(batch) || i == n-1 {
+			if err := pub.Publish(topic, batch...); err != nil {
 				return err
 			}
 			batch = batch[:0]
@@ -197,7 +227,16 @@ func runConsumerChild(c childArgs) error {
 	}
 
 	logger := watermill.NopLogger{}
-	sub, err := amqp.NewSubscriber(amqpConfig(c.amqpURL, c.prefetch), logger)
+	var sub message.Subscriber
+	handlers := c.workers
+	if c.brokers != "" {
+		// One subscription joins the group once; its concurrency is
+		// the partitions it owns.
+		sub, err = newKafkaSubscriber(strings.Split(c.brokers, ","), "scaling-"+c.queue)
+		handlers = 1
+	} else {
+		sub, err = amqp.NewSubscriber(amqpConfig(c.amqpURL, c.prefetch), logger)
+	}
 	if err != nil {
 		return err
 	}
@@ -205,7 +244,7 @@ func runConsumerChild(c childArgs) error {
 	if err != nil {
 		return err
 	}
-	for i := range c.workers {
+	for i := range handlers {
 		router.AddConsumerHandler("h"+strconv.Itoa(i), c.queue, sub, timed)
 	}
 	in := bufio.NewReader(os.Stdin)

@@ -84,30 +84,35 @@ func cores(before, after snapshot, pids []int) float64 {
 
 // cpuUse is a run's CPU, in cores.
 type cpuUse struct {
-	pgOurs, pgAll, children, rabbit float64
+	pgOurs, pgAll, children, broker float64
 }
 
 // cpuProbe samples the processes of a run at its start and end.
 type cpuProbe struct {
-	postgres, rabbit, children []int
+	postgres, broker, children []int
 	start                      snapshot
 }
 
-func startProbe(children []int) *cpuProbe {
-	p := &cpuProbe{postgres: procsNamed("postgres"), rabbit: procsNamed("beam.smp"), children: children}
-	p.start = takeSnapshot(p.postgres, p.rabbit, p.children)
+// startProbe samples postgres, the children and the broker's processes
+// (nil: RabbitMQ's beam.smp).
+func startProbe(children, broker []int) *cpuProbe {
+	if broker == nil {
+		broker = procsNamed("beam.smp")
+	}
+	p := &cpuProbe{postgres: procsNamed("postgres"), broker: broker, children: children}
+	p.start = takeSnapshot(p.postgres, p.broker, p.children)
 	return p
 }
 
 // finish samples again; ours are the run's postgres backends.
 func (p *cpuProbe) finish(ours []int) cpuUse {
 	pg := append(procsNamed("postgres"), ours...)
-	end := takeSnapshot(pg, p.rabbit, p.children)
+	end := takeSnapshot(pg, p.broker, p.children)
 	return cpuUse{
 		pgOurs:   cores(p.start, end, ours),
 		pgAll:    cores(p.start, end, uniq(pg)),
 		children: cores(p.start, end, p.children),
-		rabbit:   cores(p.start, end, p.rabbit),
+		broker:   cores(p.start, end, p.broker),
 	}
 }
 

@@ -56,7 +56,7 @@ func runRelays(ctx context.Context, db *sql.DB, o options, n int) (runResult, er
 	if err != nil {
 		return runResult{}, err
 	}
-	probe := startProbe(cs.pids())
+	probe := startProbe(cs.pids(), nil)
 	start := time.Now()
 	if err := cs.signal("go"); err != nil {
 		return runResult{}, err
