@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -275,8 +276,9 @@ func lockDir(root string) (func(), error) {
 
 // PrivateRedisCluster is a Redis Cluster of the test's own — three
 // primaries and three replicas, each a RedisServer on a free port with
-// its files in the test's temporary directory — for fault tests that kill
-// or fail over nodes. It is stopped when the test ends.
+// its files in the test's temporary directory and the DEBUG command
+// enabled — for fault tests that kill, stall or fail over nodes. It is
+// stopped when the test ends.
 type PrivateRedisCluster struct {
 	// Nodes are the six servers, in the order they were given to
 	// redis-cli --cluster create (the first three start as primaries).
@@ -291,7 +293,8 @@ func StartRedisCluster(t testing.TB) *PrivateRedisCluster {
 	c := &PrivateRedisCluster{}
 	addrs := make([]string, 6)
 	for i := range addrs {
-		s := StartRedisServer(t, clusterArgs...)
+		// DEBUG SLEEP lets fault tests stall a node.
+		s := StartRedisServer(t, slices.Concat(clusterArgs, []string{"--enable-debug-command", "yes"})...)
 		c.Nodes = append(c.Nodes, s)
 		addrs[i] = s.Addr
 	}

@@ -1,6 +1,7 @@
 package redis_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -75,8 +76,14 @@ func TestClusterJanitorAndOperatorSeeEveryPrimary(t *testing.T) {
 // before it.
 type failoverLoss struct {
 	acked, errors, lost, lostOutsideVictim int
-	maxLostAge                             time.Duration // newest-to-kill age of the oldest lost completion
-	failoverTook                           time.Duration
+	// lostBeforeLag counts lost completions acknowledged before the
+	// replica stopped reading the replication stream ("lagging" mode).
+	lostBeforeLag int
+	// ackedDuringLag counts completions acknowledged while the replica
+	// was stopped, before the kill ("lagging" mode).
+	ackedDuringLag int
+	maxLostAge     time.Duration // age at the failover of the oldest lost completion
+	failoverTook   time.Duration
 }
 
 // TestClusterFailoverLoss runs acquire+complete pairs on 8 goroutines
@@ -86,17 +93,27 @@ type failoverLoss struct {
 // nothing acknowledged may be lost. Killing the primary (SIGKILL) loses
 // what it acknowledged but had not yet streamed to its replica — bounded
 // by the replication lag, and only in the killed primary's slots; the
-// test asserts the latter and logs the counts (docs/scaling.md).
+// test asserts the latter and logs the counts (docs/scaling.md). The
+// "lagging" mode makes the lag large on purpose — the replica stops
+// reading the replication stream (DEBUG SLEEP) while completions go on,
+// then its primary is killed — and asserts that whatever was lost was
+// acknowledged while the replica lagged: the loss is the lag.
 func TestClusterFailoverLoss(t *testing.T) {
-	for _, mode := range []string{"manual", "kill"} {
+	for _, mode := range []string{"manual", "kill", "lagging"} {
 		t.Run(mode, func(t *testing.T) {
+			if mode == "lagging" && testing.Short() {
+				t.Skip("-short: the lagging-replica failover takes about a minute")
+			}
 			loss := runFailover(t, mode)
-			t.Logf("%s failover: %d completions acknowledged, %d errors during the failover, %d lost "+
+			t.Logf("%s failover: %d completions acknowledged (%d while the replica lagged), %d errors during the failover, %d lost "+
 				"(oldest lost acknowledged %s before the failover), failover took %s",
-				mode, loss.acked, loss.errors, loss.lost, loss.maxLostAge, loss.failoverTook)
+				mode, loss.acked, loss.ackedDuringLag, loss.errors, loss.lost, loss.maxLostAge, loss.failoverTook)
 			require.Zero(t, loss.lostOutsideVictim, "only the failed primary's slots may lose writes")
-			if mode == "manual" {
+			switch mode {
+			case "manual":
 				require.Zero(t, loss.lost, "a manual failover waits for the replica: nothing acknowledged may be lost")
+			case "lagging":
+				require.Zero(t, loss.lostBeforeLag, "only completions acknowledged while the replica lagged may be lost")
 			}
 		})
 	}
@@ -183,12 +200,40 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 	}
 	waitUntil("2000 completions before the failover", func() bool { return acked() >= 2000 })
 
+	var lagFrom time.Time
+	ackedDuringLag := 0
+	if mode == "lagging" {
+		// DEBUG SLEEP blocks the replica's event loop: it reads no
+		// replication stream while its primary keeps acknowledging.
+		// Writes the primary acknowledged just before the replica ran
+		// DEBUG SLEEP may still be unread in its socket: allow 100 ms.
+		sleeper := replica.Client()
+		woke := make(chan error, 1)
+		lagFrom = time.Now().Add(-100 * time.Millisecond)
+		go func() { woke <- sleeper.Do(context.Background(), "DEBUG", "SLEEP", "8").Err() }()
+		probe := goredis.NewClient(&goredis.Options{Addr: replica.Addr, MaxRetries: -1,
+			DialTimeout: 100 * time.Millisecond, ReadTimeout: 100 * time.Millisecond})
+		defer probe.Close()
+		waitUntil("the replica is asleep", func() bool { return probe.Ping(ctx).Err() != nil })
+		// What the primary sent before the kill is in the replica's
+		// socket buffer, which the kernel fills while the process
+		// sleeps: only what did not fit (megabytes, tens of thousands of
+		// completions) is lost. Let the lag grow for up to 6 of the 8 s.
+		before := acked()
+		waitUntil("the lag grows", func() bool { return acked() >= before+40000 || time.Since(lagFrom) > 6*time.Second })
+		ackedDuringLag = acked() - before
+		select {
+		case err := <-woke:
+			t.Fatalf("the replica woke before its primary was killed (%v): a machine this slow cannot run the case", err)
+		default:
+		}
+	}
 	failAt := time.Now()
 	errsBefore := errs.Load()
 	switch mode {
 	case "manual":
 		require.NoError(t, replica.Client().ClusterFailover(ctx).Err())
-	case "kill":
+	case "kill", "lagging":
 		victim.Kill()
 	}
 	promoted := func() bool {
@@ -196,7 +241,7 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 		return err == nil && len(role) > 0 && role[0] == "master"
 	}
 	waitUntil("the replica is promoted", promoted)
-	survivors := slices.DeleteFunc(slices.Clone(cluster.Nodes), func(n *testenv.RedisServer) bool { return mode == "kill" && n == victim })
+	survivors := slices.DeleteFunc(slices.Clone(cluster.Nodes), func(n *testenv.RedisServer) bool { return mode != "manual" && n == victim })
 	waitUntil("the cluster is ok again", func() bool { return cluster.Healthy(survivors...) == nil })
 	took := time.Since(failAt)
 	after := acked()
@@ -216,7 +261,7 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 	require.NoError(t, err)
 	mu.Lock()
 	defer mu.Unlock()
-	loss := failoverLoss{acked: len(ackedAt), errors: int(errs.Load() - errsBefore), failoverTook: took}
+	loss := failoverLoss{acked: len(ackedAt), errors: int(errs.Load() - errsBefore), failoverTook: took, ackedDuringLag: ackedDuringLag}
 	for key, at := range ackedAt {
 		rec, err := repo.Get(ctx, "c", key)
 		if err == nil && rec.State == repository.StateCompleted {
@@ -228,6 +273,9 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 		loss.lost++
 		if age := failAt.Sub(at); age > loss.maxLostAge {
 			loss.maxLostAge = age
+		}
+		if mode == "lagging" && at.Before(lagFrom) {
+			loss.lostBeforeLag++
 		}
 		s, err := fresh.ClusterKeySlot(ctx, repo.RecordKey("c", key)).Result()
 		require.NoError(t, err)
