@@ -64,7 +64,9 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 			return runResult{}, err
 		}
 		defer kf.Close()
-		args = append(args, "-brokers", strings.Join(kf.ListenAddrs(), ","))
+		// -workers sizes the child's connection pool: a member may own
+		// every partition, each with a delivery in flight.
+		args = append(args, "-brokers", strings.Join(kf.ListenAddrs(), ","), "-workers", strconv.Itoa(o.partitions))
 		broker, handlers = []int{os.Getpid()}, o.partitions
 		if pub, err = newKafkaPublisher(kf.ListenAddrs()); err != nil {
 			return runResult{}, err
