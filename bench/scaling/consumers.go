@@ -64,9 +64,11 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 			return runResult{}, err
 		}
 		defer kf.Close()
-		// -workers sizes the child's connection pool: a member may own
-		// every partition, each with a delivery in flight.
-		args = append(args, "-brokers", strings.Join(kf.ListenAddrs(), ","), "-workers", strconv.Itoa(o.partitions))
+		// -workers sizes the child's connection pool for its share of
+		// the partitions once the group is balanced (a member that owns
+		// more for a while queues for connections): all members at full
+		// size would exceed max_connections (100) on a shared server.
+		args = append(args, "-brokers", strings.Join(kf.ListenAddrs(), ","), "-workers", strconv.Itoa((o.partitions+n-1)/n))
 		broker, handlers = []int{os.Getpid()}, o.partitions
 		if pub, err = newKafkaPublisher(kf.ListenAddrs()); err != nil {
 			return runResult{}, err
