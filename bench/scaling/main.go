@@ -3,6 +3,7 @@
 //
 //	go run ./bench/scaling                          # consumers 1,2,4,8 and relays 1,2,4
 //	go run ./bench/scaling -n 20000 -consumers 1,2,4,8 -relays 1,2,3,4
+//	go run ./bench/scaling -broker kafka -partitions 16 -relays ""
 //
 // Consumers: -n messages are published to a durable RabbitMQ queue of the
 // run's own (competing consumers: every process subscribes to the same
@@ -13,7 +14,12 @@
 // row into an orders table in the inbox's transaction. Throughput is the
 // number of orders over the span between the first and the last order's
 // commit (clock_timestamp() in the row); p50/p99 are the handler chain's
-// times (inbox claim + INSERT + commit) over all processes.
+// times (inbox claim + INSERT + commit) over all processes. With -broker
+// kafka the messages go to a topic of -partitions partitions on an
+// in-process kfake broker instead, and every process joins one consumer
+// group with one subscription (one delivery per owned partition at a
+// time); the rate is then taken over the middle 80 % of the commits,
+// leaving out the group's joins and rebalances.
 //
 // Relays: -n rows are written to an outbox table of the run's own, then R
 // relay processes (-child relay) run outbox.Relay on it with a publisher
