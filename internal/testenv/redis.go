@@ -36,7 +36,7 @@ func Redis(t testing.TB) *redis.Client {
 
 // RedisPrefix returns a key prefix no other test uses and deletes every
 // key under it when t ends.
-func RedisPrefix(t testing.TB, client *redis.Client) string {
+func RedisPrefix(t testing.TB, client redis.UniversalClient) string {
 	t.Helper()
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -48,31 +48,51 @@ func RedisPrefix(t testing.TB, client *redis.Client) string {
 }
 
 // DeleteRedisKeysOnCleanup deletes every key starting with prefix when t
-// ends (SCAN, then DEL in batches), and fails t if that does not work.
-// prefix must not contain glob characters.
-func DeleteRedisKeysOnCleanup(t testing.TB, client *redis.Client, prefix string) {
+// ends (SCAN on every master of a ClusterClient, or the one server, then
+// pipelined DELs), and fails t if that does not work. prefix must not
+// contain glob characters.
+func DeleteRedisKeysOnCleanup(t testing.TB, client redis.UniversalClient, prefix string) {
 	t.Helper()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		var batch []string
-		flush := func() {
-			if len(batch) > 0 {
-				if err := client.Del(ctx, batch...).Err(); err != nil {
-					t.Errorf("redis cleanup of %s*: %v", prefix, err)
+		deleteUnder := func(ctx context.Context, node redis.Cmdable) error {
+			iter := node.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+			var batch []string
+			flush := func() error {
+				if len(batch) == 0 {
+					return nil
 				}
+				// One DEL per key: on a cluster, keys of one batch live in many slots.
+				_, err := client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+					for _, k := range batch {
+						pipe.Del(ctx, k)
+					}
+					return nil
+				})
 				batch = batch[:0]
+				return err
 			}
-		}
-		for iter.Next(ctx) {
-			batch = append(batch, iter.Val())
-			if len(batch) == 1000 {
-				flush()
+			for iter.Next(ctx) {
+				batch = append(batch, iter.Val())
+				if len(batch) == 1000 {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
 			}
+			if err := iter.Err(); err != nil {
+				return err
+			}
+			return flush()
 		}
-		flush()
-		if err := iter.Err(); err != nil {
+		var err error
+		if cluster, ok := client.(*redis.ClusterClient); ok {
+			err = cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return deleteUnder(ctx, node) })
+		} else {
+			err = deleteUnder(ctx, client)
+		}
+		if err != nil {
 			t.Errorf("redis cleanup of %s*: %v", prefix, err)
 		}
 	})

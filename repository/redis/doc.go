@@ -33,7 +33,9 @@
 // depend only on the record's identity, not on the prefix: records spread
 // over the cluster, and any key a future version adds for the same record
 // lands in the same slot. The prefix may not contain braces. See
-// Repository.RecordKey.
+// Repository.RecordKey. ListStuck and CountRecords (and so the janitor's
+// record gauges) walk every primary of a *redis.ClusterClient
+// (ForEachMaster) and every shard of a *redis.Ring.
 //
 // # Expiry and clocks
 //
@@ -57,5 +59,8 @@
 // acknowledged on a power loss, everysec to risk about a second) and
 // maxmemory-policy noeviction (every record has a TTL, so the volatile
 // policies would evict markers). A failover to an asynchronous replica can
-// still lose the latest records. docs/storage.md has the measured cost.
+// still lose the latest records — those its primary acknowledged but had
+// not yet streamed (the replication lag). docs/storage.md has the
+// measured cost of persistence, docs/scaling.md the cluster failover
+// measurement.
 package redis

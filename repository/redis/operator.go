@@ -58,9 +58,8 @@ func (r *Repository) storedRecordKey(consumer, storedKey string) string {
 // records under the prefix, not with the number of stuck ones: it is meant
 // for an operator tool, not the hot path. SCAN does not block the server,
 // but its view is not a snapshot: records written during the walk may be
-// missed or seen. On Redis Cluster, pass a client that scans every master
-// (go-redis's ClusterClient SCAN covers only one node; iterate with
-// ForEachMaster and a Repository per node client).
+// missed or seen. Over a *redis.ClusterClient it walks every master
+// (ForEachMaster), over a *redis.Ring every shard.
 func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams) ([]repository.Record, error) {
 	p, err := repository.ValidateListStuck(p)
 	if err != nil {
@@ -72,12 +71,7 @@ func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams
 	}
 	now := p.Now.UTC()
 	var recs []repository.Record
-	iter := r.client.Scan(ctx, 0, match, scanBatch).Iterator()
-	batch := make([]string, 0, scanBatch)
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
+	read := func(batch []string) error {
 		cmds, err := r.client.Pipelined(ctx, func(pipe goredis.Pipeliner) error {
 			for _, k := range batch {
 				pipe.HGetAll(ctx, k)
@@ -104,21 +98,9 @@ func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams
 				recs = append(recs, rec)
 			}
 		}
-		batch = batch[:0]
 		return nil
 	}
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == scanBatch {
-			if err := flush(); err != nil {
-				return nil, fmt.Errorf("redis: list stuck: %w", err)
-			}
-		}
-	}
-	if err := iter.Err(); err != nil {
-		return nil, fmt.Errorf("redis: list stuck: %w", err)
-	}
-	if err := flush(); err != nil {
+	if err := r.scanKeys(ctx, match, read); err != nil {
 		return nil, fmt.Errorf("redis: list stuck: %w", err)
 	}
 	slices.SortFunc(recs, func(a, b repository.Record) int {

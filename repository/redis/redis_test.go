@@ -16,10 +16,13 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository/repotest"
 )
 
-func TestConformance(t *testing.T) {
-	client := testenv.Redis(t)
+func TestConformance(t *testing.T) { runConformance(t, "redis", testenv.Redis(t)) }
+
+// runConformance runs the conformance suite on client (one server or a
+// cluster).
+func runConformance(t *testing.T, name string, client goredis.UniversalClient) {
 	repotest.Run(t, repotest.Backend{
-		Name:     "redis",
+		Name:     name,
 		Features: repotest.Features{TwoPhase: true, NoSQLTable: true, ExpiryByTTL: true, Operator: true, Stats: true},
 		New: func(t *testing.T, table string) (repotest.Repository, error) {
 			// The suite's random table name namespaces the case's keys.
@@ -135,10 +138,12 @@ func TestServerErrorsAreWrapped(t *testing.T) {
 	require.ErrorIs(t, err, goredis.ErrClosed)
 }
 
-func BenchmarkRepository(b *testing.B) {
-	client := testenv.Redis(b)
+func BenchmarkRepository(b *testing.B) { runBench(b, "redis", testenv.Redis(b)) }
+
+// runBench runs the repotest benchmarks on client.
+func runBench(b *testing.B, name string, client goredis.UniversalClient) {
 	repotest.Bench(b, repotest.BenchBackend{
-		Name:     "redis",
+		Name:     name,
 		Features: repotest.Features{TwoPhase: true, NoSQLTable: true, ExpiryByTTL: true},
 		New: func(tb testing.TB, table string) (repotest.Repository, error) {
 			prefix := "watermill-idempotent-bench:" + table + ":"

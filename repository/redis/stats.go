@@ -21,20 +21,17 @@ import (
 // server's SCAN work over the whole database: run it at janitor
 // intervals, not per message. SCAN does not block the server, but the
 // walk is not a snapshot: a record written or deleted during it may be
-// counted or not. It counts one node: on Redis Cluster, go-redis's
-// ClusterClient SCAN covers only one node, so sample each master with a
-// Repository over its own client (ForEachMaster) and add the counts.
+// counted or not. Over a *redis.ClusterClient it walks every master
+// (ForEachMaster), over a *redis.Ring every shard, so the counts cover
+// the whole cluster; during a failover a record may be missed or counted
+// twice.
 func (r *Repository) CountRecords(ctx context.Context, now time.Time) ([]repository.RecordCount, error) {
 	if err := repository.ValidateCountRecords(now); err != nil {
 		return nil, err
 	}
 	us := micros(now)
 	byConsumer := make(map[string]*repository.RecordCount)
-	batch := make([]string, 0, scanBatch)
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
+	read := func(batch []string) error {
 		cmds, err := r.client.Pipelined(ctx, func(pipe goredis.Pipeliner) error {
 			for _, k := range batch {
 				pipe.HMGet(ctx, k, "consumer", "state", "lease_until", "expires_at")
@@ -79,22 +76,9 @@ func (r *Repository) CountRecords(ctx context.Context, now time.Time) ([]reposit
 				c.Stale++
 			}
 		}
-		batch = batch[:0]
 		return nil
 	}
-	iter := r.client.Scan(ctx, 0, globEscaper.Replace(r.prefix)+"{*", scanBatch).Iterator()
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == scanBatch {
-			if err := flush(); err != nil {
-				return nil, fmt.Errorf("redis: count records: %w", err)
-			}
-		}
-	}
-	if err := iter.Err(); err != nil {
-		return nil, fmt.Errorf("redis: count records: %w", err)
-	}
-	if err := flush(); err != nil {
+	if err := r.scanKeys(ctx, globEscaper.Replace(r.prefix)+"{*", read); err != nil {
 		return nil, fmt.Errorf("redis: count records: %w", err)
 	}
 	counts := make([]repository.RecordCount, 0, len(byConsumer))

@@ -1,0 +1,338 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis Cluster environment variable and its default: the six nodes
+// (three primaries, three replicas) of the shared test cluster, on
+// private ports far from the shared Redis on 6379.
+const (
+	RedisClusterEnv     = "REDIS_CLUSTER_ADDRS"
+	RedisClusterDefault = "127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005"
+)
+
+// RedisClusterAddrs returns the addresses of the test cluster's nodes.
+func RedisClusterAddrs() []string {
+	return strings.Split(getenv(RedisClusterEnv, RedisClusterDefault), ",")
+}
+
+// clusterArgs are the redis-server directives that make a node a
+// cluster node: cluster mode, no AOF, and a short node timeout, so a
+// killed primary is failed over within seconds. The replica validity
+// factor 0 lets a replica take over however long ago it last heard from
+// its primary (with the default 10, Redis 7.0 refused to fail over a
+// freshly created cluster's killed primary here). A replica's first sync
+// starts at once instead of after the default 5 s diskless-sync delay.
+var clusterArgs = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+	"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0", "--appendonly", "no"}
+
+var sharedCluster struct {
+	once sync.Once
+	err  error
+}
+
+// RedisCluster returns a go-redis ClusterClient of the shared test
+// cluster (RedisClusterAddrs), closed when t ends. A healthy cluster
+// already there is reused; otherwise its nodes are started as daemons
+// (redis-server --cluster-enabled yes, files under the system temporary
+// directory) and joined with redis-cli --cluster create, 3 primaries and
+// 3 replicas, and it waits until every node reports cluster_state:ok.
+// The daemons outlive the test, so later runs reuse them. Without
+// redis-server and redis-cli, or when the cluster does not come up, the
+// test is skipped, or fails under CI=true. Tests share the cluster: give
+// each its own key prefix.
+func RedisCluster(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	addrs := RedisClusterAddrs()
+	sharedCluster.once.Do(func() { sharedCluster.err = ensureRedisCluster(addrs) })
+	if sharedCluster.err != nil {
+		Missing(t, "Redis Cluster ("+RedisClusterEnv+"="+strings.Join(addrs, ",")+")", sharedCluster.err)
+	}
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = client.Close() })
+	return client
+}
+
+// ensureRedisCluster reuses the cluster at addrs when it is healthy, and
+// otherwise starts the nodes that do not answer and creates the cluster.
+func ensureRedisCluster(addrs []string) error {
+	if len(addrs) != 6 {
+		return fmt.Errorf("want 6 node addresses (3 primaries, 3 replicas), got %d", len(addrs))
+	}
+	if clusterHealthy(addrs) == nil {
+		return nil
+	}
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return err
+	}
+	root := filepath.Join(os.TempDir(), "watermill-idempotent-redis-cluster")
+	unlock, err := lockDir(root)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if clusterHealthy(addrs) == nil { // another test process made it meanwhile
+		return nil
+	}
+	for _, addr := range addrs {
+		if pingAddr(addr) == nil {
+			continue
+		}
+		host, portStr, err := net.SplitHostPort(addr)
+		if err != nil {
+			return err
+		}
+		if host != "127.0.0.1" && host != "localhost" {
+			return fmt.Errorf("node %s does not answer and is not local, cannot start it", addr)
+		}
+		port, err := strconv.Atoi(portStr)
+		if err != nil {
+			return err
+		}
+		dir := filepath.Join(root, portStr)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--protected-mode", "no",
+			"--dir", dir, "--save", "", "--daemonize", "yes", "--logfile", filepath.Join(dir, "redis.log")}, clusterArgs...)
+		if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("start %s: %v: %s", addr, err, out)
+		}
+		if err := waitFor(10*time.Second, func() error { return pingAddr(addr) }); err != nil {
+			return fmt.Errorf("node %s started but does not answer: %w", addr, err)
+		}
+	}
+	// Restarted nodes with their nodes.conf rejoin by themselves.
+	if waitFor(5*time.Second, func() error { return clusterHealthy(addrs) }) == nil {
+		return nil
+	}
+	return createCluster(addrs, 30*time.Second)
+}
+
+// createCluster joins fresh nodes into a cluster of len(addrs)/2
+// primaries with one replica each and waits until it is healthy.
+func createCluster(addrs []string, wait time.Duration) error {
+	for _, addr := range addrs {
+		n, err := knownNodes(addr)
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return fmt.Errorf("node %s already knows %d nodes but the cluster is not healthy (%v); "+
+				"stop the nodes and delete their nodes-*.conf to recreate it", addr, n, clusterHealthy(addrs))
+		}
+	}
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		return err
+	}
+	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "1", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("redis-cli --cluster create: %v: %s", err, out)
+	}
+	return waitFor(wait, func() error { return clusterHealthy(addrs) })
+}
+
+// clusterHealthy reports nil when every node answers CLUSTER INFO with
+// cluster_state:ok, knows all the nodes, the cluster has len(addrs)/2
+// primaries serving slots, and every replica's link to its primary is up
+// (its first sync done: before it, a killed primary loses everything).
+func clusterHealthy(addrs []string) error {
+	for _, addr := range addrs {
+		if err := nodeHealthy(addr); err != nil {
+			return err
+		}
+		info, err := clusterInfo(addr)
+		if err != nil {
+			return err
+		}
+		if info["cluster_known_nodes"] != strconv.Itoa(len(addrs)) || info["cluster_size"] != strconv.Itoa(len(addrs)/2) {
+			return fmt.Errorf("%s: cluster_known_nodes:%s cluster_size:%s", addr, info["cluster_known_nodes"], info["cluster_size"])
+		}
+	}
+	return nil
+}
+
+// nodeHealthy reports nil when the node at addr says cluster_state:ok
+// and, if it is a replica, master_link_status:up.
+func nodeHealthy(addr string) error {
+	info, err := clusterInfo(addr)
+	if err != nil {
+		return err
+	}
+	if info["cluster_state"] != "ok" {
+		return fmt.Errorf("%s: cluster_state:%s", addr, info["cluster_state"])
+	}
+	repl, err := infoSection(addr, "replication")
+	if err != nil {
+		return err
+	}
+	if repl["role"] == "slave" && repl["master_link_status"] != "up" {
+		return fmt.Errorf("%s: replica's master_link_status:%s", addr, repl["master_link_status"])
+	}
+	return nil
+}
+
+func clusterInfo(addr string) (map[string]string, error) { return infoSection(addr, "cluster") }
+
+// infoSection reads CLUSTER INFO (section "cluster") or one INFO section
+// of the node at addr as field → value.
+func infoSection(addr, section string) (map[string]string, error) {
+	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var s string
+	var err error
+	if section == "cluster" {
+		s, err = client.ClusterInfo(ctx).Result()
+	} else {
+		s, err = client.Info(ctx, section).Result()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s info: %w", addr, section, err)
+	}
+	info := make(map[string]string)
+	for _, line := range strings.Split(s, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			info[k] = v
+		}
+	}
+	return info, nil
+}
+
+func knownNodes(addr string) (int, error) {
+	info, err := clusterInfo(addr)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(info["cluster_known_nodes"])
+}
+
+func pingAddr(addr string) error {
+	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return client.Ping(ctx).Err()
+}
+
+// waitFor polls check every 100ms until it returns nil or d has passed,
+// and returns its last error.
+func waitFor(d time.Duration, check func() error) error {
+	deadline := time.Now().Add(d)
+	for {
+		err := check()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// lockDir takes an exclusive lock between processes (a directory made
+// with mkdir, which is atomic) under root, breaking a lock older than two
+// minutes left by a crashed process.
+func lockDir(root string) (func(), error) {
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	lock := filepath.Join(root, "lock")
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		err := os.Mkdir(lock, 0o755)
+		if err == nil {
+			return func() { _ = os.Remove(lock) }, nil
+		}
+		if !errors.Is(err, os.ErrExist) {
+			return nil, err
+		}
+		if fi, err := os.Stat(lock); err == nil && time.Since(fi.ModTime()) > 2*time.Minute {
+			_ = os.Remove(lock)
+			continue
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("lock %s held for two minutes", lock)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// PrivateRedisCluster is a Redis Cluster of the test's own — three
+// primaries and three replicas, each a RedisServer on a free port with
+// its files in the test's temporary directory and the DEBUG command
+// enabled — for fault tests that kill, stall or fail over nodes. It is
+// stopped when the test ends.
+type PrivateRedisCluster struct {
+	// Nodes are the six servers, in the order they were given to
+	// redis-cli --cluster create (the first three start as primaries).
+	Nodes []*RedisServer
+}
+
+// StartRedisCluster starts a PrivateRedisCluster and waits until every
+// node reports cluster_state:ok. Without redis-server and redis-cli the
+// test is skipped, or fails under CI=true.
+func StartRedisCluster(t testing.TB) *PrivateRedisCluster {
+	t.Helper()
+	c := &PrivateRedisCluster{}
+	addrs := make([]string, 6)
+	for i := range addrs {
+		// DEBUG SLEEP lets fault tests stall a node.
+		s := StartRedisServer(t, slices.Concat(clusterArgs, []string{"--enable-debug-command", "yes"})...)
+		c.Nodes = append(c.Nodes, s)
+		addrs[i] = s.Addr
+	}
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		Missing(t, "redis-cli binary (for a private Redis Cluster)", err)
+	}
+	if err := createCluster(addrs, 30*time.Second); err != nil {
+		t.Fatalf("private redis cluster: %v", err)
+	}
+	return c
+}
+
+// Addrs returns the nodes' addresses.
+func (c *PrivateRedisCluster) Addrs() []string {
+	addrs := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		addrs[i] = n.Addr
+	}
+	return addrs
+}
+
+// Client returns a ClusterClient of the cluster, closed when the test
+// ends.
+func (c *PrivateRedisCluster) Client(t testing.TB) *redis.ClusterClient {
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { _ = client.Close() })
+	return client
+}
+
+// Healthy reports nil when the given (running) nodes all report
+// cluster_state:ok and those that are replicas have their link to their
+// primary up. A replica of a killed primary that was not promoted keeps
+// its link down: leave it out.
+func (c *PrivateRedisCluster) Healthy(running ...*RedisServer) error {
+	for _, n := range running {
+		if err := nodeHealthy(n.Addr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
