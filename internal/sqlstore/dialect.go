@@ -81,9 +81,21 @@ type Dialect struct {
 	// column cannot hold; DecodeTime converts a scanned non-NULL value.
 	EncodeTime func(time.Time) (any, error)
 	DecodeTime func(any) (time.Time, error)
-	// IsUniqueViolation and IsRetryable (a deadlock victim; nil: none)
-	// recognise errors by code.
+	// IsUniqueViolation (default repository.IsUniqueViolation) and
+	// IsRetryable (a deadlock victim; nil: none) recognise errors by code.
 	IsUniqueViolation, IsRetryable func(error) bool
+}
+
+// withDefaults returns a copy of d with its empty fields set.
+func (d Dialect) withDefaults() *Dialect {
+	if d.Advance == nil {
+		d.Advance = []string{`INSERT INTO {T} AS v (consumer, entity, version) VALUES ($1, $2, $3)
+ON CONFLICT (consumer, entity) DO UPDATE SET version = excluded.version WHERE v.version < excluded.version`}
+	}
+	if d.IsUniqueViolation == nil {
+		d.IsUniqueViolation = repository.IsUniqueViolation
+	}
+	return &d
 }
 
 // Config configures a store; the Config types of repository/postgres,

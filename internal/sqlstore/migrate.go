@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,7 +55,7 @@ func newMigrator(d *Dialect, db DB, line, def, table string) (migrator, error) {
 		table = def
 	}
 	t, err := d.table(table)
-	return migrator{d: d, db: db, t: t, line: line, def: def}, err
+	return migrator{d: d.withDefaults(), db: db, t: t, line: line, def: def}, err
 }
 
 // wrap prefixes err with the dialect and operation, and tells a deadlock
@@ -165,51 +166,38 @@ type migrationFile struct {
 	sql string
 }
 
-var fileRe = regexp.MustCompile(`^(\d+)_(\w+)\.up\.sql$`)
+var fileRe = regexp.MustCompile(`(\d+)_(\w+)\.up\.sql$`)
 
 // files reads the line's up migrations in version order.
 func (m *migrator) files() ([]migrationFile, error) {
-	dir := m.dir
-	if dir == "" {
-		dir = path.Join("migrations", m.line)
-	}
-	entries, err := fs.ReadDir(m.d.Migrations, dir)
-	if err != nil {
-		return nil, err
+	dir := cmp.Or(m.dir, path.Join("migrations", m.line))
+	names, err := fs.Glob(m.d.Migrations, path.Join(dir, "*.up.sql"))
+	if err == nil && len(names) == 0 {
+		err = errors.New("no migrations in " + dir)
 	}
 	var out []migrationFile
-	for _, e := range entries {
-		match := fileRe.FindStringSubmatch(e.Name())
-		if match == nil {
-			continue
-		}
-		b, err := fs.ReadFile(m.d.Migrations, path.Join(dir, e.Name()))
-		if err != nil {
-			return nil, err
-		}
+	for _, name := range names {
+		b, rerr := fs.ReadFile(m.d.Migrations, name)
+		match := fileRe.FindStringSubmatch(name)
 		v, _ := strconv.Atoi(match[1])
-		out = append(out, migrationFile{Migration{Version: v, Name: match[2]}, string(b)})
+		out, err = append(out, migrationFile{Migration{Version: v, Name: match[2]}, string(b)}), cmp.Or(err, rerr)
 	}
 	slices.SortFunc(out, func(a, b migrationFile) int { return a.Version - b.Version })
-	if len(out) == 0 {
-		return nil, errors.New("no migrations in " + m.line)
-	}
-	return out, nil
+	return out, err
 }
 
-var statementEnd = regexp.MustCompile(`;\s*(\n|$)`)
+var (
+	statementEnd = regexp.MustCompile(`;\s*(\n|$)`)
+	commentLine  = regexp.MustCompile(`(?m)^\s*--.*$`)
+)
 
-// statements splits a migration file into its statements (each ends with
-// ';' at the end of a line), leaving out comment-only pieces: MySQL runs
-// one statement per call.
+// statements splits a migration file into its statements, each ending
+// with ';' at the end of a line: MySQL runs one statement per call.
 func statements(sql string) []string {
 	var out []string
-	for _, part := range statementEnd.Split(sql, -1) {
-		for _, line := range strings.Split(part, "\n") {
-			if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "--") {
-				out = append(out, strings.TrimSpace(part))
-				break
-			}
+	for _, part := range statementEnd.Split(commentLine.ReplaceAllString(sql, ""), -1) {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
 		}
 	}
 	return out

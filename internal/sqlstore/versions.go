@@ -27,12 +27,7 @@ func NewVersions(d *Dialect, db DB, config Config) (*Versions, error) {
 		return nil, err
 	}
 	s := &Versions{migrator: m}
-	advance := d.Advance
-	if advance == nil {
-		advance = []string{`INSERT INTO {T} AS v (consumer, entity, version) VALUES ($1, $2, $3)
-ON CONFLICT (consumer, entity) DO UPDATE SET version = excluded.version WHERE v.version < excluded.version`}
-	}
-	for _, q := range advance {
+	for _, q := range m.d.Advance {
 		s.advance = append(s.advance, d.bind(m.t.quoted, q))
 	}
 	// math.MinInt64 (refused by PrepareAdvance) marks a row locked before
