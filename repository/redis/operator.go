@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -72,7 +71,31 @@ func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams
 	}
 	now := p.Now.UTC()
 	var recs []repository.Record
-	iter := r.client.Scan(ctx, 0, match, scanBatch).Iterator()
+	err = r.scanEach(ctx, match, func(pipe goredis.Pipeliner, k string) { pipe.HGetAll(ctx, k) }, func(k string, cmd goredis.Cmder) error {
+		m, err := cmd.(*goredis.MapStringStringCmd).Result()
+		if err != nil || len(m) == 0 { // empty: deleted since the SCAN saw it
+			return err
+		}
+		rec, err := recordFromMap(m)
+		if err != nil {
+			return err
+		}
+		if rec.State == repository.StateInProgress && !rec.LeaseUntil.After(now) && rec.ExpiresAt.After(now) &&
+			(p.Consumer == "" || rec.Consumer == p.Consumer) {
+			recs = append(recs, rec)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redis: list stuck: %w", err)
+	}
+	return repository.OrderStuck(recs, p.Limit), nil
+}
+
+// scanEach walks the keys matching match with SCAN and, a pipeline of
+// scanBatch keys at a time, queues one command per key and hands each
+// key's reply to each.
+func (r *Repository) scanEach(ctx context.Context, match string, queue func(goredis.Pipeliner, string), each func(string, goredis.Cmder) error) error {
 	batch := make([]string, 0, scanBatch)
 	flush := func() error {
 		if len(batch) == 0 {
@@ -80,7 +103,7 @@ func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams
 		}
 		cmds, err := r.client.Pipelined(ctx, func(pipe goredis.Pipeliner) error {
 			for _, k := range batch {
-				pipe.HGetAll(ctx, k)
+				queue(pipe, k)
 			}
 			return nil
 		})
@@ -88,52 +111,25 @@ func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams
 			return err
 		}
 		for i, cmd := range cmds {
-			m, err := cmd.(*goredis.MapStringStringCmd).Result()
-			if err != nil {
+			if err := each(batch[i], cmd); err != nil {
 				return fmt.Errorf("%s: %w", batch[i], err)
-			}
-			if len(m) == 0 { // deleted since the SCAN saw it
-				continue
-			}
-			rec, err := recordFromMap(m)
-			if err != nil {
-				return fmt.Errorf("%s: %w", batch[i], err)
-			}
-			if rec.State == repository.StateInProgress && !rec.LeaseUntil.After(now) && rec.ExpiresAt.After(now) &&
-				(p.Consumer == "" || rec.Consumer == p.Consumer) {
-				recs = append(recs, rec)
 			}
 		}
 		batch = batch[:0]
 		return nil
 	}
+	iter := r.client.Scan(ctx, 0, match, scanBatch).Iterator()
 	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == scanBatch {
+		if batch = append(batch, iter.Val()); len(batch) == scanBatch {
 			if err := flush(); err != nil {
-				return nil, fmt.Errorf("redis: list stuck: %w", err)
+				return err
 			}
 		}
 	}
 	if err := iter.Err(); err != nil {
-		return nil, fmt.Errorf("redis: list stuck: %w", err)
+		return err
 	}
-	if err := flush(); err != nil {
-		return nil, fmt.Errorf("redis: list stuck: %w", err)
-	}
-	slices.SortFunc(recs, func(a, b repository.Record) int {
-		if c := a.LeaseUntil.Compare(b.LeaseUntil); c != 0 {
-			return c
-		}
-		if c := strings.Compare(a.Consumer, b.Consumer); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Key, b.Key)
-	})
-	if len(recs) > p.Limit {
-		recs = recs[:p.Limit]
-	}
-	return recs, nil
+	return flush()
 }
 
 // Resolve implements repository.Operator with one Lua script that checks
