@@ -83,25 +83,14 @@ type benchFixture struct {
 
 func newBenchFixture(b *testing.B, bb BenchBackend) *benchFixture {
 	b.Helper()
-	table := randomName("bench")
+	table := RandomName("bench")
 	repo, err := bb.New(b, table)
 	if err != nil {
 		b.Fatalf("%s: New(%q): %v", bb.Name, table, err)
 	}
 	f := &benchFixture{bb: bb, repo: repo}
-	if bb.Features.Transactional {
-		tx, ok := repo.(repository.Transactional)
-		if !ok {
-			b.Fatalf("%s declares Features.Transactional but %T does not implement repository.Transactional", bb.Name, repo)
-		}
-		f.tx = tx
-	}
-	if bb.Features.TwoPhase {
-		tp, ok := repo.(repository.TwoPhase)
-		if !ok {
-			b.Fatalf("%s declares Features.TwoPhase but %T does not implement repository.TwoPhase", bb.Name, repo)
-		}
-		f.tp = tp
+	if f.tx, f.tp, err = capabilities(bb.Name, bb.Features, repo); err != nil {
+		b.Fatal(err)
 	}
 	return f
 }
@@ -138,25 +127,34 @@ func reportRate(b *testing.B, perOp float64, unit string) {
 	}
 }
 
-func benchClaim(b *testing.B, bb BenchBackend) {
+// benchFresh times op on a fresh key per iteration; op reports whether
+// it took the key as new.
+func benchFresh(b *testing.B, bb BenchBackend, op func(context.Context, *benchFixture, int) (bool, error)) {
 	f := newBenchFixture(b, bb)
 	ctx := context.Background()
 	for i := 0; b.Loop(); i++ {
-		c, err := f.claimTx(ctx, claimParams("bench", fmt.Sprintf("claim-%d", i)))
+		fresh, err := op(ctx, f, i)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if !c.Claimed {
-			b.Fatalf("fresh key %d reported as a duplicate", i)
+		if !fresh {
+			b.Fatalf("fresh key %d reported as taken", i)
 		}
 	}
 	reportRate(b, 1, "msgs/s")
 }
 
+func benchClaim(b *testing.B, bb BenchBackend) {
+	benchFresh(b, bb, func(ctx context.Context, f *benchFixture, i int) (bool, error) {
+		c, err := f.claimTx(ctx, ClaimParams("bench", fmt.Sprintf("claim-%d", i)))
+		return c.Claimed, err
+	})
+}
+
 func benchDuplicateClaim(b *testing.B, bb BenchBackend) {
 	f := newBenchFixture(b, bb)
 	ctx := context.Background()
-	p := claimParams("bench", "duplicate")
+	p := ClaimParams("bench", "duplicate")
 	if _, err := f.claimTx(ctx, p); err != nil {
 		b.Fatal(err)
 	}
@@ -173,18 +171,10 @@ func benchDuplicateClaim(b *testing.B, bb BenchBackend) {
 }
 
 func benchAcquire(b *testing.B, bb BenchBackend) {
-	f := newBenchFixture(b, bb)
-	ctx := context.Background()
-	for i := 0; b.Loop(); i++ {
+	benchFresh(b, bb, func(ctx context.Context, f *benchFixture, i int) (bool, error) {
 		a, err := f.tp.Acquire(ctx, benchAcquireParams(fmt.Sprintf("acquire-%d", i), "owner", time.Now()))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if !a.Acquired {
-			b.Fatalf("fresh key %d reported as held", i)
-		}
-	}
-	reportRate(b, 1, "msgs/s")
+		return a.Acquired, err
+	})
 }
 
 func benchDuplicateAcquire(b *testing.B, bb BenchBackend) {
