@@ -73,23 +73,11 @@ func Bench(b *testing.B, bb BenchBackend) {
 	}
 }
 
-// benchFixture is one benchmark's repository on its own table.
-type benchFixture struct {
-	bb   BenchBackend
-	repo Repository
-	tx   repository.Transactional
-	tp   repository.TwoPhase
-}
-
-func newBenchFixture(b *testing.B, bb BenchBackend) *benchFixture {
+func newBenchFixture(b *testing.B, bb BenchBackend) *fixture {
 	b.Helper()
-	table := RandomName("bench")
-	repo, err := bb.New(b, table)
+	f, err := openFixture(Backend{Name: bb.Name, DB: bb.DB, Features: bb.Features}, "bench",
+		func(table string) (Repository, error) { return bb.New(b, table) })
 	if err != nil {
-		b.Fatalf("%s: New(%q): %v", bb.Name, table, err)
-	}
-	f := &benchFixture{bb: bb, repo: repo}
-	if f.tx, f.tp, err = capabilities(bb.Name, bb.Features, repo); err != nil {
 		b.Fatal(err)
 	}
 	return f
@@ -97,8 +85,8 @@ func newBenchFixture(b *testing.B, bb BenchBackend) *benchFixture {
 
 // claimTx claims p in a transaction of its own; it commits a fresh claim
 // and rolls a duplicate back, as the inbox middleware does.
-func (f *benchFixture) claimTx(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
-	tx, err := f.bb.DB.BeginTx(ctx, nil)
+func (f *fixture) claimTx(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
+	tx, err := f.b.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return repository.Claim{}, err
 	}
@@ -129,7 +117,7 @@ func reportRate(b *testing.B, perOp float64, unit string) {
 
 // benchFresh times op on a fresh key per iteration; op reports whether
 // it took the key as new.
-func benchFresh(b *testing.B, bb BenchBackend, op func(context.Context, *benchFixture, int) (bool, error)) {
+func benchFresh(b *testing.B, bb BenchBackend, op func(context.Context, *fixture, int) (bool, error)) {
 	f := newBenchFixture(b, bb)
 	ctx := context.Background()
 	for i := 0; b.Loop(); i++ {
@@ -145,7 +133,7 @@ func benchFresh(b *testing.B, bb BenchBackend, op func(context.Context, *benchFi
 }
 
 func benchClaim(b *testing.B, bb BenchBackend) {
-	benchFresh(b, bb, func(ctx context.Context, f *benchFixture, i int) (bool, error) {
+	benchFresh(b, bb, func(ctx context.Context, f *fixture, i int) (bool, error) {
 		c, err := f.claimTx(ctx, ClaimParams("bench", fmt.Sprintf("claim-%d", i)))
 		return c.Claimed, err
 	})
@@ -171,7 +159,7 @@ func benchDuplicateClaim(b *testing.B, bb BenchBackend) {
 }
 
 func benchAcquire(b *testing.B, bb BenchBackend) {
-	benchFresh(b, bb, func(ctx context.Context, f *benchFixture, i int) (bool, error) {
+	benchFresh(b, bb, func(ctx context.Context, f *fixture, i int) (bool, error) {
 		a, err := f.tp.Acquire(ctx, benchAcquireParams(fmt.Sprintf("acquire-%d", i), "owner", time.Now()))
 		return a.Acquired, err
 	})
@@ -259,7 +247,7 @@ func benchCleanup(b *testing.B, bb BenchBackend) {
 // seed stores n records under keys prefix-0 … created at createdAt and
 // expiring ttl later: claims in one transaction on a transactional
 // backend, acquisitions otherwise.
-func (f *benchFixture) seed(ctx context.Context, prefix string, n int, createdAt time.Time, ttl time.Duration) error {
+func (f *fixture) seed(ctx context.Context, prefix string, n int, createdAt time.Time, ttl time.Duration) error {
 	if f.tx == nil {
 		for i := range n {
 			p := benchAcquireParams(fmt.Sprintf("%s-%d", prefix, i), "seed", createdAt)
@@ -271,7 +259,7 @@ func (f *benchFixture) seed(ctx context.Context, prefix string, n int, createdAt
 		}
 		return nil
 	}
-	tx, err := f.bb.DB.BeginTx(ctx, nil)
+	tx, err := f.b.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}

@@ -113,7 +113,7 @@ func Run(t *testing.T, b Backend) {
 	}
 }
 
-// fixture is one case's repository on its own table.
+// fixture is one case's or benchmark's repository on its own table.
 type fixture struct {
 	b     Backend
 	table string
@@ -124,13 +124,21 @@ type fixture struct {
 
 func newFixture(t *testing.T, b Backend) *fixture {
 	t.Helper()
-	table := RandomName("repotest")
-	repo, err := b.New(t, table)
-	require.NoError(t, err, "%s: New(%q)", b.Name, table)
-	f := &fixture{b: b, table: table, repo: repo}
-	f.tx, f.tp, err = capabilities(b.Name, b.Features, repo)
+	f, err := openFixture(b, "repotest", func(table string) (Repository, error) { return b.New(t, table) })
 	require.NoError(t, err)
 	return f
+}
+
+// openFixture opens a repository with newRepo on a fresh table and checks
+// that it implements the contracts b declares.
+func openFixture(b Backend, prefix string, newRepo func(table string) (Repository, error)) (*fixture, error) {
+	f := &fixture{b: b, table: RandomName(prefix)}
+	var err error
+	if f.repo, err = newRepo(f.table); err != nil {
+		return nil, fmt.Errorf("%s: New(%q): %w", b.Name, f.table, err)
+	}
+	f.tx, f.tp, err = capabilities(b.Name, b.Features, f.repo)
+	return f, err
 }
 
 // capabilities returns repo as the contracts the backend declares, or an
