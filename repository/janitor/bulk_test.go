@@ -2,9 +2,7 @@ package janitor_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -19,6 +17,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/repository/repotest"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
@@ -52,15 +51,6 @@ func (b bulkTarget) count(t *testing.T, consumer string) int {
 	return n
 }
 
-// uniqueTable returns a table name no other test uses.
-func uniqueTable(t *testing.T) string {
-	t.Helper()
-	var b [6]byte
-	_, err := rand.Read(b[:])
-	require.NoError(t, err)
-	return "janitor_bulk_" + hex.EncodeToString(b[:])
-}
-
 func dropOnCleanup(t *testing.T, db *sql.DB, quotedTable string) {
 	t.Cleanup(func() {
 		_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS `+quotedTable)
@@ -73,7 +63,7 @@ func TestJanitor100kPostgres(t *testing.T) {
 		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
 	}
 	db := testenv.Postgres(t)
-	table := uniqueTable(t)
+	table := repotest.RandomName("janitor_bulk")
 	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
 	require.NoError(t, err)
 	dropOnCleanup(t, db, `"`+table+`"`)
@@ -98,7 +88,7 @@ func TestJanitor100kSQLite(t *testing.T) {
 		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
 	}
 	db := testenv.SQLite(t)
-	table := uniqueTable(t)
+	table := repotest.RandomName("janitor_bulk")
 	repo, err := sqlite.NewRepository(db, sqlite.Config{Table: table})
 	require.NoError(t, err)
 	dropOnCleanup(t, db, `"`+table+`"`)
@@ -132,7 +122,7 @@ func TestJanitor100kMariaDB(t *testing.T) {
 		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
 	}
 	db := testenv.MySQL(t)
-	table := uniqueTable(t)
+	table := repotest.RandomName("janitor_bulk")
 	repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
 	require.NoError(t, err)
 	dropOnCleanup(t, db, "`"+table+"`")
