@@ -18,8 +18,8 @@ const scanBatch = 500
 var globEscaper = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
 
 // resolveScript resolves a stuck record. KEYS[1] = the record's hash.
-// ARGV: 1 expected owner, 2 now (µs), 3 action ("complete" or "release"),
-// 4 result, 5 "1" if a result is given. Returns -1 when the record is
+// ARGV: 1 expected owner, 2 now (µs), 3 result, 4 "1" if a result is
+// given, 5 action ("complete" or "release"). Returns -1 when the record is
 // missing or expired, 0 when it is not in progress under an expired lease
 // of the expected owner, 1 when resolved.
 var resolveScript = goredis.NewScript(`
@@ -31,18 +31,10 @@ end
 if h[1] ~= 'in_progress' or h[2] ~= ARGV[1] or tonumber(h[3]) > now then
 	return 0
 end
-if ARGV[3] == 'release' then
+if ARGV[5] == 'release' then
 	redis.call('DEL', KEYS[1])
 	return 1
-end
-redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', ARGV[2])
-if ARGV[5] == '1' then
-	redis.call('HSET', KEYS[1], 'result', ARGV[4])
-else
-	redis.call('HDEL', KEYS[1], 'result')
-end
-return 1
-`)
+end` + completeLua)
 
 // storedRecordKey is RecordKey for a key that is already in its stored
 // form (Record.Key): it is not hashed again.
@@ -144,7 +136,7 @@ func (r *Repository) Resolve(ctx context.Context, p repository.ResolveParams) er
 		action = "release"
 	}
 	n, err := resolveScript.Run(ctx, r.client, []string{r.storedRecordKey(p.Consumer, p.Key)},
-		p.ExpectedOwner, micros(p.Now), action, p.Result, flag(p.Result)).Int64()
+		p.ExpectedOwner, micros(p.Now), p.Result, flag(p.Result), action).Int64()
 	if err != nil {
 		return fmt.Errorf("redis: resolve (%s): %w", p.Action, err)
 	}
