@@ -30,17 +30,15 @@ const (
 	Question                     // ?, ? in order, an argument per use (MySQL)
 )
 
-// Dialect holds the SQL text and the differences between databases that
-// are real; the zero value of a field is the portable choice.
+// Dialect holds the differences between databases that are real.
 type Dialect struct {
 	Name  string // prefixes errors ("postgres")
 	Quote string // quotes identifiers (`"` or "`")
 	Bind  Bind
-	// Migrations holds migrations/inbox/ and migrations/versions/
-	// (NNNN_name.up.sql), written for the default table names (see render).
+	// Migrations holds migrations/{inbox,versions}/NNNN_name.up.sql.
 	Migrations fs.FS
-	// QualifyIndex: an index in another schema is named schema.index and
-	// its table left unqualified (SQLite).
+	// QualifyIndex: an index in another schema is named schema.index, its
+	// table unqualified (SQLite).
 	QualifyIndex bool
 	// MigrateLock returns one row holding 1 once the lock is held. With
 	// MigrateUnlock (a session lock, MySQL, whose DDL commits anyway) the
@@ -54,13 +52,9 @@ type Dialect struct {
 	// IgnoreConflict ends an INSERT so that a duplicate key inserts
 	// nothing; empty: duplicates fail with IsUniqueViolation (MySQL).
 	IgnoreConflict string
-	// LockingRead ends a SELECT that must see the latest committed row,
-	// not a snapshot that may predate it.
-	LockingRead string
-	ByteOrder   string // follows a text column in ORDER BY to sort by bytes
-	// Returning: UPDATE … RETURNING exists; otherwise the updated row is
-	// read again in the same transaction.
-	Returning bool
+	LockingRead    string // ends a SELECT that must see the latest committed row
+	ByteOrder      string // follows a text column in ORDER BY to sort by bytes
+	Returning      bool   // UPDATE … RETURNING exists; else re-read in the transaction
 	// ChangedRows: an UPDATE storing the values already there reports no
 	// affected row (MySQL), so 0 needs a second look.
 	ChangedRows bool
@@ -98,22 +92,19 @@ ON CONFLICT (consumer, entity) DO UPDATE SET version = excluded.version WHERE v.
 	return &d
 }
 
-// Config configures a store; the Config types of repository/postgres,
-// mysql and sqlite are this type.
+// Config configures a store (it is the backends' Config).
 type Config struct {
-	// Table is the store's table, optionally qualified as "schema.table"
-	// (a MySQL database, an attached SQLite database), validated with
+	// Table is the store's table, optionally "schema.table", validated by
 	// repository.ValidateTableName. Default: repository.DefaultTableName
-	// for the inbox, repository.DefaultVersionsTableName for versions.
+	// (inbox), repository.DefaultVersionsTableName (versions).
 	Table string
 }
 
 // Validate reports whether the configuration is usable.
 func (c Config) Validate() error { return repository.ValidateTableName(c.Table) }
 
-// stmt is a statement bound for the dialect: order maps each placeholder
-// to its argument where the dialect cannot reuse arguments, and max is the
-// highest $n, so extra arguments are not sent.
+// stmt is a bound statement: order maps each placeholder to its argument
+// (Question), max is the highest $n, so extra arguments are not sent.
 type stmt struct {
 	text  string
 	order []int

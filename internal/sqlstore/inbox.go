@@ -10,9 +10,8 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// attempts bounds how often an operation runs again when the record it
-// collided with is gone before it can be read, or when its statement was
-// a deadlock victim. Each run is one atomic statement or transaction.
+// attempts bounds the reruns of an atomic operation whose record vanished
+// before it could be read, or that was a deadlock victim.
 const attempts = 32
 
 const (
@@ -108,8 +107,7 @@ func (s *Inbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimPara
 	return repository.Claim{Claimed: claimed, Existing: rec}, nil
 }
 
-// insert runs a conditional insert and, when the key is taken, reads the
-// stored record with read.
+// insert runs a conditional insert; if the key is taken, it reads it.
 func (s *Inbox) insert(ctx context.Context, ex Executor, insert, read stmt, args []any) (bool, repository.Record, error) {
 	n, err := s.exec(ctx, ex, insert, args...)
 	if s.d.IsUniqueViolation(err) {
@@ -195,7 +193,7 @@ func (s *Inbox) DeleteExpired(ctx context.Context, before time.Time, limit int) 
 	return deleted, nil
 }
 
-// args checks that the payload hash fits and encodes the times in vals.
+// args checks the payload hash's size and encodes the times in vals.
 func (s *Inbox) args(hash []byte, vals ...any) ([]any, error) {
 	if s.d.MaxPayloadHash > 0 && len(hash) > s.d.MaxPayloadHash {
 		return nil, fmt.Errorf("%w: PayloadHash is %d bytes, at most %d fit", repository.ErrInvalidParams, len(hash), s.d.MaxPayloadHash)
