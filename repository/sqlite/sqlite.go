@@ -36,12 +36,10 @@ var dialect = &sqlstore.Dialect{
 	},
 }
 
-// DSN returns the modernc.org/sqlite data source name for the database file
-// at path with the settings the inbox relies on: WAL journal, a 5 s busy
-// timeout, and BEGIN IMMEDIATE for every transaction, so concurrent writers
-// wait for the lock instead of failing mid-transaction. It also turns on
-// foreign key enforcement, off by default in SQLite, so business
-// constraints fail the inbox transaction as they would on a server.
+// DSN returns the modernc.org/sqlite data source name for the file at path
+// with the settings the inbox relies on: WAL, a 5 s busy timeout, BEGIN
+// IMMEDIATE for every transaction (writers wait for the lock instead of
+// failing mid-transaction), and foreign keys enforced, as on a server.
 func DSN(path string) string {
 	q := url.Values{}
 	q.Add("_pragma", "journal_mode(WAL)")
@@ -52,17 +50,13 @@ func DSN(path string) string {
 	return "file:" + path + "?" + q.Encode()
 }
 
-// Open opens the SQLite database file at path with DSN(path), limits the
-// pool to one connection, and checks that the database answers.
-//
-// One connection, because SQLite has one writer anyway, and Go's pool
-// hands its connection to waiters in turn, where SQLite's busy handler
-// makes writers poll with sleeps of up to 100 ms: under sustained
-// contention a writer can miss every free moment for longer than the busy
-// timeout and fail with SQLITE_BUSY. The price: inside an inbox handler,
-// use the transaction from middleware.TxFromContext, never the *sql.DB,
-// which would wait for the very transaction that waits for it. Raise the
-// limit with db.SetMaxOpenConns if you accept SQLITE_BUSY under contention.
+// Open opens the SQLite database file at path with DSN(path) and one
+// connection, and checks that it answers. One connection, because SQLite
+// has one writer anyway: waiters queue in Go's pool instead of polling
+// SQLite's lock, which under sustained contention can miss every free
+// moment for longer than the busy timeout (SQLITE_BUSY). So inside a
+// handler use the transaction from middleware.TxFromContext, never the
+// *sql.DB, which would wait for the transaction waiting for it.
 func Open(path string) (*sql.DB, error) {
 	db, err := sql.Open("sqlite", DSN(path))
 	if err != nil {
