@@ -12,13 +12,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstoretest"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
-	"github.com/idemkit/watermill-idempotent/repository/mysql"
-	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/repotest"
-	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
 // The retention test of issue 3: 100,000 expired records are removed while
@@ -51,23 +48,29 @@ func (b bulkTarget) count(t *testing.T, consumer string) int {
 	return n
 }
 
-func dropOnCleanup(t *testing.T, db *sql.DB, quotedTable string) {
-	t.Cleanup(func() {
-		_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS `+quotedTable)
-		require.NoError(t, err)
-	})
-}
-
-func TestJanitor100kPostgres(t *testing.T) {
+func skipShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
 	}
-	db := testenv.Postgres(t)
+}
+
+// openBulk returns backend b's repository on a fresh migrated table that
+// is dropped when the test ends.
+func openBulk(t *testing.T, b sqlstoretest.Backend) (*sql.DB, string, bulkRepo) {
 	table := repotest.RandomName("janitor_bulk")
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
+	repo, err := b.Inbox(table)
 	require.NoError(t, err)
-	dropOnCleanup(t, db, `"`+table+`"`)
+	t.Cleanup(func() {
+		_, err := b.DB.ExecContext(context.Background(), `DROP TABLE IF EXISTS `+b.Quote+table+b.Quote)
+		require.NoError(t, err)
+	})
 	require.NoError(t, repo.Migrate(t.Context()))
+	return b.DB, table, repo
+}
+
+func TestJanitor100kPostgres(t *testing.T) {
+	skipShort(t)
+	db, table, repo := openBulk(t, sqlstoretest.Postgres(t))
 
 	runBulkCleanup(t, bulkTarget{
 		db:   db,
@@ -84,15 +87,8 @@ SELECT $1, $2 || n, 'completed', 1, $3, $3, $4 FROM generate_series(1, $5::int) 
 }
 
 func TestJanitor100kSQLite(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
-	}
-	db := testenv.SQLite(t)
-	table := repotest.RandomName("janitor_bulk")
-	repo, err := sqlite.NewRepository(db, sqlite.Config{Table: table})
-	require.NoError(t, err)
-	dropOnCleanup(t, db, `"`+table+`"`)
-	require.NoError(t, repo.Migrate(t.Context()))
+	skipShort(t)
+	db, table, repo := openBulk(t, sqlstoretest.SQLite(t))
 
 	expired := 100_000
 	if raceDetector {
@@ -118,15 +114,8 @@ SELECT ?1, ?2 || n, 'completed', 1, ?3, ?3, ?4 FROM s`,
 }
 
 func TestJanitor100kMariaDB(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
-	}
-	db := testenv.MySQL(t)
-	table := repotest.RandomName("janitor_bulk")
-	repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
-	require.NoError(t, err)
-	dropOnCleanup(t, db, "`"+table+"`")
-	require.NoError(t, repo.Migrate(t.Context()))
+	skipShort(t)
+	db, table, repo := openBulk(t, sqlstoretest.MySQL(t))
 
 	runBulkCleanup(t, bulkTarget{
 		db:   db,
