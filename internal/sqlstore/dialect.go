@@ -10,6 +10,7 @@
 package sqlstore
 
 import (
+	"context"
 	"fmt"
 	"io/fs"
 	"regexp"
@@ -128,6 +129,14 @@ func (d *Dialect) bind(table, query string) stmt {
 		return m
 	})
 	return s
+}
+
+func (s stmt) exec(ctx context.Context, ex Executor, args ...any) (int64, error) {
+	return ex.Exec(ctx, s.text, s.values(args)...)
+}
+
+func (s stmt) row(ctx context.Context, ex Executor, args ...any) Row {
+	return ex.QueryRow(ctx, s.text, s.values(args)...)
 }
 
 // values returns args in the order the statement's placeholders take them.

@@ -109,7 +109,7 @@ func (s *Inbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimPara
 
 // insert runs a conditional insert; if the key is taken, it reads it.
 func (s *Inbox) insert(ctx context.Context, ex Executor, insert, read stmt, args []any) (bool, repository.Record, error) {
-	n, err := s.exec(ctx, ex, insert, args...)
+	n, err := insert.exec(ctx, ex, args...)
 	if s.d.IsUniqueViolation(err) {
 		n, err = 0, nil
 	}
@@ -132,7 +132,7 @@ func (s *Inbox) SaveResultOn(ctx context.Context, ex Executor, p repository.Save
 		return err
 	}
 	key := repository.StorageKey(p.Key)
-	n, err := s.exec(ctx, ex, s.q.save, p.Consumer, key, p.Result)
+	n, err := s.q.save.exec(ctx, ex, p.Consumer, key, p.Result)
 	if err == nil && n == 0 && s.d.ChangedRows {
 		n, err = s.count(ctx, ex, s.q.exists, p.Consumer, key)
 	}
@@ -165,7 +165,7 @@ func (s *Inbox) DeleteExpired(ctx context.Context, before time.Time, limit int) 
 		return 0, s.wrap("delete expired", err)
 	}
 	if s.d.DeleteByKeys == nil {
-		n, err := s.exec(ctx, s.db, s.q.deleteExpired, args...)
+		n, err := s.q.deleteExpired.exec(ctx, s.db, args...)
 		return int(n), s.wrap("delete expired", err)
 	}
 	deleted := 0
@@ -209,14 +209,10 @@ func (s *Inbox) args(hash []byte, vals ...any) ([]any, error) {
 	return vals, nil
 }
 
-func (s *Inbox) exec(ctx context.Context, ex Executor, st stmt, args ...any) (int64, error) {
-	return ex.Exec(ctx, st.text, st.values(args)...)
-}
-
 // write runs st on the pool, again while it is a deadlock victim.
 func (s *Inbox) write(ctx context.Context, st stmt, args ...any) (n int64, err error) {
 	err = s.retry(func() error {
-		n, err = s.exec(ctx, s.db, st, args...)
+		n, err = st.exec(ctx, s.db, args...)
 		return err
 	})
 	return n, err
@@ -235,13 +231,13 @@ func (s *Inbox) retry(fn func() error) error {
 }
 
 func (s *Inbox) count(ctx context.Context, ex Executor, st stmt, args ...any) (n int64, err error) {
-	err = ex.QueryRow(ctx, st.text, st.values(args)...).Scan(&n)
+	err = st.row(ctx, ex, args...).Scan(&n)
 	return
 }
 
 // get reads one record, ErrNotFound if there is none.
 func (s *Inbox) get(ctx context.Context, ex Executor, st stmt, args ...any) (repository.Record, error) {
-	rec, err := s.scan(ex.QueryRow(ctx, st.text, st.values(args)...))
+	rec, err := s.scan(st.row(ctx, ex, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return rec, repository.ErrNotFound
 	}

@@ -98,8 +98,7 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 	missing := m.db.QueryRow(ctx, probe).Scan(new(int)) != nil
 	table, subject := m.d.sibling(m.t, MigrationsTable), m.line+":"+m.t.name
 	exec := func(ex Executor, q string, args ...any) error {
-		st := m.d.bind(table, q)
-		_, err := ex.Exec(ctx, st.text, st.values(args)...)
+		_, err := m.d.bind(table, q).exec(ctx, ex, args...)
 		return err
 	}
 	var applied []Migration

@@ -56,7 +56,7 @@ func (s *Inbox) Reclaim(ctx context.Context, p repository.ReclaimParams) (reposi
 		return s.db.InTx(ctx, false, func(tx Executor) error {
 			// The new owner differs from the previous one (ValidateReclaim),
 			// so a matched row is a changed row.
-			n, err := s.exec(ctx, tx, s.q.reclaim, args...)
+			n, err := s.q.reclaim.exec(ctx, tx, args...)
 			if err == nil && n == 0 {
 				return repository.ErrNotFound
 			}

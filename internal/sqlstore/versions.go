@@ -55,7 +55,7 @@ func (s *Versions) AdvanceOn(ctx context.Context, ex Executor, p repository.Adva
 	}
 	var n int64
 	for _, st := range s.advance {
-		if n, err = ex.Exec(ctx, st.text, st.values([]any{stored.Consumer, stored.Entity, stored.Version})...); err != nil {
+		if n, err = st.exec(ctx, ex, stored.Consumer, stored.Entity, stored.Version); err != nil {
 			return false, s.wrap(fmt.Sprintf("advance version of %q", p.Entity), err)
 		}
 	}
@@ -66,7 +66,7 @@ func (s *Versions) AdvanceOn(ctx context.Context, ex Executor, p repository.Adva
 // repository.ErrNotFound if none was; entity is as given to AdvanceTx.
 func (s *Versions) LastVersion(ctx context.Context, consumer, entity string) (int64, error) {
 	var v int64
-	err := s.db.QueryRow(ctx, s.last.text, s.last.values([]any{consumer, repository.StorageKey(entity)})...).Scan(&v)
+	err := s.last.row(ctx, s.db, consumer, repository.StorageKey(entity)).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		err = repository.ErrNotFound
 	}
