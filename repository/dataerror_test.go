@@ -1,42 +1,26 @@
 package repository_test
 
 import (
-	"context"
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/repotest"
 )
 
 // TestIsDataException provokes real errors on PostgreSQL and MariaDB and
 // checks that exactly the refused values are data exceptions.
 func TestIsDataException(t *testing.T) {
-	for _, db := range []struct {
-		name        string
-		open        func(testing.TB) *sql.DB
-		placeholder func(int) string
-	}{
-		{"postgres", testenv.Postgres, func(n int) string { return fmt.Sprintf("$%d", n) }},
-		{"mysql", testenv.MySQL, func(int) string { return "?" }},
-	} {
+	for _, db := range []testDB{postgresDB, mysqlDB} {
 		t.Run(db.name, func(t *testing.T) {
 			t.Parallel()
-			conn := db.open(t)
-			table := "data_exc_" + randomSuffix(t)
-			exec := func(query string, args ...any) error {
-				for i := range args {
-					query = strings.Replace(query, "?", db.placeholder(i+1), 1)
-				}
-				_, err := conn.ExecContext(context.Background(), query, args...)
-				return err
-			}
+			table := repotest.RandomName("data_exc")
+			exec := db.execer(t)
 			charset := ""
 			if db.name == "mysql" {
 				charset = " CHARACTER SET utf8mb4"

@@ -1,8 +1,11 @@
 package repository
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/resultcodec"
@@ -122,6 +125,16 @@ func ValidateListStuck(p ListStuckParams) (ListStuckParams, error) {
 		p.Limit = DefaultListStuckLimit
 	}
 	return p, nil
+}
+
+// OrderStuck sorts records in ListStuck's order (oldest lease first, then
+// consumer and key, byte-wise) and cuts them to limit; backends that
+// cannot sort in a query use it.
+func OrderStuck(recs []Record, limit int) []Record {
+	slices.SortFunc(recs, func(a, b Record) int {
+		return cmp.Or(a.LeaseUntil.Compare(b.LeaseUntil), strings.Compare(a.Consumer, b.Consumer), strings.Compare(a.Key, b.Key))
+	})
+	return recs[:min(len(recs), limit)]
 }
 
 // ValidateResolve checks the arguments of [Operator.Resolve]: consumer,

@@ -2,6 +2,7 @@ package repository
 
 import (
 	"fmt"
+	"time"
 )
 
 // MaxOwnerLength is the longest lease owner, in bytes. The SQL backends
@@ -13,14 +14,8 @@ const MaxOwnerLength = 255
 // Every backend calls it first, so they all refuse the same inputs with
 // ErrInvalidParams.
 func ValidateAcquire(p AcquireParams) error {
-	if err := validateConsumerKey(p.Consumer, p.Key); err != nil {
+	if err := validateOwnedAt(p.Consumer, p.Key, p.Owner, p.Now); err != nil {
 		return err
-	}
-	if err := validateOwner("Owner", p.Owner); err != nil {
-		return err
-	}
-	if p.Now.IsZero() {
-		return fmt.Errorf("%w: Now is required", ErrInvalidParams)
 	}
 	if !p.LeaseUntil.After(p.Now) {
 		return fmt.Errorf("%w: LeaseUntil (%s) must be after Now (%s)", ErrInvalidParams, p.LeaseUntil, p.Now)
@@ -80,13 +75,16 @@ func ValidateRelease(p LeaseParams) error {
 // ValidateComplete checks the arguments of [TwoPhase.Complete]: consumer,
 // key and owner are set and so is Now.
 func ValidateComplete(p CompleteParams) error {
-	if err := validateConsumerKey(p.Consumer, p.Key); err != nil {
+	return validateOwnedAt(p.Consumer, p.Key, p.Owner, p.Now)
+}
+
+// validateOwnedAt checks what Acquire and Complete share: consumer, key,
+// owner and Now are set.
+func validateOwnedAt(consumer, key, owner string, now time.Time) error {
+	if err := ValidateRelease(LeaseParams{Consumer: consumer, Key: key, Owner: owner}); err != nil {
 		return err
 	}
-	if err := validateOwner("Owner", p.Owner); err != nil {
-		return err
-	}
-	if p.Now.IsZero() {
+	if now.IsZero() {
 		return fmt.Errorf("%w: Now is required", ErrInvalidParams)
 	}
 	return nil

@@ -1,47 +1,27 @@
 package repository_test
 
 import (
-	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/repository"
 	_ "github.com/idemkit/watermill-idempotent/repository/mysql" // registers MySQL's unique-violation numbers
+	"github.com/idemkit/watermill-idempotent/repository/repotest"
 )
 
 // TestIsUniqueViolation provokes real constraint violations on each
 // database and checks that only unique and primary-key violations are
 // recognised.
 func TestIsUniqueViolation(t *testing.T) {
-	for _, db := range []struct {
-		name        string
-		open        func(testing.TB) *sql.DB
-		placeholder func(int) string
-	}{
-		{"postgres", testenv.Postgres, func(n int) string { return fmt.Sprintf("$%d", n) }},
-		{"mysql", testenv.MySQL, func(int) string { return "?" }},
-		{"sqlite", testenv.SQLite, func(int) string { return "?" }},
-	} {
+	for _, db := range []testDB{postgresDB, mysqlDB, sqliteDB} {
 		t.Run(db.name, func(t *testing.T) {
 			t.Parallel()
-			conn := db.open(t)
-			suffix := randomSuffix(t)
-			parent, child := "uniq_parent_"+suffix, "uniq_child_"+suffix
-			exec := func(query string, args ...any) error {
-				for i := range args {
-					query = strings.Replace(query, "?", db.placeholder(i+1), 1)
-				}
-				_, err := conn.ExecContext(context.Background(), query, args...)
-				return err
-			}
+			parent, child := repotest.RandomName("uniq_parent"), repotest.RandomName("uniq_child")
+			exec := db.execer(t)
 			require.NoError(t, exec(`CREATE TABLE `+parent+` (id VARCHAR(64) PRIMARY KEY)`))
 			t.Cleanup(func() { require.NoError(t, exec(`DROP TABLE IF EXISTS `+parent)) })
 			require.NoError(t, exec(`CREATE TABLE `+child+` (
@@ -65,7 +45,7 @@ func TestIsUniqueViolation(t *testing.T) {
 				{"not null", exec(`INSERT INTO `+child+` (id, email) VALUES (?, NULL)`, "c3"), false},
 				{"foreign key", exec(`INSERT INTO `+child+` (id, email, parent_id) VALUES (?, ?, ?)`, "c4", "d@example.com", "no-such-parent"), false},
 				{"check", exec(`INSERT INTO `+child+` (id, email) VALUES (?, ?)`, "c5", "forbidden"), false},
-				{"syntax", exec(`INSERT INTO nowhere_` + suffix + ` VALUES (1)`), false},
+				{"syntax", exec(`INSERT INTO ` + repotest.RandomName("nowhere") + ` VALUES (1)`), false},
 			} {
 				if c.name == "no-op update" {
 					// Setting a row's email to its own value is no violation.
@@ -82,16 +62,6 @@ func TestIsUniqueViolation(t *testing.T) {
 			require.True(t, repository.IsUniqueViolation(err), "a unique violation by UPDATE: %v", err)
 		})
 	}
-}
-
-// randomSuffix returns a suffix for table names no other run uses: the
-// tests share their servers with concurrent runs.
-func randomSuffix(t *testing.T) string {
-	t.Helper()
-	var b [6]byte
-	_, err := rand.Read(b[:])
-	require.NoError(t, err)
-	return hex.EncodeToString(b[:])
 }
 
 func TestIsUniqueViolationOfNonDatabaseErrors(t *testing.T) {

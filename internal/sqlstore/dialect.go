@@ -1,17 +1,16 @@
 // Package sqlstore is the one SQL implementation of the storage contracts
-// (repository.Transactional, TwoPhase, Reader, Cleaner, Operator, Stats
-// and VersionGuard) and of versioned migrations. repository/postgres,
-// repository/mysql and repository/sqlite each supply a Dialect — SQL text
-// and the few differences that are real — and their migration files, and
-// expose the store under their own names:
+// (repository.Transactional, TwoPhase, Reader, Cleaner, Operator, Stats,
+// VersionGuard) and of versioned migrations. repository/postgres, mysql
+// and sqlite each supply a Dialect and their migration files:
 //
 //	repo, err := sqlstore.NewInbox(postgresDialect, sqlstore.StdDB(db), config)
 //
-// Statements are written once, with $1…$n placeholders and {T} for the
-// quoted table; Dialect.Bind turns them into the driver's placeholders.
+// Statements are written once, with {T} for the quoted table and $n for
+// the n-th argument; the dialect's Bind rewrites the placeholders.
 package sqlstore
 
 import (
+	"context"
 	"fmt"
 	"io/fs"
 	"regexp"
@@ -27,98 +26,86 @@ import (
 type Bind int
 
 const (
-	// Dollar: $1, $2 (PostgreSQL).
-	Dollar Bind = iota
-	// QuestionNumbered: ?1, ?2 (SQLite).
-	QuestionNumbered
-	// Question: ?, ? in order, an argument per use (MySQL).
-	Question
+	Dollar           Bind = iota // $1, $2 (PostgreSQL)
+	QuestionNumbered             // ?1, ?2 (SQLite)
+	Question                     // ?, ? in order, an argument per use (MySQL)
 )
 
-// Dialect is what differs between databases. Statements use {T} for the
-// quoted table and $n for the n-th argument.
+// Dialect holds the differences between databases that are real.
 type Dialect struct {
-	// Name prefixes errors ("postgres").
-	Name string
-	// Quote quotes identifiers (`"` or "`").
-	Quote string
-	// Bind is the placeholder style.
-	Bind Bind
-	// Migrations holds migrations/inbox/ and migrations/versions/ of
-	// NNNN_name.up.sql and .down.sql files written for the default table
-	// names (see render).
+	Name  string // prefixes errors ("postgres")
+	Quote string // quotes identifiers (`"` or "`")
+	Bind  Bind
+	// Migrations holds migrations/{inbox,versions}/NNNN_name.up.sql.
 	Migrations fs.FS
-	// QualifyIndex: an index in another schema is named schema.index and
-	// its table unqualified (SQLite), instead of living in the table's.
+	// QualifyIndex: an index in another schema is named schema.index, its
+	// table unqualified (SQLite).
 	QualifyIndex bool
-	// MigrateLock, run first, returns one row holding 1 once the migration
-	// lock is held; MigrateUnlock, if set, releases a session lock, and the
-	// migrations then run outside a transaction (MySQL: DDL commits
-	// anyway). Without it they run in one transaction, which holds the
-	// lock until it ends. Empty: the transaction itself is the lock.
+	// MigrateLock returns one row holding 1 once the lock is held. With
+	// MigrateUnlock (a session lock, MySQL, whose DDL commits anyway) the
+	// migrations run outside a transaction; without it in one transaction
+	// that holds the lock. Empty: the transaction is the lock (SQLite).
 	MigrateLock, MigrateUnlock string
-	// IsApplied recognises the error of a migration statement whose effect
-	// is already there (MySQL has no CREATE INDEX IF NOT EXISTS); nil: none.
+	// IsApplied recognises a migration statement whose effect is already
+	// there (MySQL has no CREATE INDEX IF NOT EXISTS).
 	IsApplied func(error) bool
 
-	// IgnoreConflict ends an INSERT so that a duplicate primary key inserts
-	// nothing; empty when the dialect reports duplicates as errors
-	// (IsUniqueViolation) instead.
+	// IgnoreConflict ends an INSERT so that a duplicate key inserts
+	// nothing; empty: duplicates fail with IsUniqueViolation (MySQL).
 	IgnoreConflict string
-	// LockingRead ends a SELECT that must see the latest committed row
-	// inside a transaction whose snapshot may predate it.
-	LockingRead string
-	// ByteOrder follows a text column in ORDER BY to sort by bytes.
-	ByteOrder string
-	// Returning: UPDATE … RETURNING exists; otherwise the row is re-read
-	// in the same transaction.
-	Returning bool
-	// ChangedRows: an UPDATE that stores the values already there reports
-	// no affected row (MySQL), so 0 needs a second look.
+	LockingRead    string // ends a SELECT that must see the latest committed row
+	ByteOrder      string // follows a text column in ORDER BY to sort by bytes
+	Returning      bool   // UPDATE … RETURNING exists; else re-read in the transaction
+	// ChangedRows: an UPDATE storing the values already there reports no
+	// affected row (MySQL), so 0 needs a second look.
 	ChangedRows bool
 	// DeleteExpired deletes at most $2 rows expiring before $1, oldest
-	// first, skipping locked ones. Empty: PickExpired and DeleteByKeys.
+	// first, skipping locked ones. Empty: PickExpired locks and returns
+	// primary keys that DeleteByKeys(n) deletes, in one READ COMMITTED
+	// transaction.
 	DeleteExpired string
-	// PickExpired locks and returns the primary keys DeleteByKeys(n)
-	// deletes, in one READ COMMITTED transaction.
-	PickExpired  string
-	DeleteByKeys func(n int) string
-	// Advance stores version $3 for ($1, $2) if it is newer; the last
-	// statement affects one row exactly when it did. Default: one
-	// INSERT … ON CONFLICT DO UPDATE … WHERE stored < new.
-	Advance []string
-	// MaxPayloadHash is the longest payload hash the column holds; 0: any.
-	MaxPayloadHash int
+	PickExpired   string
+	DeleteByKeys  func(n int) string
+	// Advance stores version $3 for ($1, $2) if newer; the last statement
+	// affects one row exactly when it did. Default: one INSERT … ON
+	// CONFLICT DO UPDATE … WHERE stored < new.
+	Advance        []string
+	MaxPayloadHash int // the longest payload hash the column holds; 0: any
 
-	// EncodeTime converts a time into a statement argument; it returns an
-	// error for times the column cannot hold.
+	// EncodeTime converts a time into an argument, failing for times the
+	// column cannot hold; DecodeTime converts a scanned non-NULL value.
 	EncodeTime func(time.Time) (any, error)
-	// DecodeTime converts a scanned non-NULL column value into a time.
 	DecodeTime func(any) (time.Time, error)
-	// IsUniqueViolation recognises a duplicate-key error by code.
-	IsUniqueViolation func(error) bool
-	// IsRetryable recognises an error after which a single-statement
-	// operation may run again (a deadlock victim); nil: none.
-	IsRetryable func(error) bool
+	// IsUniqueViolation (default repository.IsUniqueViolation) and
+	// IsRetryable (a deadlock victim; nil: none) recognise errors by code.
+	IsUniqueViolation, IsRetryable func(error) bool
 }
 
-// Config configures a store: the Config and VersionConfig types of
-// repository/postgres, mysql and sqlite are this type.
+// withDefaults returns a copy of d with its empty fields set.
+func (d Dialect) withDefaults() *Dialect {
+	if d.Advance == nil {
+		d.Advance = []string{`INSERT INTO {T} AS v (consumer, entity, version) VALUES ($1, $2, $3)
+ON CONFLICT (consumer, entity) DO UPDATE SET version = excluded.version WHERE v.version < excluded.version`}
+	}
+	if d.IsUniqueViolation == nil {
+		d.IsUniqueViolation = repository.IsUniqueViolation
+	}
+	return &d
+}
+
+// Config configures a store (it is the backends' Config).
 type Config struct {
-	// Table is the store's table, optionally qualified by a schema (or a
-	// MySQL database, or an attached SQLite database) as "schema.table".
-	// Default: repository.DefaultTableName for the inbox,
-	// repository.DefaultVersionsTableName for versions. It is validated
-	// with repository.ValidateTableName.
+	// Table is the store's table, optionally "schema.table", validated by
+	// repository.ValidateTableName. Default: repository.DefaultTableName
+	// (inbox), repository.DefaultVersionsTableName (versions).
 	Table string
 }
 
 // Validate reports whether the configuration is usable.
 func (c Config) Validate() error { return repository.ValidateTableName(c.Table) }
 
-// stmt is a statement bound for the dialect: order maps each placeholder
-// to its argument where the dialect cannot reuse arguments, and max is
-// the highest $n, so extra arguments are not sent.
+// stmt is a bound statement: order maps each placeholder to its argument
+// (Question), max is the highest $n, so extra arguments are not sent.
 type stmt struct {
 	text  string
 	order []int
@@ -127,8 +114,6 @@ type stmt struct {
 
 var dollarRe = regexp.MustCompile(`\$(\d+)`)
 
-// bind replaces {T} with the quoted table and $n with the dialect's
-// placeholders.
 func (d *Dialect) bind(table, query string) stmt {
 	var s stmt
 	s.text = dollarRe.ReplaceAllStringFunc(strings.ReplaceAll(query, "{T}", table), func(m string) string {
@@ -146,13 +131,18 @@ func (d *Dialect) bind(table, query string) stmt {
 	return s
 }
 
+func (s stmt) exec(ctx context.Context, ex Executor, args ...any) (int64, error) {
+	return ex.Exec(ctx, s.text, s.values(args)...)
+}
+
+func (s stmt) row(ctx context.Context, ex Executor, args ...any) Row {
+	return ex.QueryRow(ctx, s.text, s.values(args)...)
+}
+
 // values returns args in the order the statement's placeholders take them.
 func (s stmt) values(args []any) []any {
 	if s.order == nil {
-		if s.max > 0 && s.max < len(args) {
-			return args[:s.max]
-		}
-		return args
+		return args[:min(len(args), s.max)]
 	}
 	out := make([]any, len(s.order))
 	for i, a := range s.order {
@@ -188,10 +178,9 @@ func (d *Dialect) sibling(t tableName, name string) string {
 }
 
 // render turns a migration file written for the default table name def
-// into the DDL for t. The files name the table "def" and its indexes
-// "def_suffix" (quoted, so nothing else can match); the index names are
-// repository.IndexName(t, suffix), the name the default table gets too.
-// Pairs in extra come first, so they win over the index names.
+// into the DDL for t: the quoted "def" becomes t and the quoted
+// "def_suffix" indexes repository.IndexName(t, suffix). Pairs in extra
+// come first, so they win.
 func (d *Dialect) render(sql, def string, t tableName, extra ...string) string {
 	q := d.Quote
 	indexRe := regexp.MustCompile(regexp.QuoteMeta(q+def+"_") + `([a-z0-9_]+)` + regexp.QuoteMeta(q))

@@ -8,11 +8,10 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// Executor runs one statement. It is all the store needs of a connection,
-// a pool or a transaction, so any driver fits behind a small adapter:
-// database/sql here (StdDB, StdQuerier), pgx natively in a later change.
-// Row.Scan reports no row with an error wrapping sql.ErrNoRows (pgx's
-// ErrNoRows does).
+// Executor runs one statement: all the store needs of a connection, pool
+// or transaction, so any driver fits behind a small adapter (StdDB,
+// StdQuerier; pgxexec). Row.Scan reports no row with an error wrapping
+// sql.ErrNoRows (pgx's ErrNoRows does).
 type Executor interface {
 	Exec(ctx context.Context, query string, args ...any) (rowsAffected int64, err error)
 	QueryRow(ctx context.Context, query string, args ...any) Row
@@ -30,14 +29,13 @@ type Rows interface {
 	Close() error
 }
 
-// DB is the executor the store owns: a pool that can also run a function
-// in a transaction, or on one session (for session-level locks).
+// DB is the pool the store owns.
 type DB interface {
 	Executor
 	// InTx runs fn in a transaction, committing if it returns nil.
 	InTx(ctx context.Context, readCommitted bool, fn func(Executor) error) error
-	// OnSession runs fn on one connection of the pool, outside a
-	// transaction.
+	// OnSession runs fn on one connection, outside a transaction (for
+	// session-level locks).
 	OnSession(ctx context.Context, fn func(Executor) error) error
 }
 
@@ -67,13 +65,12 @@ func (e stdExec) QueryRow(ctx context.Context, query string, args ...any) Row {
 }
 
 func (e stdExec) Query(ctx context.Context, query string, args ...any) (Rows, error) {
-	q, ok := e.q.(interface {
+	if q, ok := e.q.(interface {
 		QueryContext(context.Context, string, ...any) (*sql.Rows, error)
-	})
-	if !ok {
-		return nil, fmt.Errorf("%T cannot run multi-row queries", e.q)
+	}); ok {
+		return q.QueryContext(ctx, query, args...)
 	}
-	return q.QueryContext(ctx, query, args...)
+	return nil, fmt.Errorf("%T cannot run multi-row queries", e.q)
 }
 
 type stdDB struct {

@@ -10,10 +10,8 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// attempts bounds how often an operation runs again when the record it
-// collided with is gone before it can be read (released in between), or
-// when the database picked its statement as a deadlock victim. Each run is
-// one atomic statement (or transaction), so running it again is safe.
+// attempts bounds the reruns of an atomic operation whose record vanished
+// before it could be read, or that was a deadlock victim.
 const attempts = 32
 
 const (
@@ -39,9 +37,6 @@ type Inbox struct {
 // NewInbox returns the inbox store of dialect d over db. It does not
 // create the table: call Migrate, or apply the dialect's migration files.
 func NewInbox(d *Dialect, db DB, config Config) (*Inbox, error) {
-	if config.Table == "" {
-		config.Table = repository.DefaultTableName
-	}
 	m, err := newMigrator(d, db, "inbox", repository.DefaultTableName, config.Table)
 	if err != nil {
 		return nil, err
@@ -81,11 +76,11 @@ GROUP BY consumer ORDER BY consumer` + d.ByteOrder)
 }
 
 // ClaimTx implements repository.Transactional with one conditional insert
-// in the caller's transaction: INSERT … ON CONFLICT DO NOTHING, or (MySQL)
-// a plain INSERT of which only a duplicate-key error, recognised by code,
-// means "taken". On a duplicate it reads the stored record in the same
-// transaction, with a locking read where a snapshot could hide it. A
-// concurrent claim of the same key waits on the first one's row lock.
+// in the caller's transaction (ON CONFLICT DO NOTHING, or on MySQL a plain
+// INSERT whose duplicate-key error, recognised by code, means "taken").
+// On a duplicate it reads the stored record in the same transaction, with
+// a locking read where a snapshot could hide it. A concurrent claim of
+// the same key waits on the first one's row lock.
 func (s *Inbox) ClaimTx(ctx context.Context, tx repository.Querier, p repository.ClaimParams) (repository.Claim, error) {
 	return s.ClaimOn(ctx, StdQuerier(tx), p)
 }
@@ -99,28 +94,30 @@ func (s *Inbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimPara
 	if err != nil {
 		return repository.Claim{}, err
 	}
-	n, err := s.exec(ctx, ex, s.q.claim, args...)
-	if s.d.IsUniqueViolation(err) {
-		n, err = 0, nil
+	claimed, rec, err := s.insert(ctx, ex, s.q.claim, s.q.lockedGet, args)
+	if errors.Is(err, repository.ErrNotFound) {
+		// The key collided with a row that does not match it exactly:
+		// deleted in between, or (MySQL, non-strict sql_mode) cut to fit.
+		// The broker retries and the next claim decides.
+		err = fmt.Errorf("key is taken but no record matches it exactly: %w", err)
 	}
 	if err != nil {
 		return repository.Claim{}, s.wrap("claim", err)
 	}
-	if n == 1 {
-		return repository.Claim{Claimed: true}, nil
+	return repository.Claim{Claimed: claimed, Existing: rec}, nil
+}
+
+// insert runs a conditional insert; if the key is taken, it reads it.
+func (s *Inbox) insert(ctx context.Context, ex Executor, insert, read stmt, args []any) (bool, repository.Record, error) {
+	n, err := insert.exec(ctx, ex, args...)
+	if s.d.IsUniqueViolation(err) {
+		n, err = 0, nil
 	}
-	rec, err := s.get(ctx, ex, s.q.lockedGet, args[0], args[1])
-	if errors.Is(err, repository.ErrNotFound) {
-		// The key collided with a row that does not match it exactly: it
-		// was deleted in between (cleanup), or (MySQL, non-strict sql_mode)
-		// the value was cut to fit a narrower column. Report it rather than
-		// guess: the broker retries and the next claim decides.
-		return repository.Claim{}, s.wrap("claim", fmt.Errorf("key is taken but no record matches it exactly: %w", err))
+	if err != nil || n == 1 {
+		return n == 1, repository.Record{}, err
 	}
-	if err != nil {
-		return repository.Claim{}, s.wrap("read duplicate", err)
-	}
-	return repository.Claim{Existing: rec}, nil
+	rec, err := s.get(ctx, ex, read, args[0], args[1])
+	return false, rec, err
 }
 
 // SaveResultTx implements repository.Transactional with one UPDATE; it
@@ -135,7 +132,7 @@ func (s *Inbox) SaveResultOn(ctx context.Context, ex Executor, p repository.Save
 		return err
 	}
 	key := repository.StorageKey(p.Key)
-	n, err := s.exec(ctx, ex, s.q.save, p.Consumer, key, p.Result)
+	n, err := s.q.save.exec(ctx, ex, p.Consumer, key, p.Result)
 	if err == nil && n == 0 && s.d.ChangedRows {
 		n, err = s.count(ctx, ex, s.q.exists, p.Consumer, key)
 	}
@@ -154,38 +151,38 @@ func (s *Inbox) Get(ctx context.Context, consumer, key string) (repository.Recor
 	return rec, s.wrap("get", err)
 }
 
-// DeleteExpired implements repository.Cleaner: one statement deleting by
-// primary key the oldest expired rows, skipping rows claims hold locked.
-// Where that is not one statement (MySQL), one short READ COMMITTED
+// DeleteExpired implements repository.Cleaner with one statement deleting
+// the oldest expired rows by primary key, skipping rows that claims hold
+// locked. Where that is not one statement (MySQL), one READ COMMITTED
 // transaction picks them with FOR UPDATE SKIP LOCKED and deletes them by
-// primary key in statements of at most 500 keys.
+// primary key, at most 500 keys a statement.
 func (s *Inbox) DeleteExpired(ctx context.Context, before time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("%s: delete expired: %w: limit must be positive", s.d.Name, repository.ErrInvalidParams)
 	}
-	cutoff, err := s.args(nil, before)
+	args, err := s.args(nil, before, limit)
 	if err != nil {
 		return 0, s.wrap("delete expired", err)
 	}
 	if s.d.DeleteByKeys == nil {
-		n, err := s.exec(ctx, s.db, s.q.deleteExpired, cutoff[0], limit)
+		n, err := s.q.deleteExpired.exec(ctx, s.db, args...)
 		return int(n), s.wrap("delete expired", err)
 	}
 	deleted := 0
 	err = s.db.InTx(ctx, true, func(tx Executor) error {
-		pks, err := collect(ctx, tx, s.q.pickExpired, func(r Row) ([2][]byte, error) {
-			var pk [2][]byte
-			return pk, r.Scan(&pk[0], &pk[1])
-		}, cutoff[0], limit)
+		pks, err := collect(ctx, tx, s.q.pickExpired, func(r Row) (pk [2][]byte, err error) {
+			err = r.Scan(&pk[0], &pk[1])
+			return
+		}, args...)
 		for len(pks) > 0 && err == nil {
 			chunk := pks[:min(len(pks), 500)]
 			pks = pks[len(chunk):]
-			args := make([]any, 0, 2*len(chunk))
+			keys := make([]any, 0, 2*len(chunk))
 			for _, pk := range chunk {
-				args = append(args, pk[0], pk[1])
+				keys = append(keys, pk[0], pk[1])
 			}
 			var n int64
-			n, err = tx.Exec(ctx, s.d.bind(s.t.quoted, s.d.DeleteByKeys(len(chunk))).text, args...)
+			n, err = tx.Exec(ctx, s.d.bind(s.t.quoted, s.d.DeleteByKeys(len(chunk))).text, keys...)
 			deleted += int(n)
 		}
 		return err
@@ -196,44 +193,29 @@ func (s *Inbox) DeleteExpired(ctx context.Context, before time.Time, limit int) 
 	return deleted, nil
 }
 
-// args checks that the payload hash fits and encodes the times in vals
-// for the dialect; other values pass unchanged.
+// args checks the payload hash's size and encodes the times in vals.
 func (s *Inbox) args(hash []byte, vals ...any) ([]any, error) {
 	if s.d.MaxPayloadHash > 0 && len(hash) > s.d.MaxPayloadHash {
 		return nil, fmt.Errorf("%w: PayloadHash is %d bytes, at most %d fit", repository.ErrInvalidParams, len(hash), s.d.MaxPayloadHash)
 	}
-	out := make([]any, len(vals))
 	for i, v := range vals {
-		out[i] = v
 		if t, ok := v.(time.Time); ok {
 			var err error
-			if out[i], err = s.d.EncodeTime(t); err != nil {
+			if vals[i], err = s.d.EncodeTime(t); err != nil {
 				return nil, err
 			}
 		}
 	}
-	return out, nil
+	return vals, nil
 }
 
-// exec runs st on ex with args in $n order.
-func (s *Inbox) exec(ctx context.Context, ex Executor, st stmt, args ...any) (int64, error) {
-	return ex.Exec(ctx, st.text, st.values(args)...)
-}
-
-// count runs a SELECT COUNT(*).
-func (s *Inbox) count(ctx context.Context, ex Executor, st stmt, args ...any) (int64, error) {
-	var n int64
-	err := ex.QueryRow(ctx, st.text, st.values(args)...).Scan(&n)
+// write runs st on the pool, again while it is a deadlock victim.
+func (s *Inbox) write(ctx context.Context, st stmt, args ...any) (n int64, err error) {
+	err = s.retry(func() error {
+		n, err = st.exec(ctx, s.db, args...)
+		return err
+	})
 	return n, err
-}
-
-// get reads one record, ErrNotFound if there is none.
-func (s *Inbox) get(ctx context.Context, ex Executor, st stmt, args ...any) (repository.Record, error) {
-	rec, err := s.scan(ex.QueryRow(ctx, st.text, st.values(args)...))
-	if errors.Is(err, sql.ErrNoRows) {
-		return rec, repository.ErrNotFound
-	}
-	return rec, err
 }
 
 // retry runs fn again while it fails with a retryable error, at most
@@ -248,22 +230,35 @@ func (s *Inbox) retry(fn func() error) error {
 	return err
 }
 
-// scan reads the record columns of one row.
+func (s *Inbox) count(ctx context.Context, ex Executor, st stmt, args ...any) (n int64, err error) {
+	err = st.row(ctx, ex, args...).Scan(&n)
+	return
+}
+
+// get reads one record, ErrNotFound if there is none.
+func (s *Inbox) get(ctx context.Context, ex Executor, st stmt, args ...any) (repository.Record, error) {
+	rec, err := s.scan(st.row(ctx, ex, args...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return rec, repository.ErrNotFound
+	}
+	return rec, err
+}
+
+// scan reads the columns of one record; it is the one record scanner.
 func (s *Inbox) scan(r Row) (repository.Record, error) {
 	var (
 		rec   repository.Record
-		state string
 		owner sql.NullString
 		times [4]timeColumn
 	)
 	for i := range times {
 		times[i].d = s.d
 	}
-	if err := r.Scan(&rec.Consumer, &rec.Key, &state, &rec.PayloadHash, &rec.Result, &rec.Attempts,
+	if err := r.Scan(&rec.Consumer, &rec.Key, &rec.State, &rec.PayloadHash, &rec.Result, &rec.Attempts,
 		&owner, &times[0], &times[1], &times[2], &times[3]); err != nil {
 		return repository.Record{}, err
 	}
-	rec.State, rec.LeaseOwner = repository.State(state), owner.String
+	rec.LeaseOwner = owner.String
 	rec.LeaseUntil, rec.CreatedAt, rec.CompletedAt, rec.ExpiresAt = times[0].t, times[1].t, times[2].t, times[3].t
 	return rec, nil
 }
@@ -274,13 +269,11 @@ type timeColumn struct {
 	t time.Time
 }
 
-func (c *timeColumn) Scan(v any) error {
-	if v == nil {
-		c.t = time.Time{}
-		return nil
+func (c *timeColumn) Scan(v any) (err error) {
+	c.t = time.Time{}
+	if v != nil {
+		c.t, err = c.d.DecodeTime(v)
 	}
-	var err error
-	c.t, err = c.d.DecodeTime(v)
 	return err
 }
 

@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,14 +27,11 @@ const migrationsDDL = `CREATE TABLE IF NOT EXISTS {T} (
     PRIMARY KEY (subject, version)
 )`
 
-// Migration is one migration file set; Migrate returns those it applied.
+// Migration is one migration file set; Migrations returns those it applied.
 type Migration struct {
-	// Version is the file's number (0001_… is 1).
-	Version int
-	// Name is the file name without its number and extension.
-	Name string
-	// Duration is how long applying it took.
-	Duration time.Duration
+	Version  int           // the file's number (0001_… is 1)
+	Name     string        // the file name without number and extension
+	Duration time.Duration // how long applying it took
 }
 
 // migrator applies the migration line (inbox, versions) of one table.
@@ -53,12 +51,15 @@ func newMigrator(d *Dialect, db DB, line, def, table string) (migrator, error) {
 	if db == nil {
 		return migrator{}, fmt.Errorf("%s: db is nil", d.Name)
 	}
+	if table == "" {
+		table = def
+	}
 	t, err := d.table(table)
-	return migrator{d: d, db: db, t: t, line: line, def: def}, err
+	return migrator{d: d.withDefaults(), db: db, t: t, line: line, def: def}, err
 }
 
-// wrap prefixes err with the dialect and operation, and says what a
-// deadlock victim's caller must do; nil stays nil.
+// wrap prefixes err with the dialect and operation, and tells a deadlock
+// victim's caller what to do; nil stays nil.
 func (m *migrator) wrap(op string, err error) error {
 	switch {
 	case err == nil:
@@ -75,28 +76,31 @@ func (m *migrator) Migrate(ctx context.Context) error {
 	return err
 }
 
-// Migrations applies the migrations of this table that are not yet
-// recorded in MigrationsTable (in the table's schema), in version order,
-// under one lock: the dialect's migration lock (PostgreSQL: an advisory
-// lock; MySQL: GET_LOCK), or SQLite's write transaction. It records each
-// and returns those it applied, none when the schema is up to date.
+// Migrations applies, in version order and under the dialect's migration
+// lock (PostgreSQL: an advisory lock; MySQL: GET_LOCK; SQLite: its write
+// transaction), the table's migrations not yet recorded in
+// MigrationsTable (in the table's schema), records each, and returns those
+// it applied: none when the schema is up to date.
 //
-// On PostgreSQL and SQLite every pending migration and its record commit
-// in one transaction, or none does. MySQL commits DDL statement by
-// statement; a statement whose effect is already there (an index created
-// before a crash, or by another tool) counts as applied.
-// Migration 1 creates the table IF NOT EXISTS, so a table created by an
-// earlier version of this package is adopted as it is; a table dropped
-// after it was migrated is migrated again. On PostgreSQL and SQLite every
-// migration is written so that it can run twice (IF NOT EXISTS).
+// On PostgreSQL and SQLite all of it commits in one transaction or none
+// does, and every file can run twice (IF NOT EXISTS). MySQL commits DDL
+// statement by statement; a statement whose effect is already there (an
+// index created before a crash) counts as applied. Migration 1 creates
+// the table IF NOT EXISTS, so a table made by an earlier version of this
+// package is adopted; a table dropped after it was migrated is migrated
+// again.
 func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 	files, err := m.files()
 	if err != nil {
 		return nil, m.wrap("migrate", err)
 	}
-	// Records of a table dropped since are void: it is migrated afresh.
-	probe := m.d.bind(m.t.quoted, `SELECT COUNT(*) FROM {T} WHERE 1 = 0`)
-	missing := m.db.QueryRow(ctx, probe.text).Scan(new(int)) != nil
+	probe := m.d.bind(m.t.quoted, `SELECT COUNT(*) FROM {T} WHERE 1 = 0`).text
+	missing := m.db.QueryRow(ctx, probe).Scan(new(int)) != nil
+	table, subject := m.d.sibling(m.t, MigrationsTable), m.line+":"+m.t.name
+	exec := func(ex Executor, q string, args ...any) error {
+		_, err := m.d.bind(table, q).exec(ctx, ex, args...)
+		return err
+	}
 	var applied []Migration
 	run := func(ex Executor) error {
 		applied = nil
@@ -108,32 +112,25 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 		}
 		if m.d.MigrateUnlock != "" {
 			defer func() { _, _ = ex.Exec(context.WithoutCancel(ctx), m.d.MigrateUnlock) }()
+			// No transaction: look again under the lock, as another process
+			// may have migrated meanwhile and MySQL's files cannot run twice.
+			missing = missing && ex.QueryRow(ctx, probe).Scan(new(int)) != nil
 		}
-		if missing && m.d.MigrateUnlock != "" {
-			// Outside a transaction, look again under the lock: another
-			// process may have migrated it meanwhile, and MySQL's files
-			// cannot all be run twice.
-			missing = ex.QueryRow(ctx, probe.text).Scan(new(int)) != nil
-		}
-		table := m.d.sibling(m.t, MigrationsTable)
-		if _, err := ex.Exec(ctx, m.d.bind(table, migrationsDDL).text); err != nil {
+		if err := exec(ex, migrationsDDL); err != nil {
 			return err
 		}
-		subject := m.line + ":" + m.t.name
-		if missing {
-			forget := m.d.bind(table, `DELETE FROM {T} WHERE subject = $1`)
-			if _, err := ex.Exec(ctx, forget.text, subject); err != nil {
+		if missing { // records of a dropped table are void
+			if err := exec(ex, `DELETE FROM {T} WHERE subject = $1`, subject); err != nil {
 				return err
 			}
 		}
-		done, err := collect(ctx, ex, m.d.bind(table, `SELECT version FROM {T} WHERE subject = $1`), func(r Row) (int, error) {
-			var v int
-			return v, r.Scan(&v)
+		done, err := collect(ctx, ex, m.d.bind(table, `SELECT version FROM {T} WHERE subject = $1`), func(r Row) (v int, err error) {
+			err = r.Scan(&v)
+			return
 		}, subject)
 		if err != nil {
 			return err
 		}
-		record := m.d.bind(table, `INSERT INTO {T} (subject, version, name) VALUES ($1, $2, $3)`)
 		for _, f := range files {
 			if slices.Contains(done, f.Version) {
 				continue
@@ -144,7 +141,7 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 					return fmt.Errorf("%04d_%s: %w", f.Version, f.Name, err)
 				}
 			}
-			if _, err := ex.Exec(ctx, record.text, record.values([]any{subject, f.Version, f.Name})...); err != nil {
+			if err := exec(ex, `INSERT INTO {T} (subject, version, name) VALUES ($1, $2, $3)`, subject, f.Version, f.Name); err != nil {
 				return err
 			}
 			f.Duration = time.Since(start)
@@ -168,51 +165,38 @@ type migrationFile struct {
 	sql string
 }
 
-var fileRe = regexp.MustCompile(`^(\d+)_(\w+)\.up\.sql$`)
+var fileRe = regexp.MustCompile(`(\d+)_(\w+)\.up\.sql$`)
 
 // files reads the line's up migrations in version order.
 func (m *migrator) files() ([]migrationFile, error) {
-	dir := m.dir
-	if dir == "" {
-		dir = path.Join("migrations", m.line)
-	}
-	entries, err := fs.ReadDir(m.d.Migrations, dir)
-	if err != nil {
-		return nil, err
+	dir := cmp.Or(m.dir, path.Join("migrations", m.line))
+	names, err := fs.Glob(m.d.Migrations, path.Join(dir, "*.up.sql"))
+	if err == nil && len(names) == 0 {
+		err = errors.New("no migrations in " + dir)
 	}
 	var out []migrationFile
-	for _, e := range entries {
-		match := fileRe.FindStringSubmatch(e.Name())
-		if match == nil {
-			continue
-		}
-		b, err := fs.ReadFile(m.d.Migrations, path.Join(dir, e.Name()))
-		if err != nil {
-			return nil, err
-		}
+	for _, name := range names {
+		b, rerr := fs.ReadFile(m.d.Migrations, name)
+		match := fileRe.FindStringSubmatch(name)
 		v, _ := strconv.Atoi(match[1])
-		out = append(out, migrationFile{Migration{Version: v, Name: match[2]}, string(b)})
+		out, err = append(out, migrationFile{Migration{Version: v, Name: match[2]}, string(b)}), cmp.Or(err, rerr)
 	}
 	slices.SortFunc(out, func(a, b migrationFile) int { return a.Version - b.Version })
-	if len(out) == 0 {
-		return nil, errors.New("no migrations in " + m.line)
-	}
-	return out, nil
+	return out, err
 }
 
-var statementEnd = regexp.MustCompile(`;\s*(\n|$)`)
+var (
+	statementEnd = regexp.MustCompile(`;\s*(\n|$)`)
+	commentLine  = regexp.MustCompile(`(?m)^\s*--.*$`)
+)
 
-// statements splits a migration file into its statements (each ends with
-// ';' at the end of a line), leaving out comment-only pieces: MySQL runs
-// one statement per call.
+// statements splits a migration file into its statements, each ending
+// with ';' at the end of a line: MySQL runs one statement per call.
 func statements(sql string) []string {
 	var out []string
-	for _, part := range statementEnd.Split(sql, -1) {
-		for _, line := range strings.Split(part, "\n") {
-			if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "--") {
-				out = append(out, strings.TrimSpace(part))
-				break
-			}
+	for _, part := range statementEnd.Split(commentLine.ReplaceAllString(sql, ""), -1) {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
 		}
 	}
 	return out

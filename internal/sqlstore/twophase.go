@@ -11,8 +11,8 @@ import (
 
 // Acquire implements repository.TwoPhase with one conditional insert in
 // its own statement. When the key exists it reads the stored record; if
-// that record was released between the insert and the read, or the
-// insert was a deadlock victim, it tries again (a bounded number of times).
+// that was released between insert and read, or the insert was a
+// deadlock victim, it tries again (a bounded number of times).
 func (s *Inbox) Acquire(ctx context.Context, p repository.AcquireParams) (repository.Acquisition, error) {
 	if err := repository.ValidateAcquire(p); err != nil {
 		return repository.Acquisition{}, err
@@ -22,33 +22,22 @@ func (s *Inbox) Acquire(ctx context.Context, p repository.AcquireParams) (reposi
 		return repository.Acquisition{}, err
 	}
 	for range attempts {
-		n, err := s.exec(ctx, s.db, s.q.acquire, args...)
+		acquired, rec, err := s.insert(ctx, s.db, s.q.acquire, s.q.get, args)
 		switch {
-		case s.d.IsUniqueViolation(err):
-		case s.d.IsRetryable != nil && s.d.IsRetryable(err):
+		case errors.Is(err, repository.ErrNotFound) || s.d.IsRetryable != nil && s.d.IsRetryable(err):
 			continue
 		case err != nil:
 			return repository.Acquisition{}, s.wrap("acquire", err)
-		case n == 1:
-			return repository.Acquisition{Acquired: true}, nil
 		}
-		rec, err := s.get(ctx, s.db, s.q.get, args[0], args[1])
-		if errors.Is(err, repository.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return repository.Acquisition{}, s.wrap("acquire: read existing", err)
-		}
-		return repository.Acquisition{Existing: rec}, nil
+		return repository.Acquisition{Acquired: acquired, Existing: rec}, nil
 	}
 	return repository.Acquisition{}, fmt.Errorf("%s: acquire: gave up after %d attempts (the record was deleted between insert and read, or deadlocks)", s.d.Name, attempts)
 }
 
-// Reclaim implements repository.TwoPhase with one conditional UPDATE,
-// fenced by state, previous owner and an expired lease, that returns the
-// row (RETURNING, or a read of the row it holds locked in the same
-// transaction). Racing reclaims queue on the row lock; after the first
-// commits, the others re-check the owner, match nothing and get
+// Reclaim implements repository.TwoPhase with one UPDATE fenced by state,
+// previous owner and an expired lease, that returns the row (RETURNING, or
+// a read in the same transaction). Racing reclaims queue on the row lock;
+// after the first commits, the others match nothing and get
 // repository.ErrLeaseLost.
 func (s *Inbox) Reclaim(ctx context.Context, p repository.ReclaimParams) (repository.Record, error) {
 	if err := repository.ValidateReclaim(p); err != nil {
@@ -65,9 +54,9 @@ func (s *Inbox) Reclaim(ctx context.Context, p repository.ReclaimParams) (reposi
 			return err
 		}
 		return s.db.InTx(ctx, false, func(tx Executor) error {
-			// The new owner always differs from the previous one
-			// (ValidateReclaim), so a matched row is a changed row.
-			n, err := s.exec(ctx, tx, s.q.reclaim, args...)
+			// The new owner differs from the previous one (ValidateReclaim),
+			// so a matched row is a changed row.
+			n, err := s.q.reclaim.exec(ctx, tx, args...)
 			if err == nil && n == 0 {
 				return repository.ErrNotFound
 			}
@@ -83,10 +72,9 @@ func (s *Inbox) Reclaim(ctx context.Context, p repository.ReclaimParams) (reposi
 	return rec, s.wrap("reclaim", err)
 }
 
-// Extend implements repository.TwoPhase with one conditional UPDATE.
-// Extending to the deadline already stored succeeds, also where such an
-// update reports no changed row (MySQL): the fenced lease with that
-// deadline is then checked to exist.
+// Extend implements repository.TwoPhase with one fenced UPDATE. Extending
+// to the deadline already stored succeeds, also where that reports no
+// changed row (MySQL): the fenced lease is then checked to exist.
 func (s *Inbox) Extend(ctx context.Context, p repository.LeaseParams) error {
 	if err := repository.ValidateExtend(p); err != nil {
 		return err
@@ -104,7 +92,7 @@ func (s *Inbox) Extend(ctx context.Context, p repository.LeaseParams) error {
 	return err
 }
 
-// Complete implements repository.TwoPhase with one conditional UPDATE that
+// Complete implements repository.TwoPhase with one fenced UPDATE that
 // stores the result and marks the record completed.
 func (s *Inbox) Complete(ctx context.Context, p repository.CompleteParams) error {
 	if err := repository.ValidateComplete(p); err != nil {
@@ -117,7 +105,7 @@ func (s *Inbox) Complete(ctx context.Context, p repository.CompleteParams) error
 	return s.fenced(ctx, "complete", s.q.complete, args...)
 }
 
-// Release implements repository.TwoPhase with one conditional DELETE.
+// Release implements repository.TwoPhase with one fenced DELETE.
 func (s *Inbox) Release(ctx context.Context, p repository.LeaseParams) error {
 	if err := repository.ValidateRelease(p); err != nil {
 		return err
@@ -125,15 +113,10 @@ func (s *Inbox) Release(ctx context.Context, p repository.LeaseParams) error {
 	return s.fenced(ctx, "release", s.q.release, p.Consumer, repository.StorageKey(p.Key), p.Owner)
 }
 
-// fenced runs a write guarded by state and owner (run again if it was a
-// deadlock victim) and reports repository.ErrLeaseLost when it matched no
-// row.
+// fenced runs a write guarded by state and owner, reporting
+// repository.ErrLeaseLost when it matched no row.
 func (s *Inbox) fenced(ctx context.Context, op string, st stmt, args ...any) error {
-	var n int64
-	err := s.retry(func() (err error) {
-		n, err = s.exec(ctx, s.db, st, args...)
-		return err
-	})
+	n, err := s.write(ctx, st, args...)
 	if err == nil && n == 0 {
 		err = repository.ErrLeaseLost
 	}
@@ -141,7 +124,7 @@ func (s *Inbox) fenced(ctx context.Context, op string, st stmt, args ...any) err
 }
 
 // ListStuck implements repository.Operator with one SELECT that reads
-// without locking, on the partial index of in-progress leases (migration
+// without locking on the partial index of in-progress leases (migration
 // 2), so its cost grows with the in-progress records, not the table.
 func (s *Inbox) ListStuck(ctx context.Context, p repository.ListStuckParams) ([]repository.Record, error) {
 	p, err := repository.ValidateListStuck(p)
@@ -158,8 +141,8 @@ func (s *Inbox) ListStuck(ctx context.Context, p repository.ListStuckParams) ([]
 
 // Resolve implements repository.Operator with one UPDATE (complete) or
 // DELETE (release) fenced by state, owner, expired lease and record
-// expiry; the UPDATE always changes the state, so its affected-row count
-// is exact on every dialect. When it matches no row, a second read tells
+// expiry; the UPDATE always changes the state, so its count is exact on
+// every dialect. When it matches no row, a second read tells
 // repository.ErrNotFound from repository.ErrLeaseLost.
 func (s *Inbox) Resolve(ctx context.Context, p repository.ResolveParams) error {
 	if err := repository.ValidateResolve(p); err != nil {
@@ -173,11 +156,7 @@ func (s *Inbox) Resolve(ctx context.Context, p repository.ResolveParams) error {
 	if p.Action == repository.ResolveComplete {
 		st = s.q.resolveComplete
 	}
-	var n int64
-	err = s.retry(func() (err error) {
-		n, err = s.exec(ctx, s.db, st, args...)
-		return err
-	})
+	n, err := s.write(ctx, st, args...)
 	if err == nil && n == 0 {
 		if n, err = s.count(ctx, s.db, s.q.live, args[0], args[1], args[3]); err == nil && n == 0 {
 			return fmt.Errorf("%s: resolve (%s) %q/%q: %w", s.d.Name, p.Action, p.Consumer, p.Key, repository.ErrNotFound)
@@ -191,9 +170,8 @@ func (s *Inbox) Resolve(ctx context.Context, p repository.ResolveParams) error {
 }
 
 // CountRecords implements repository.Stats with one aggregate SELECT, a
-// consistent snapshot that takes no row locks. It counts every live
-// record, so it reads the whole table: run it at janitor intervals, not
-// per message.
+// snapshot that takes no row locks; it reads every live record, so run it
+// at janitor intervals, not per message.
 func (s *Inbox) CountRecords(ctx context.Context, now time.Time) ([]repository.RecordCount, error) {
 	if err := repository.ValidateCountRecords(now); err != nil {
 		return nil, err
@@ -202,9 +180,9 @@ func (s *Inbox) CountRecords(ctx context.Context, now time.Time) ([]repository.R
 	if err != nil {
 		return nil, err
 	}
-	counts, err := collect(ctx, s.db, s.q.count, func(r Row) (repository.RecordCount, error) {
-		var c repository.RecordCount
-		return c, r.Scan(&c.Consumer, &c.InProgress, &c.Stale, &c.Completed)
+	counts, err := collect(ctx, s.db, s.q.count, func(r Row) (c repository.RecordCount, err error) {
+		err = r.Scan(&c.Consumer, &c.InProgress, &c.Stale, &c.Completed)
+		return
 	}, args...)
 	return counts, s.wrap("count records", err)
 }

@@ -11,8 +11,8 @@ import (
 
 // Versions keeps the last applied version per (consumer, entity). It
 // implements repository.VersionGuard and is safe for concurrent use. Rows
-// never expire: deleting one would let an old version apply again; delete
-// it when the entity itself is deleted.
+// never expire (an old version could apply again): delete one when the
+// entity itself is deleted.
 type Versions struct {
 	migrator
 	advance []stmt
@@ -22,20 +22,12 @@ type Versions struct {
 // NewVersions returns the version store of dialect d over db. It does not
 // create the table: call Migrate, or apply the dialect's migration files.
 func NewVersions(d *Dialect, db DB, config Config) (*Versions, error) {
-	if config.Table == "" {
-		config.Table = repository.DefaultVersionsTableName
-	}
 	m, err := newMigrator(d, db, "versions", repository.DefaultVersionsTableName, config.Table)
 	if err != nil {
 		return nil, err
 	}
 	s := &Versions{migrator: m}
-	advance := d.Advance
-	if advance == nil {
-		advance = []string{`INSERT INTO {T} AS v (consumer, entity, version) VALUES ($1, $2, $3)
-ON CONFLICT (consumer, entity) DO UPDATE SET version = excluded.version WHERE v.version < excluded.version`}
-	}
-	for _, q := range advance {
+	for _, q := range m.d.Advance {
 		s.advance = append(s.advance, d.bind(m.t.quoted, q))
 	}
 	// math.MinInt64 (refused by PrepareAdvance) marks a row locked before
@@ -44,14 +36,13 @@ ON CONFLICT (consumer, entity) DO UPDATE SET version = excluded.version WHERE v.
 	return s, nil
 }
 
-// AdvanceTx implements repository.VersionGuard in the caller's
-// transaction with the dialect's atomic conditional upsert: one row
-// affected means applied, none means stale. A concurrent transaction on
-// the same entity waits for the row lock and then compares against what
-// the first committed. Under PostgreSQL's REPEATABLE READ or SERIALIZABLE
-// it fails with a serialization error instead (SQLSTATE 40001); on MySQL
-// a deadlock victim (1213) has had its whole transaction rolled back:
-// roll back and retry in both cases.
+// AdvanceTx implements repository.VersionGuard in the caller's transaction
+// with the dialect's atomic conditional upsert: one row affected means
+// applied, none means stale. A concurrent transaction on the same entity
+// waits for the row lock, then compares against what the first committed.
+// Under PostgreSQL's REPEATABLE READ or SERIALIZABLE it fails with SQLSTATE
+// 40001 instead, and a MySQL deadlock victim (1213) has had its whole
+// transaction rolled back: roll back and retry in both cases.
 func (s *Versions) AdvanceTx(ctx context.Context, tx repository.Querier, p repository.AdvanceParams) (bool, error) {
 	return s.AdvanceOn(ctx, StdQuerier(tx), p)
 }
@@ -64,7 +55,7 @@ func (s *Versions) AdvanceOn(ctx context.Context, ex Executor, p repository.Adva
 	}
 	var n int64
 	for _, st := range s.advance {
-		if n, err = ex.Exec(ctx, st.text, st.values([]any{stored.Consumer, stored.Entity, stored.Version})...); err != nil {
+		if n, err = st.exec(ctx, ex, stored.Consumer, stored.Entity, stored.Version); err != nil {
 			return false, s.wrap(fmt.Sprintf("advance version of %q", p.Entity), err)
 		}
 	}
@@ -72,11 +63,10 @@ func (s *Versions) AdvanceOn(ctx context.Context, ex Executor, p repository.Adva
 }
 
 // LastVersion returns the last applied version of (consumer, entity), or
-// repository.ErrNotFound if none was applied. entity is the one given to
-// AdvanceTx; it is looked up in its stored form (repository.StorageKey).
+// repository.ErrNotFound if none was; entity is as given to AdvanceTx.
 func (s *Versions) LastVersion(ctx context.Context, consumer, entity string) (int64, error) {
 	var v int64
-	err := s.db.QueryRow(ctx, s.last.text, s.last.values([]any{consumer, repository.StorageKey(entity)})...).Scan(&v)
+	err := s.last.row(ctx, s.db, consumer, repository.StorageKey(entity)).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		err = repository.ErrNotFound
 	}

@@ -2,9 +2,7 @@ package janitor_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -14,12 +12,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstoretest"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
-	"github.com/idemkit/watermill-idempotent/repository/mysql"
-	"github.com/idemkit/watermill-idempotent/repository/postgres"
-	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+	"github.com/idemkit/watermill-idempotent/repository/repotest"
 )
 
 // The retention test of issue 3: 100,000 expired records are removed while
@@ -52,32 +48,29 @@ func (b bulkTarget) count(t *testing.T, consumer string) int {
 	return n
 }
 
-// uniqueTable returns a table name no other test uses.
-func uniqueTable(t *testing.T) string {
-	t.Helper()
-	var b [6]byte
-	_, err := rand.Read(b[:])
-	require.NoError(t, err)
-	return "janitor_bulk_" + hex.EncodeToString(b[:])
-}
-
-func dropOnCleanup(t *testing.T, db *sql.DB, quotedTable string) {
-	t.Cleanup(func() {
-		_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS `+quotedTable)
-		require.NoError(t, err)
-	})
-}
-
-func TestJanitor100kPostgres(t *testing.T) {
+func skipShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
 	}
-	db := testenv.Postgres(t)
-	table := uniqueTable(t)
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
+}
+
+// openBulk returns backend b's repository on a fresh migrated table that
+// is dropped when the test ends.
+func openBulk(t *testing.T, b sqlstoretest.Backend) (*sql.DB, string, bulkRepo) {
+	table := repotest.RandomName("janitor_bulk")
+	repo, err := b.Inbox(table)
 	require.NoError(t, err)
-	dropOnCleanup(t, db, `"`+table+`"`)
+	t.Cleanup(func() {
+		_, err := b.DB.ExecContext(context.Background(), `DROP TABLE IF EXISTS `+b.Quote+table+b.Quote)
+		require.NoError(t, err)
+	})
 	require.NoError(t, repo.Migrate(t.Context()))
+	return b.DB, table, repo
+}
+
+func TestJanitor100kPostgres(t *testing.T) {
+	skipShort(t)
+	db, table, repo := openBulk(t, sqlstoretest.Postgres(t))
 
 	runBulkCleanup(t, bulkTarget{
 		db:   db,
@@ -94,15 +87,8 @@ SELECT $1, $2 || n, 'completed', 1, $3, $3, $4 FROM generate_series(1, $5::int) 
 }
 
 func TestJanitor100kSQLite(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
-	}
-	db := testenv.SQLite(t)
-	table := uniqueTable(t)
-	repo, err := sqlite.NewRepository(db, sqlite.Config{Table: table})
-	require.NoError(t, err)
-	dropOnCleanup(t, db, `"`+table+`"`)
-	require.NoError(t, repo.Migrate(t.Context()))
+	skipShort(t)
+	db, table, repo := openBulk(t, sqlstoretest.SQLite(t))
 
 	expired := 100_000
 	if raceDetector {
@@ -128,15 +114,8 @@ SELECT ?1, ?2 || n, 'completed', 1, ?3, ?3, ?4 FROM s`,
 }
 
 func TestJanitor100kMariaDB(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: seeds and cleans 100k rows; make test runs it")
-	}
-	db := testenv.MySQL(t)
-	table := uniqueTable(t)
-	repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
-	require.NoError(t, err)
-	dropOnCleanup(t, db, "`"+table+"`")
-	require.NoError(t, repo.Migrate(t.Context()))
+	skipShort(t)
+	db, table, repo := openBulk(t, sqlstoretest.MySQL(t))
 
 	runBulkCleanup(t, bulkTarget{
 		db:   db,

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -27,19 +25,7 @@ func (r *Repository) ListStuck(_ context.Context, p repository.ListStuckParams) 
 		}
 	}
 	r.mu.Unlock()
-	slices.SortFunc(recs, func(a, b repository.Record) int {
-		if c := a.LeaseUntil.Compare(b.LeaseUntil); c != 0 {
-			return c
-		}
-		if c := strings.Compare(a.Consumer, b.Consumer); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Key, b.Key)
-	})
-	if len(recs) > p.Limit {
-		recs = recs[:p.Limit]
-	}
-	return recs, nil
+	return repository.OrderStuck(recs, p.Limit), nil
 }
 
 // Resolve implements repository.Operator atomically under the mutex.

@@ -5,6 +5,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,9 +16,9 @@ import (
 )
 
 // Migrations holds the schema as numbered migration files, inbox/ and
-// versions/, written for the default table names: Migrate applies them,
-// and so can golang-migrate (one folder per migrations table; the DSN
-// needs multiStatements=true).
+// versions/, for the default table names: Migrate applies them, and so can
+// golang-migrate (one folder per migrations table; its DSN needs
+// multiStatements=true).
 //
 //go:embed migrations
 var Migrations embed.FS
@@ -27,17 +28,13 @@ var Migrations embed.FS
 const MaxPayloadHashLength = 255
 
 var dialect = &sqlstore.Dialect{
-	Name:       "mysql",
-	Quote:      "`",
-	Bind:       sqlstore.Question,
-	Migrations: Migrations,
-	// The lock every migration line takes, the outbox's too.
+	Name: "mysql", Quote: "`", Bind: sqlstore.Question, Migrations: Migrations,
+	// The session lock every migration line takes, the outbox's too.
 	MigrateLock:   sqlstore.MySQLMigrateLock,
 	MigrateUnlock: sqlstore.MySQLMigrateUnlock,
 	IsApplied:     func(err error) bool { return hasNumber(err, 1050, 1061) }, // table, index exists
-	// A locking read returns the latest committed row, not the row as of
-	// the transaction's REPEATABLE READ snapshot, which may predate it.
-	// LOCK IN SHARE MODE is understood by MySQL 8 and every MariaDB.
+	// Sees the latest committed row, not the REPEATABLE READ snapshot;
+	// MySQL 8 and every MariaDB understand LOCK IN SHARE MODE.
 	LockingRead: ` LOCK IN SHARE MODE`,
 	ChangedRows: true,
 	PickExpired: `SELECT consumer, dedup_key FROM {T} WHERE expires_at < $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED`,
@@ -46,11 +43,9 @@ var dialect = &sqlstore.Dialect{
 			`) AS d STRAIGHT_JOIN {T} AS x ON x.consumer = d.consumer AND x.dedup_key = d.dedup_key`
 	},
 	// The first statement creates the row at "nothing applied"
-	// (math.MinInt64, which ValidateAdvance refuses as a version) or
-	// changes nothing; either way the row is then locked until the
-	// transaction ends. A matched row is always a changed row in the
-	// second, so its count is exact whatever the DSN's clientFoundRows
-	// says (one upsert could not tell "inserted" from "unchanged" then).
+	// (math.MinInt64, refused as a version) or changes nothing, and locks
+	// it either way. In the second a matched row is a changed row, so its
+	// count is exact whatever the DSN's clientFoundRows says.
 	Advance: []string{
 		`INSERT INTO {T} (consumer, entity, version) VALUES ($1, $2, -9223372036854775808) ON DUPLICATE KEY UPDATE version = version`,
 		`UPDATE {T} SET version = $3 WHERE consumer = $1 AND entity = $2 AND version < $3`,
@@ -62,67 +57,57 @@ var dialect = &sqlstore.Dialect{
 	IsRetryable:       func(err error) bool { return hasNumber(err, 1213) }, // ER_LOCK_DEADLOCK
 }
 
-// Config configures a Repository (see sqlstore.Config): Table is the
-// inbox table, optionally database-qualified, default
-// repository.DefaultTableName; it is quoted with backticks.
-type Config = sqlstore.Config
+type (
+	// Config configures a Repository: Table is the inbox table, optionally
+	// database-qualified, default repository.DefaultTableName.
+	Config = sqlstore.Config
+	// VersionConfig configures a VersionStore: Table defaults to
+	// repository.DefaultVersionsTableName.
+	VersionConfig = sqlstore.Config
+	// Repository stores inbox records in MySQL or MariaDB (InnoDB). It
+	// implements repository.Transactional, TwoPhase, Reader, Cleaner,
+	// Operator and Stats and is safe for concurrent use. Every value is
+	// checked to fit its column before it is sent (keys and consumers of
+	// at most 255 bytes, payload hashes of at most MaxPayloadHashLength,
+	// times in years 1000 to 9999), so none is ever truncated, even under
+	// a non-strict sql_mode.
+	Repository = sqlstore.Inbox
+	// VersionStore keeps the last applied version per (consumer, entity)
+	// in MySQL or MariaDB (InnoDB), with two statements (see dialect).
+	VersionStore = sqlstore.Versions
+)
 
-// VersionConfig configures a VersionStore: Table is the versions table,
-// default repository.DefaultVersionsTableName.
-type VersionConfig = sqlstore.Config
-
-// Repository stores inbox records in MySQL or MariaDB (InnoDB). It
-// implements repository.Transactional, TwoPhase, Reader, Cleaner, Operator
-// and Stats and is safe for concurrent use.
-//
-// Every value is checked to fit its column before it is sent (keys and
-// consumers of at most 255 bytes, payload hashes of at most
-// MaxPayloadHashLength bytes, timestamps in the DATETIME range of years
-// 1000 to 9999), so no value is ever truncated, even under a non-strict
-// sql_mode.
-type Repository = sqlstore.Inbox
-
-// VersionStore keeps the last applied version per (consumer, entity) in
-// MySQL or MariaDB (InnoDB); it implements repository.VersionGuard with
-// two statements (see the package documentation).
-type VersionStore = sqlstore.Versions
-
-// NewRepository returns a Repository over db. It does not create the
-// schema: call Migrate, or apply the files in Migrations with your
-// migration tool. Any DSN works: timestamps are converted to and from UTC
-// here.
+// NewRepository returns a Repository over db; any DSN works. It does not
+// create the schema: call Migrate, or apply Migrations with your
+// migration tool.
 func NewRepository(db *sql.DB, config Config) (*Repository, error) {
 	return sqlstore.NewInbox(dialect, sqlstore.StdDB(db), config)
 }
 
-// NewVersionStore returns a VersionStore over db. It does not create the
-// table: call Migrate, or apply Migrations' versions/ files.
+// NewVersionStore returns a VersionStore over db; like NewRepository, it
+// does not create the table.
 func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
 	return sqlstore.NewVersions(dialect, sqlstore.StdDB(db), config)
 }
 
+// init teaches repository.IsUniqueViolation and IsDataException
+// *mysql.MySQLError, which has no method they could recognise it by.
 func init() {
-	// *mysql.MySQLError has no method repository could recognise it by, so
-	// importing this package teaches repository.IsUniqueViolation and
-	// repository.IsDataException its numbers.
 	repository.RegisterUniqueViolation(IsUniqueViolation)
 	repository.RegisterDataException(IsDataException)
 }
 
 // IsUniqueViolation reports whether err, or any error it wraps, is a
-// MySQL/MariaDB unique-key violation: error 1062 (ER_DUP_ENTRY), 1586
-// (ER_DUP_ENTRY_WITH_KEY_NAME) or 1022 (ER_DUP_KEY), recognised by number,
-// never by message. It is the one list the repository itself uses, and
-// importing this package registers it with repository.IsUniqueViolation.
+// MySQL/MariaDB unique-key violation, by number: 1062 (ER_DUP_ENTRY), 1586
+// (ER_DUP_ENTRY_WITH_KEY_NAME) or 1022 (ER_DUP_KEY). It is the one list
+// the repository uses; importing this package registers it.
 func IsUniqueViolation(err error) bool { return hasNumber(err, 1062, 1586, 1022) }
 
 // IsDataException reports whether err, or any error it wraps, is a
-// MySQL/MariaDB error about a value of the statement: SQLSTATE class 22
-// (1406 data too long, 1264 out of range, 1292 incorrect datetime, 1365
-// division by zero, …) or error 1366 (ER_TRUNCATED_WRONG_VALUE_FOR_FIELD)
-// or 1300 (ER_INVALID_CHARACTER_STRING), which MySQL reports under the
-// generic SQLSTATE HY000; recognised by code, never by message. Importing
-// this package registers it with repository.IsDataException.
+// MySQL/MariaDB error about a value of the statement, by code: SQLSTATE
+// class 22 (1406 data too long, 1264 out of range, 1292 incorrect
+// datetime, …), 1366 or 1300 (bad value or character string, reported
+// under HY000). Importing this package registers it.
 func IsDataException(err error) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && me.SQLState[0] == '2' && me.SQLState[1] == '2' || hasNumber(err, 1366, 1300)
@@ -130,15 +115,7 @@ func IsDataException(err error) bool {
 
 func hasNumber(err error, numbers ...uint16) bool {
 	var me *mysql.MySQLError
-	if !errors.As(err, &me) {
-		return false
-	}
-	for _, n := range numbers {
-		if me.Number == n {
-			return true
-		}
-	}
-	return false
+	return errors.As(err, &me) && slices.Contains(numbers, me.Number)
 }
 
 // DATETIME holds years 1000 to 9999; the layout is what MySQL prints for

@@ -2,9 +2,7 @@ package mysql_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"strings"
 	"sync"
@@ -18,6 +16,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
+	"github.com/idemkit/watermill-idempotent/repository/repotest"
 )
 
 func TestConformance(t *testing.T)     { sqlstoretest.Run(t, sqlstoretest.MySQL(t)) }
@@ -42,7 +41,7 @@ func TestClaimReportsNonDuplicateErrors(t *testing.T) {
 			require.Equal(t, mode, sessionMode)
 
 			repo, table := newRepository(t, db)
-			stored := claimParams("billing", "abcdefgh")
+			stored := repotest.ClaimParams("billing", "abcdefgh")
 			require.True(t, claim(t, db, repo, stored, []byte("stored")).Claimed)
 			_, err := db.Exec("ALTER TABLE `" + table + "` MODIFY dedup_key VARBINARY(8) NOT NULL, MODIFY payload_hash VARBINARY(255) NOT NULL")
 			require.NoError(t, err)
@@ -66,7 +65,7 @@ func TestClaimReportsNonDuplicateErrors(t *testing.T) {
 				number uint16 // the MySQL error expected; 0 when the server reports none
 			}
 			nullHash := func(key string) repository.ClaimParams {
-				p := claimParams("billing", key)
+				p := repotest.ClaimParams("billing", key)
 				p.PayloadHash = nil
 				return p
 			}
@@ -76,8 +75,8 @@ func TestClaimReportsNonDuplicateErrors(t *testing.T) {
 			}
 			if strict {
 				cases = append(cases,
-					testCase{"too long, new key", claimParams("billing", "zzzzzzzz-and-more"), 1406},
-					testCase{"too long, cut to a stored key", claimParams("billing", "abcdefgh-and-more"), 1406},
+					testCase{"too long, new key", repotest.ClaimParams("billing", "zzzzzzzz-and-more"), 1406},
+					testCase{"too long, cut to a stored key", repotest.ClaimParams("billing", "abcdefgh-and-more"), 1406},
 				)
 			} else {
 				// Without strict mode the server cuts the key to "abcdefgh" and
@@ -86,7 +85,7 @@ func TestClaimReportsNonDuplicateErrors(t *testing.T) {
 				// duplicate. (Against the schema Migrate creates, every value
 				// is checked to fit before it is sent, so this needs a
 				// narrower column than ours.)
-				cases = append(cases, testCase{"too long, cut to a stored key", claimParams("billing", "abcdefgh-and-more"), 0})
+				cases = append(cases, testCase{"too long, cut to a stored key", repotest.ClaimParams("billing", "abcdefgh-and-more"), 0})
 			}
 			for i, tc := range cases {
 				t.Run(tc.name, func(t *testing.T) {
@@ -109,7 +108,7 @@ func TestClaimReportsNonDuplicateErrors(t *testing.T) {
 
 					// The transaction survives a failed statement: a valid
 					// claim still works in it.
-					c, err = repo.ClaimTx(ctx, tx, claimParams("billing", fmt.Sprintf("ok-%d", i))) // fits the narrowed key
+					c, err = repo.ClaimTx(ctx, tx, repotest.ClaimParams("billing", fmt.Sprintf("ok-%d", i))) // fits the narrowed key
 					require.NoError(t, err)
 					require.True(t, c.Claimed)
 				})
@@ -129,14 +128,14 @@ func TestKeysAreByteExact(t *testing.T) {
 	repo, _ := newRepository(t, db)
 	keys := []string{"order-1", "order-1 ", " order-1", "Order-1", "café", "cafe", "CAFÉ", "straße", "strasse", "😀", "😁"}
 	for _, k := range keys {
-		require.True(t, claim(t, db, repo, claimParams("billing", k), []byte(k)).Claimed, "key %q collided with another", k)
+		require.True(t, claim(t, db, repo, repotest.ClaimParams("billing", k), []byte(k)).Claimed, "key %q collided with another", k)
 	}
 	for _, k := range keys {
 		rec, err := repo.Get(t.Context(), "billing", k)
 		require.NoError(t, err)
 		require.Equal(t, k, rec.Key)
 		require.Equal(t, []byte(k), rec.Result)
-		require.False(t, claim(t, db, repo, claimParams("billing", k), nil).Claimed)
+		require.False(t, claim(t, db, repo, repotest.ClaimParams("billing", k), nil).Claimed)
 	}
 }
 
@@ -148,17 +147,15 @@ func TestDuplicateSeenThroughEarlierSnapshot(t *testing.T) {
 	repo, table := newRepository(t, db)
 	ctx := t.Context()
 
-	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback() }()
+	tx := beginTx(t, db, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	var n int
 	require.NoError(t, tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+table+"`").Scan(&n)) // takes the snapshot
 
-	require.True(t, claim(t, db, repo, claimParams("billing", "order-1"), []byte("first")).Claimed)
+	require.True(t, claim(t, db, repo, repotest.ClaimParams("billing", "order-1"), []byte("first")).Claimed)
 	require.NoError(t, tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+table+"`").Scan(&n))
 	require.Zero(t, n, "the snapshot must predate the record for this test to mean anything")
 
-	c, err := repo.ClaimTx(ctx, tx, claimParams("billing", "order-1"))
+	c, err := repo.ClaimTx(ctx, tx, repotest.ClaimParams("billing", "order-1"))
 	require.NoError(t, err)
 	require.False(t, c.Claimed)
 	require.Equal(t, []byte("first"), c.Existing.Result)
@@ -172,10 +169,8 @@ func TestSaveAndExtendWithUnchangedValues(t *testing.T) {
 	repo, _ := newRepository(t, db)
 	ctx := t.Context()
 
-	tx, err := db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback() }()
-	c, err := repo.ClaimTx(ctx, tx, claimParams("billing", "order-1"))
+	tx := beginTx(t, db, nil)
+	c, err := repo.ClaimTx(ctx, tx, repotest.ClaimParams("billing", "order-1"))
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
 	save := repository.SaveResultParams{Consumer: "billing", Key: "order-1"} // nil over NULL
@@ -204,21 +199,19 @@ func TestValuesThatDoNotFitAreRefused(t *testing.T) {
 	db := testenv.MySQL(t)
 	repo, _ := newRepository(t, db)
 	ctx := t.Context()
-	tx, err := db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback() }()
+	tx := beginTx(t, db, nil)
 
 	for name, mutate := range map[string]func(*repository.ClaimParams){
 		"long payload hash": func(p *repository.ClaimParams) { p.PayloadHash = make([]byte, mysql.MaxPayloadHashLength+1) },
 		"year 10000":        func(p *repository.ClaimParams) { p.ExpiresAt = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC) },
 		"year 999":          func(p *repository.ClaimParams) { p.Now = time.Date(999, 12, 31, 0, 0, 0, 0, time.UTC) },
 	} {
-		p := claimParams("billing", "k")
+		p := repotest.ClaimParams("billing", "k")
 		mutate(&p)
 		_, err := repo.ClaimTx(ctx, tx, p)
 		require.ErrorIs(t, err, repository.ErrInvalidParams, name)
 	}
-	_, err = repo.DeleteExpired(ctx, time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), 10)
+	_, err := repo.DeleteExpired(ctx, time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), 10)
 	require.ErrorIs(t, err, repository.ErrInvalidParams)
 }
 
@@ -230,7 +223,7 @@ func TestTimestampsDoNotDependOnDSN(t *testing.T) {
 	textTokyo := openMySQL(t, func(c *driver.Config) { c.ParseTime, c.Loc = false, time.FixedZone("UTC+9", 9*3600) })
 	timeNewYork := openMySQL(t, func(c *driver.Config) { c.ParseTime, c.Loc = true, time.FixedZone("UTC-5", -5*3600) })
 
-	p := claimParams("billing", "order-1")
+	p := repotest.ClaimParams("billing", "order-1")
 	require.True(t, claim(t, db, repo, p, nil).Claimed)
 	for _, other := range []*sql.DB{textTokyo, timeNewYork} {
 		r, err := mysql.NewRepository(other, mysql.Config{Table: table})
@@ -240,7 +233,7 @@ func TestTimestampsDoNotDependOnDSN(t *testing.T) {
 		require.True(t, p.Now.Equal(rec.CreatedAt), "CreatedAt %s, want %s", rec.CreatedAt, p.Now)
 		require.True(t, p.ExpiresAt.Equal(rec.ExpiresAt), "ExpiresAt %s, want %s", rec.ExpiresAt, p.ExpiresAt)
 
-		q := claimParams("billing", "via-"+randomSuffix())
+		q := repotest.ClaimParams("billing", repotest.RandomName("via"))
 		q.Now = q.Now.In(time.FixedZone("UTC+3", 3*3600))
 		require.True(t, claim(t, other, r, q, nil).Claimed)
 		rec, err = repo.Get(t.Context(), "billing", q.Key)
@@ -256,7 +249,7 @@ func TestTimestampsDoNotDependOnDSN(t *testing.T) {
 // once, as several processes starting together would.
 func TestMigrateConcurrently(t *testing.T) {
 	db := testenv.MySQL(t)
-	table := "mysqltest_" + randomSuffix()
+	table := repotest.RandomName("mysqltest")
 	t.Cleanup(func() { dropTable(t, db, table) })
 
 	const processes = 16
@@ -284,7 +277,7 @@ func TestMigrateConcurrently(t *testing.T) {
 	}
 	repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
 	require.NoError(t, err)
-	require.True(t, claim(t, db, repo, claimParams("billing", "order-1"), nil).Claimed)
+	require.True(t, claim(t, db, repo, repotest.ClaimParams("billing", "order-1"), nil).Claimed)
 }
 
 // TestCleanupSkipsRowsHeldByClaims: a claim holding an expired record
@@ -301,13 +294,11 @@ func TestCleanupSkipsRowsHeldByClaims(t *testing.T) {
 			Consumer: "billing", Key: fmt.Sprintf("expired-%d", i), Now: exp.Add(-time.Hour), ExpiresAt: exp,
 		}, nil)
 	}
-	claim(t, db, repo, claimParams("billing", "live"), nil)
+	claim(t, db, repo, repotest.ClaimParams("billing", "live"), nil)
 
 	// A redelivery of an expired key: the duplicate claim holds the row.
-	tx, err := db.BeginTx(t.Context(), nil)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback() }()
-	c, err := repo.ClaimTx(t.Context(), tx, claimParams("billing", "expired-3"))
+	tx := beginTx(t, db, nil)
+	c, err := repo.ClaimTx(t.Context(), tx, repotest.ClaimParams("billing", "expired-3"))
 	require.NoError(t, err)
 	require.False(t, c.Claimed)
 
@@ -334,7 +325,7 @@ func TestRolledBackClaimWithManyWaiters(t *testing.T) {
 	db := testenv.MySQL(t)
 	repo, table := newRepository(t, db)
 	ctx := t.Context()
-	p := claimParams("billing", "order-1")
+	p := repotest.ClaimParams("billing", "order-1")
 
 	first, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
@@ -426,7 +417,7 @@ func openMySQL(t *testing.T, configure func(*driver.Config)) *sql.DB {
 // dropped when t ends.
 func newRepository(t *testing.T, db *sql.DB) (*mysql.Repository, string) {
 	t.Helper()
-	table := "mysqltest_" + randomSuffix()
+	table := repotest.RandomName("mysqltest")
 	repo, err := mysql.NewRepository(db, mysql.Config{Table: table})
 	require.NoError(t, err)
 	t.Cleanup(func() { dropTable(t, db, table) })
@@ -444,9 +435,7 @@ func dropTable(t *testing.T, db *sql.DB, table string) {
 func claim(t *testing.T, db *sql.DB, repo *mysql.Repository, p repository.ClaimParams, result []byte) repository.Claim {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback() }()
+	tx := beginTx(t, db, nil)
 	c, err := repo.ClaimTx(ctx, tx, p)
 	require.NoError(t, err)
 	if c.Claimed && result != nil {
@@ -456,21 +445,11 @@ func claim(t *testing.T, db *sql.DB, repo *mysql.Repository, p repository.ClaimP
 	return c
 }
 
-func claimParams(consumer, key string) repository.ClaimParams {
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	return repository.ClaimParams{
-		Consumer:    consumer,
-		Key:         key,
-		PayloadHash: repository.HashPayload([]byte(key)),
-		Now:         now,
-		ExpiresAt:   now.Add(24 * time.Hour),
-	}
-}
-
-func randomSuffix() string {
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b[:])
+// beginTx begins a transaction that is rolled back when the test ends
+// unless committed.
+func beginTx(t *testing.T, db *sql.DB, opts *sql.TxOptions) *sql.Tx {
+	tx, err := db.BeginTx(t.Context(), opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	return tx
 }

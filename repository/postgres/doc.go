@@ -1,30 +1,23 @@
-// Package postgres is the PostgreSQL backend of the inbox, used through
-// database/sql with the pgx/v5 stdlib driver.
+// Package postgres is the PostgreSQL backend of the inbox, on database/sql
+// with the pgx/v5 stdlib driver or natively on a pgx/v5 pool:
 //
-//	db, _ := sql.Open("pgx", "postgres://localhost:5432/app")
-//	repo, err := postgres.NewRepository(db, postgres.Config{})
+//	repo, err := postgres.NewRepository(db, postgres.Config{}) // db from sql.Open("pgx", dsn)
 //	if err != nil { … }
 //	if err := repo.Migrate(ctx); err != nil { … }
-//
-// or natively on a pgx/v5 pool, with the transactional inbox's pgx.Tx
-// handed to handlers by middleware/pgxinbox (sqlc's pgx mode takes it):
 //
 //	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
 //	inbox, err := middleware.NewInbox(middleware.Config{
 //		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
 //	})
-//	// in the handler:
+//	// in the handler, hand the pgx.Tx to sqlc's pgx-mode queries:
 //	tx, _ := pgxinbox.TxFromContext(msg.Context())
 //	err := queries.WithTx(tx).InsertCharge(msg.Context(), params)
 //
-// Claims are `INSERT … ON CONFLICT DO NOTHING` against the primary key
-// (consumer, dedup_key): a second transaction claiming the same key waits
-// on the first one's row lock and then sees its outcome. Cleanup deletes
-// expired rows by primary key in small batches with FOR UPDATE SKIP LOCKED,
-// so it never waits on (or blocks) a claim. The schema is in migrations/.
-//
-// The two-phase contract (repository.TwoPhase) runs outside the caller's
-// transaction: Acquire is an INSERT … ON CONFLICT DO NOTHING, and every
-// later state change is one UPDATE or DELETE fenced by state and lease
-// owner, so a stale owner matches no row and gets repository.ErrLeaseLost.
+// Claims and Acquire are INSERT … ON CONFLICT DO NOTHING on the primary key
+// (consumer, dedup_key): a second transaction claiming the key waits on the
+// first one's row lock, then sees its outcome. Every later two-phase change
+// is one UPDATE or DELETE fenced by state and lease owner, so a stale owner
+// gets repository.ErrLeaseLost. Cleanup deletes expired rows by primary key
+// with FOR UPDATE SKIP LOCKED, so it never waits on a claim. The schema is
+// in migrations/.
 package postgres

@@ -11,23 +11,18 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore/pgxexec"
-	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 // Migrations holds the schema as numbered migration files, inbox/ and
-// versions/, written for the default table names: Migrate applies them,
-// and so can golang-migrate (one folder per migrations table).
+// versions/, for the default table names: Migrate applies them, and so can
+// golang-migrate (one folder per migrations table).
 //
 //go:embed migrations
 var Migrations embed.FS
 
 var dialect = &sqlstore.Dialect{
-	Name:       "postgres",
-	Quote:      `"`,
-	Bind:       sqlstore.Dollar,
-	Migrations: Migrations,
-	// The lock every migration line takes, the outbox's too.
-	MigrateLock:    sqlstore.PostgresMigrateLock,
+	Name: "postgres", Quote: `"`, Bind: sqlstore.Dollar, Migrations: Migrations,
+	MigrateLock:    sqlstore.PostgresMigrateLock, // the lock every migration line takes
 	IgnoreConflict: ` ON CONFLICT (consumer, dedup_key) DO NOTHING`,
 	ByteOrder:      ` COLLATE "C"`,
 	Returning:      true,
@@ -42,59 +37,53 @@ var dialect = &sqlstore.Dialect{
 		}
 		return t, nil
 	},
-	IsUniqueViolation: repository.IsUniqueViolation,
 	IsRetryable: func(err error) bool {
 		var pg interface{ SQLState() string }
 		return errors.As(err, &pg) && pg.SQLState() == "40P01" // deadlock_detected
 	},
 }
 
-// Config configures a Repository (see sqlstore.Config): Table is the
-// inbox table, optionally schema-qualified, default
-// repository.DefaultTableName.
-type Config = sqlstore.Config
+type (
+	// Config configures a Repository: Table is the inbox table, optionally
+	// schema-qualified, default repository.DefaultTableName.
+	Config = sqlstore.Config
+	// VersionConfig configures a VersionStore: Table defaults to
+	// repository.DefaultVersionsTableName.
+	VersionConfig = sqlstore.Config
+	// Repository stores inbox records in PostgreSQL. It implements
+	// repository.Transactional, TwoPhase, Reader, Cleaner, Operator and
+	// Stats and is safe for concurrent use.
+	Repository = sqlstore.Inbox
+	// VersionStore keeps the last applied version per (consumer, entity)
+	// in PostgreSQL. Under READ COMMITTED a concurrent transaction on one
+	// entity waits for the row lock, then compares against the committed
+	// version; under REPEATABLE READ or SERIALIZABLE it fails with SQLSTATE
+	// 40001 instead: retry.
+	VersionStore = sqlstore.Versions
+)
 
-// VersionConfig configures a VersionStore: Table is the versions table,
-// default repository.DefaultVersionsTableName.
-type VersionConfig = sqlstore.Config
-
-// Repository stores inbox records in PostgreSQL. It implements
-// repository.Transactional, TwoPhase, Reader, Cleaner, Operator and Stats
-// and is safe for concurrent use.
-type Repository = sqlstore.Inbox
-
-// VersionStore keeps the last applied version per (consumer, entity) in
-// PostgreSQL; it implements repository.VersionGuard. Under READ COMMITTED
-// (the default) a concurrent transaction on one entity waits for the row
-// lock and then compares against the committed version; under REPEATABLE
-// READ or SERIALIZABLE it fails with SQLSTATE 40001 instead: retry.
-type VersionStore = sqlstore.Versions
-
-// NewRepository returns a Repository over db (database/sql with the pgx
-// stdlib driver). It does not create the schema: call Migrate, or apply
-// the files in Migrations with your migration tool.
+// NewRepository returns a Repository over db (database/sql, pgx stdlib
+// driver). It does not create the schema: call Migrate, or apply
+// Migrations with your migration tool.
 func NewRepository(db *sql.DB, config Config) (*Repository, error) {
 	return sqlstore.NewInbox(dialect, sqlstore.StdDB(db), config)
 }
 
-// NewVersionStore returns a VersionStore over db. It does not create the
-// table: call Migrate, or apply Migrations' versions/ files.
+// NewVersionStore returns a VersionStore over db; like NewRepository, it
+// does not create the table.
 func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
 	return sqlstore.NewVersions(dialect, sqlstore.StdDB(db), config)
 }
 
-// NewPgxRepository returns a Repository over a pgx/v5 pool: every
-// statement the store runs on its own goes through pool natively. For the
-// transactional inbox on pgx transactions use middleware/pgxinbox, which
-// claims on the handler's pgx.Tx; ClaimTx and SaveResultTx still take a
-// database/sql transaction. It does not create the schema: call Migrate,
-// or apply the files in Migrations with your migration tool.
+// NewPgxRepository returns a Repository that runs its own statements
+// natively on a pgx/v5 pool. For the transactional inbox on pgx
+// transactions use middleware/pgxinbox; ClaimTx and SaveResultTx still
+// take a database/sql transaction.
 func NewPgxRepository(pool *pgxpool.Pool, config Config) (*Repository, error) {
 	return sqlstore.NewInbox(dialect, pgxexec.Pool(pool), config)
 }
 
-// NewPgxVersionStore returns a VersionStore over a pgx/v5 pool (see
-// NewPgxRepository).
+// NewPgxVersionStore returns a VersionStore over a pgx/v5 pool.
 func NewPgxVersionStore(pool *pgxpool.Pool, config VersionConfig) (*VersionStore, error) {
 	return sqlstore.NewVersions(dialect, pgxexec.Pool(pool), config)
 }

@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -19,8 +18,8 @@ const scanBatch = 500
 var globEscaper = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
 
 // resolveScript resolves a stuck record. KEYS[1] = the record's hash.
-// ARGV: 1 expected owner, 2 now (µs), 3 action ("complete" or "release"),
-// 4 result, 5 "1" if a result is given. Returns -1 when the record is
+// ARGV: 1 expected owner, 2 now (µs), 3 result, 4 "1" if a result is
+// given, 5 action ("complete" or "release"). Returns -1 when the record is
 // missing or expired, 0 when it is not in progress under an expired lease
 // of the expected owner, 1 when resolved.
 var resolveScript = goredis.NewScript(`
@@ -32,18 +31,10 @@ end
 if h[1] ~= 'in_progress' or h[2] ~= ARGV[1] or tonumber(h[3]) > now then
 	return 0
 end
-if ARGV[3] == 'release' then
+if ARGV[5] == 'release' then
 	redis.call('DEL', KEYS[1])
 	return 1
-end
-redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', ARGV[2])
-if ARGV[5] == '1' then
-	redis.call('HSET', KEYS[1], 'result', ARGV[4])
-else
-	redis.call('HDEL', KEYS[1], 'result')
-end
-return 1
-`)
+end` + completeLua)
 
 // storedRecordKey is RecordKey for a key that is already in its stored
 // form (Record.Key): it is not hashed again.
@@ -71,10 +62,35 @@ func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams
 	}
 	now := p.Now.UTC()
 	var recs []repository.Record
-	read := func(batch []string) error {
+	err = r.scanEach(ctx, match, func(pipe goredis.Pipeliner, k string) { pipe.HGetAll(ctx, k) }, func(k string, cmd goredis.Cmder) error {
+		m, err := cmd.(*goredis.MapStringStringCmd).Result()
+		if err != nil || len(m) == 0 { // empty: deleted since the SCAN saw it
+			return err
+		}
+		rec, err := recordFromMap(m)
+		if err != nil {
+			return err
+		}
+		if rec.State == repository.StateInProgress && !rec.LeaseUntil.After(now) && rec.ExpiresAt.After(now) &&
+			(p.Consumer == "" || rec.Consumer == p.Consumer) {
+			recs = append(recs, rec)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redis: list stuck: %w", err)
+	}
+	return repository.OrderStuck(recs, p.Limit), nil
+}
+
+// scanEach walks the keys matching match on every node that holds records
+// (scanKeys) and, a pipeline of at most scanBatch keys at a time, queues
+// one command per key and hands each key's reply to each.
+func (r *Repository) scanEach(ctx context.Context, match string, queue func(goredis.Pipeliner, string), each func(string, goredis.Cmder) error) error {
+	return r.scanKeys(ctx, match, func(batch []string) error {
 		cmds, err := r.client.Pipelined(ctx, func(pipe goredis.Pipeliner) error {
 			for _, k := range batch {
-				pipe.HGetAll(ctx, k)
+				queue(pipe, k)
 			}
 			return nil
 		})
@@ -82,40 +98,12 @@ func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams
 			return err
 		}
 		for i, cmd := range cmds {
-			m, err := cmd.(*goredis.MapStringStringCmd).Result()
-			if err != nil {
+			if err := each(batch[i], cmd); err != nil {
 				return fmt.Errorf("%s: %w", batch[i], err)
-			}
-			if len(m) == 0 { // deleted since the SCAN saw it
-				continue
-			}
-			rec, err := recordFromMap(m)
-			if err != nil {
-				return fmt.Errorf("%s: %w", batch[i], err)
-			}
-			if rec.State == repository.StateInProgress && !rec.LeaseUntil.After(now) && rec.ExpiresAt.After(now) &&
-				(p.Consumer == "" || rec.Consumer == p.Consumer) {
-				recs = append(recs, rec)
 			}
 		}
 		return nil
-	}
-	if err := r.scanKeys(ctx, match, read); err != nil {
-		return nil, fmt.Errorf("redis: list stuck: %w", err)
-	}
-	slices.SortFunc(recs, func(a, b repository.Record) int {
-		if c := a.LeaseUntil.Compare(b.LeaseUntil); c != 0 {
-			return c
-		}
-		if c := strings.Compare(a.Consumer, b.Consumer); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Key, b.Key)
 	})
-	if len(recs) > p.Limit {
-		recs = recs[:p.Limit]
-	}
-	return recs, nil
 }
 
 // Resolve implements repository.Operator with one Lua script that checks
@@ -130,7 +118,7 @@ func (r *Repository) Resolve(ctx context.Context, p repository.ResolveParams) er
 		action = "release"
 	}
 	n, err := resolveScript.Run(ctx, r.client, []string{r.storedRecordKey(p.Consumer, p.Key)},
-		p.ExpectedOwner, micros(p.Now), action, p.Result, flag(p.Result)).Int64()
+		p.ExpectedOwner, micros(p.Now), p.Result, flag(p.Result), action).Int64()
 	if err != nil {
 		return fmt.Errorf("redis: resolve (%s): %w", p.Action, err)
 	}

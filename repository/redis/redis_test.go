@@ -35,9 +35,7 @@ func runConformance(t *testing.T, name string, client goredis.UniversalClient) {
 
 func TestRecordExpiresByTTL(t *testing.T) {
 	t.Parallel()
-	client := testenv.Redis(t)
-	repo, err := redis.NewRepository(client, redis.Config{KeyPrefix: testenv.RedisPrefix(t, client)})
-	require.NoError(t, err)
+	client, repo := newRepository(t)
 	ctx := t.Context()
 
 	now := time.Now()
@@ -84,9 +82,7 @@ func TestKeyLayout(t *testing.T) {
 
 func TestConsumerWithColonIsIsolated(t *testing.T) {
 	t.Parallel()
-	client := testenv.Redis(t)
-	repo, err := redis.NewRepository(client, redis.Config{KeyPrefix: testenv.RedisPrefix(t, client)})
-	require.NoError(t, err)
+	_, repo := newRepository(t)
 	ctx := t.Context()
 	now := time.Now()
 	for _, p := range [][2]string{{"a:b", "c"}, {"a", "b:c"}} {
@@ -115,9 +111,7 @@ func TestInvalidConfigIsRefused(t *testing.T) {
 }
 
 func TestServerErrorsAreWrapped(t *testing.T) {
-	client := testenv.Redis(t)
-	repo, err := redis.NewRepository(client, redis.Config{KeyPrefix: testenv.RedisPrefix(t, client)})
-	require.NoError(t, err)
+	_, repo := newRepository(t)
 	now := time.Now()
 	params := repository.AcquireParams{
 		Consumer: "c", Key: "k", Owner: "o", Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour),
@@ -125,7 +119,7 @@ func TestServerErrorsAreWrapped(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	_, err = repo.Acquire(ctx, params)
+	_, err := repo.Acquire(ctx, params)
 	require.ErrorIs(t, err, context.Canceled)
 
 	closed := testenv.Redis(t)
@@ -151,4 +145,14 @@ func runBench(b *testing.B, name string, client goredis.UniversalClient) {
 			return redis.NewRepository(client, redis.Config{KeyPrefix: prefix})
 		},
 	})
+}
+
+// newRepository returns a Repository under a prefix of the test's own on
+// the test Redis, and its client.
+func newRepository(t *testing.T) (*goredis.Client, *redis.Repository) {
+	t.Helper()
+	client := testenv.Redis(t)
+	repo, err := redis.NewRepository(client, redis.Config{KeyPrefix: testenv.RedisPrefix(t, client)})
+	require.NoError(t, err)
+	return client, repo
 }

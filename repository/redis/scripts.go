@@ -56,10 +56,10 @@ redis.call('HSET', KEYS[1], 'lease_until', ARGV[2])
 return 1
 `)
 
-// completeScript marks the record completed with its result. ARGV: 1
-// owner, 2 now, 3 result, 4 "1" if a result is given (nil and empty are
-// different results).
-var completeScript = goredis.NewScript(fence + `
+// completeLua marks the record completed at ARGV[2] with the result
+// ARGV[3] if ARGV[4] is "1", else none (nil and empty are different
+// results); Complete and Resolve share it.
+const completeLua = `
 redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', ARGV[2])
 if ARGV[4] == '1' then
 	redis.call('HSET', KEYS[1], 'result', ARGV[3])
@@ -67,7 +67,11 @@ else
 	redis.call('HDEL', KEYS[1], 'result')
 end
 return 1
-`)
+`
+
+// completeScript marks the record completed with its result. ARGV: 1
+// owner, then as completeLua.
+var completeScript = goredis.NewScript(fence + completeLua)
 
 // releaseScript deletes the record. ARGV: 1 owner.
 var releaseScript = goredis.NewScript(fence + `

@@ -31,54 +31,46 @@ func (r *Repository) CountRecords(ctx context.Context, now time.Time) ([]reposit
 	}
 	us := micros(now)
 	byConsumer := make(map[string]*repository.RecordCount)
-	read := func(batch []string) error {
-		cmds, err := r.client.Pipelined(ctx, func(pipe goredis.Pipeliner) error {
-			for _, k := range batch {
-				pipe.HMGet(ctx, k, "consumer", "state", "lease_until", "expires_at")
-			}
-			return nil
-		})
+	hmget := func(pipe goredis.Pipeliner, k string) {
+		pipe.HMGet(ctx, k, "consumer", "state", "lease_until", "expires_at")
+	}
+	err := r.scanEach(ctx, globEscaper.Replace(r.prefix)+"{*", hmget, func(_ string, cmd goredis.Cmder) error {
+		v, err := cmd.(*goredis.SliceCmd).Result()
 		if err != nil {
 			return err
 		}
-		for i, cmd := range cmds {
-			v, err := cmd.(*goredis.SliceCmd).Result()
-			if err != nil {
-				return fmt.Errorf("%s: %w", batch[i], err)
-			}
-			consumer, ok := v[0].(string)
-			if !ok { // deleted since the SCAN saw it
-				continue
-			}
-			state, _ := v[1].(string)
-			leaseUntil, err := microsField(v[2])
-			if err != nil {
-				return fmt.Errorf("%s: malformed record: lease_until: %w", batch[i], err)
-			}
-			expiresAt, err := microsField(v[3])
-			if err != nil {
-				return fmt.Errorf("%s: malformed record: expires_at: %w", batch[i], err)
-			}
-			if expiresAt <= us { // the TTL is due: the scripts treat it as absent
-				continue
-			}
-			c := byConsumer[consumer]
-			if c == nil {
-				c = &repository.RecordCount{Consumer: consumer}
-				byConsumer[consumer] = c
-			}
-			switch {
-			case repository.State(state) == repository.StateCompleted:
-				c.Completed++
-			case leaseUntil > us:
-				c.InProgress++
-			default:
-				c.Stale++
-			}
+		consumer, ok := v[0].(string)
+		if !ok { // deleted since the SCAN saw it
+			return nil
+		}
+		state, _ := v[1].(string)
+		leaseUntil, err := microsField(v[2])
+		if err != nil {
+			return fmt.Errorf("malformed record: lease_until: %w", err)
+		}
+		expiresAt, err := microsField(v[3])
+		if err != nil {
+			return fmt.Errorf("malformed record: expires_at: %w", err)
+		}
+		if expiresAt <= us { // the TTL is due: the scripts treat it as absent
+			return nil
+		}
+		c := byConsumer[consumer]
+		if c == nil {
+			c = &repository.RecordCount{Consumer: consumer}
+			byConsumer[consumer] = c
+		}
+		switch {
+		case repository.State(state) == repository.StateCompleted:
+			c.Completed++
+		case leaseUntil > us:
+			c.InProgress++
+		default:
+			c.Stale++
 		}
 		return nil
-	}
-	if err := r.scanKeys(ctx, globEscaper.Replace(r.prefix)+"{*", read); err != nil {
+	})
+	if err != nil {
 		return nil, fmt.Errorf("redis: count records: %w", err)
 	}
 	counts := make([]repository.RecordCount, 0, len(byConsumer))

@@ -73,43 +73,20 @@ func Bench(b *testing.B, bb BenchBackend) {
 	}
 }
 
-// benchFixture is one benchmark's repository on its own table.
-type benchFixture struct {
-	bb   BenchBackend
-	repo Repository
-	tx   repository.Transactional
-	tp   repository.TwoPhase
-}
-
-func newBenchFixture(b *testing.B, bb BenchBackend) *benchFixture {
+func newBenchFixture(b *testing.B, bb BenchBackend) *fixture {
 	b.Helper()
-	table := randomName("bench")
-	repo, err := bb.New(b, table)
+	f, err := openFixture(Backend{Name: bb.Name, DB: bb.DB, Features: bb.Features}, "bench",
+		func(table string) (Repository, error) { return bb.New(b, table) })
 	if err != nil {
-		b.Fatalf("%s: New(%q): %v", bb.Name, table, err)
-	}
-	f := &benchFixture{bb: bb, repo: repo}
-	if bb.Features.Transactional {
-		tx, ok := repo.(repository.Transactional)
-		if !ok {
-			b.Fatalf("%s declares Features.Transactional but %T does not implement repository.Transactional", bb.Name, repo)
-		}
-		f.tx = tx
-	}
-	if bb.Features.TwoPhase {
-		tp, ok := repo.(repository.TwoPhase)
-		if !ok {
-			b.Fatalf("%s declares Features.TwoPhase but %T does not implement repository.TwoPhase", bb.Name, repo)
-		}
-		f.tp = tp
+		b.Fatal(err)
 	}
 	return f
 }
 
 // claimTx claims p in a transaction of its own; it commits a fresh claim
 // and rolls a duplicate back, as the inbox middleware does.
-func (f *benchFixture) claimTx(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
-	tx, err := f.bb.DB.BeginTx(ctx, nil)
+func (f *fixture) claimTx(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
+	tx, err := f.b.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return repository.Claim{}, err
 	}
@@ -138,25 +115,34 @@ func reportRate(b *testing.B, perOp float64, unit string) {
 	}
 }
 
-func benchClaim(b *testing.B, bb BenchBackend) {
+// benchFresh times op on a fresh key per iteration; op reports whether
+// it took the key as new.
+func benchFresh(b *testing.B, bb BenchBackend, op func(context.Context, *fixture, int) (bool, error)) {
 	f := newBenchFixture(b, bb)
 	ctx := context.Background()
 	for i := 0; b.Loop(); i++ {
-		c, err := f.claimTx(ctx, claimParams("bench", fmt.Sprintf("claim-%d", i)))
+		fresh, err := op(ctx, f, i)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if !c.Claimed {
-			b.Fatalf("fresh key %d reported as a duplicate", i)
+		if !fresh {
+			b.Fatalf("fresh key %d reported as taken", i)
 		}
 	}
 	reportRate(b, 1, "msgs/s")
 }
 
+func benchClaim(b *testing.B, bb BenchBackend) {
+	benchFresh(b, bb, func(ctx context.Context, f *fixture, i int) (bool, error) {
+		c, err := f.claimTx(ctx, ClaimParams("bench", fmt.Sprintf("claim-%d", i)))
+		return c.Claimed, err
+	})
+}
+
 func benchDuplicateClaim(b *testing.B, bb BenchBackend) {
 	f := newBenchFixture(b, bb)
 	ctx := context.Background()
-	p := claimParams("bench", "duplicate")
+	p := ClaimParams("bench", "duplicate")
 	if _, err := f.claimTx(ctx, p); err != nil {
 		b.Fatal(err)
 	}
@@ -173,18 +159,10 @@ func benchDuplicateClaim(b *testing.B, bb BenchBackend) {
 }
 
 func benchAcquire(b *testing.B, bb BenchBackend) {
-	f := newBenchFixture(b, bb)
-	ctx := context.Background()
-	for i := 0; b.Loop(); i++ {
+	benchFresh(b, bb, func(ctx context.Context, f *fixture, i int) (bool, error) {
 		a, err := f.tp.Acquire(ctx, benchAcquireParams(fmt.Sprintf("acquire-%d", i), "owner", time.Now()))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if !a.Acquired {
-			b.Fatalf("fresh key %d reported as held", i)
-		}
-	}
-	reportRate(b, 1, "msgs/s")
+		return a.Acquired, err
+	})
 }
 
 func benchDuplicateAcquire(b *testing.B, bb BenchBackend) {
@@ -269,7 +247,7 @@ func benchCleanup(b *testing.B, bb BenchBackend) {
 // seed stores n records under keys prefix-0 … created at createdAt and
 // expiring ttl later: claims in one transaction on a transactional
 // backend, acquisitions otherwise.
-func (f *benchFixture) seed(ctx context.Context, prefix string, n int, createdAt time.Time, ttl time.Duration) error {
+func (f *fixture) seed(ctx context.Context, prefix string, n int, createdAt time.Time, ttl time.Duration) error {
 	if f.tx == nil {
 		for i := range n {
 			p := benchAcquireParams(fmt.Sprintf("%s-%d", prefix, i), "seed", createdAt)
@@ -281,7 +259,7 @@ func (f *benchFixture) seed(ctx context.Context, prefix string, n int, createdAt
 		}
 		return nil
 	}
-	tx, err := f.bb.DB.BeginTx(ctx, nil)
+	tx, err := f.b.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}

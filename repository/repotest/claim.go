@@ -14,7 +14,7 @@ func runClaim(t *testing.T, b Backend) {
 	t.Run("FreshClaim", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, b)
-		p := claimParams("billing", "order-1")
+		p := ClaimParams("billing", "order-1")
 
 		c := f.claim(t, p, nil)
 		require.True(t, c.Claimed)
@@ -36,10 +36,10 @@ func runClaim(t *testing.T, b Backend) {
 	t.Run("DuplicateClaimReturnsStoredRecord", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, b)
-		first := claimParams("billing", "order-1")
+		first := ClaimParams("billing", "order-1")
 		require.True(t, f.claim(t, first, []byte("result-1")).Claimed)
 
-		second := claimParams("billing", "order-1")
+		second := ClaimParams("billing", "order-1")
 		second.PayloadHash = repository.HashPayload([]byte("other content"))
 		c := f.claim(t, second, []byte("must not be stored"))
 		require.False(t, c.Claimed)
@@ -53,7 +53,7 @@ func runClaim(t *testing.T, b Backend) {
 		t.Parallel()
 		f := newFixture(t, b)
 		ctx := context.Background()
-		p := claimParams("billing", "order-1")
+		p := ClaimParams("billing", "order-1")
 
 		tx, err := b.DB.BeginTx(ctx, nil)
 		require.NoError(t, err)
@@ -71,8 +71,8 @@ func runClaim(t *testing.T, b Backend) {
 	t.Run("SameKeyUnderTwoConsumersIsTwoRecords", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, b)
-		require.True(t, f.claim(t, claimParams("billing", "order-1"), []byte("b")).Claimed)
-		require.True(t, f.claim(t, claimParams("shipping", "order-1"), []byte("s")).Claimed)
+		require.True(t, f.claim(t, ClaimParams("billing", "order-1"), []byte("b")).Claimed)
+		require.True(t, f.claim(t, ClaimParams("shipping", "order-1"), []byte("s")).Claimed)
 
 		billing, err := f.repo.Get(t.Context(), "billing", "order-1")
 		require.NoError(t, err)
@@ -80,17 +80,17 @@ func runClaim(t *testing.T, b Backend) {
 		require.NoError(t, err)
 		require.Equal(t, []byte("b"), billing.Result)
 		require.Equal(t, []byte("s"), shipping.Result)
-		require.False(t, f.claim(t, claimParams("billing", "order-1"), nil).Claimed)
-		require.False(t, f.claim(t, claimParams("shipping", "order-1"), nil).Claimed)
+		require.False(t, f.claim(t, ClaimParams("billing", "order-1"), nil).Claimed)
+		require.False(t, f.claim(t, ClaimParams("shipping", "order-1"), nil).Claimed)
 	})
 
 	t.Run("KeysAreCaseSensitive", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, b)
-		require.True(t, f.claim(t, claimParams("billing", "Order-1"), []byte("upper")).Claimed)
-		require.True(t, f.claim(t, claimParams("billing", "order-1"), []byte("lower")).Claimed,
+		require.True(t, f.claim(t, ClaimParams("billing", "Order-1"), []byte("upper")).Claimed)
+		require.True(t, f.claim(t, ClaimParams("billing", "order-1"), []byte("lower")).Claimed,
 			"keys differing only in case must be two records")
-		require.True(t, f.claim(t, claimParams("Billing", "order-1"), []byte("consumer")).Claimed,
+		require.True(t, f.claim(t, ClaimParams("Billing", "order-1"), []byte("consumer")).Claimed,
 			"consumers differing only in case must be two records")
 
 		upper, err := f.repo.Get(t.Context(), "billing", "Order-1")
@@ -101,7 +101,7 @@ func runClaim(t *testing.T, b Backend) {
 		require.NoError(t, err)
 		require.Equal(t, "order-1", lower.Key)
 		require.Equal(t, []byte("lower"), lower.Result)
-		require.False(t, f.claim(t, claimParams("billing", "Order-1"), nil).Claimed)
+		require.False(t, f.claim(t, ClaimParams("billing", "Order-1"), nil).Claimed)
 	})
 
 	t.Run("LongKeyIsHashedNotTruncated", func(t *testing.T) {
@@ -112,7 +112,7 @@ func runClaim(t *testing.T, b Backend) {
 		huge := strings.Repeat("x", 10_000)
 
 		for _, key := range []string{long1, long2, huge} {
-			require.True(t, f.claim(t, claimParams("billing", key), []byte(key[len(key)-4:])).Claimed,
+			require.True(t, f.claim(t, ClaimParams("billing", key), []byte(key[len(key)-4:])).Claimed,
 				"long keys sharing a %d-byte prefix must not collide", repository.MaxKeyLength)
 		}
 		rec, err := f.repo.Get(t.Context(), "billing", long2)
@@ -120,13 +120,13 @@ func runClaim(t *testing.T, b Backend) {
 		require.Equal(t, repository.StorageKey(long2), rec.Key)
 		require.LessOrEqual(t, len(rec.Key), repository.MaxKeyLength)
 		require.Equal(t, []byte("-two"), rec.Result)
-		require.False(t, f.claim(t, claimParams("billing", long1), nil).Claimed, "the same long key again is a duplicate")
+		require.False(t, f.claim(t, ClaimParams("billing", long1), nil).Claimed, "the same long key again is a duplicate")
 
 		// A short key spelled like a hashed one cannot collide with it.
-		require.True(t, f.claim(t, claimParams("billing", repository.StorageKey(long1)), nil).Claimed)
+		require.True(t, f.claim(t, ClaimParams("billing", repository.StorageKey(long1)), nil).Claimed)
 		// Exactly MaxKeyLength bytes is stored as is.
 		exact := strings.Repeat("e", repository.MaxKeyLength)
-		require.True(t, f.claim(t, claimParams("billing", exact), nil).Claimed)
+		require.True(t, f.claim(t, ClaimParams("billing", exact), nil).Claimed)
 		rec, err = f.repo.Get(t.Context(), "billing", exact)
 		require.NoError(t, err)
 		require.Equal(t, exact, rec.Key)
@@ -136,24 +136,24 @@ func runClaim(t *testing.T, b Backend) {
 		t.Parallel()
 		f := newFixture(t, b)
 		for _, k := range unstorable {
-			require.True(t, f.claim(t, claimParams("billing", k.value), []byte(k.name)).Claimed, k.name)
+			require.True(t, f.claim(t, ClaimParams("billing", k.value), []byte(k.name)).Claimed, k.name)
 			rec, err := f.repo.Get(t.Context(), "billing", k.value)
 			require.NoError(t, err, k.name)
 			requireStoredForm(t, k.value, rec.Key)
 			require.Equal(t, []byte(k.name), rec.Result, k.name)
 
-			again := f.claim(t, claimParams("billing", k.value), nil)
+			again := f.claim(t, ClaimParams("billing", k.value), nil)
 			require.False(t, again.Claimed, "%s: the redelivery is a duplicate", k.name)
 			require.Equal(t, []byte(k.name), again.Existing.Result, k.name)
 		}
 		// The key with its NUL byte removed is another key.
-		require.True(t, f.claim(t, claimParams("billing", "order-1"), nil).Claimed)
+		require.True(t, f.claim(t, ClaimParams("billing", "order-1"), nil).Claimed)
 	})
 
 	t.Run("PayloadHashAndResultRoundTrip", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, b)
-		p := claimParams("billing", "order-1")
+		p := ClaimParams("billing", "order-1")
 		p.PayloadHash = repository.HashPayload([]byte{0, 1, 2, 0xff})
 		result := []byte{0, 0xff, 0xfe, '\n', 0, 'x'}
 		require.True(t, f.claim(t, p, result).Claimed)
@@ -168,10 +168,8 @@ func runClaim(t *testing.T, b Backend) {
 		t.Parallel()
 		f := newFixture(t, b)
 		ctx := context.Background()
-		tx, err := b.DB.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback() }()
-		err = f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: "billing", Key: "never-claimed", Result: []byte("x")})
+		tx := f.beginTx(t)
+		err := f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: "billing", Key: "never-claimed", Result: []byte("x")})
 		require.ErrorIs(t, err, repository.ErrNotFound)
 	})
 
@@ -179,11 +177,9 @@ func runClaim(t *testing.T, b Backend) {
 		t.Parallel()
 		f := newFixture(t, b)
 		ctx := context.Background()
-		tx, err := b.DB.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback() }()
+		tx := f.beginTx(t)
 
-		valid := claimParams("billing", "k")
+		valid := ClaimParams("billing", "k")
 		for name, mutate := range map[string]func(*repository.ClaimParams){
 			"empty key":           func(p *repository.ClaimParams) { p.Key = "" },
 			"empty consumer":      func(p *repository.ClaimParams) { p.Consumer = "" },
@@ -206,7 +202,7 @@ func runClaim(t *testing.T, b Backend) {
 			_, err = f.repo.Get(ctx, consumer, "k")
 			require.ErrorIs(t, err, repository.ErrInvalidParams, "get: %s", name)
 		}
-		_, err = f.repo.Get(ctx, "billing", "")
+		_, err := f.repo.Get(ctx, "billing", "")
 		require.ErrorIs(t, err, repository.ErrInvalidParams)
 	})
 }

@@ -20,7 +20,7 @@ func runConcurrency(t *testing.T, b Backend) {
 		t.Parallel()
 		f := newFixture(t, b)
 		ctx := context.Background()
-		p := claimParams("billing", "order-1")
+		p := ClaimParams("billing", "order-1")
 
 		var (
 			started  atomic.Int32 // goroutines that reached their claim
@@ -94,7 +94,7 @@ func runConcurrency(t *testing.T, b Backend) {
 		t.Parallel()
 		f := newFixture(t, b)
 		ctx := context.Background()
-		p := claimParams("billing", "order-1")
+		p := ClaimParams("billing", "order-1")
 
 		first, err := b.DB.BeginTx(ctx, nil)
 		require.NoError(t, err)

@@ -29,6 +29,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -112,7 +113,7 @@ func Run(t *testing.T, b Backend) {
 	}
 }
 
-// fixture is one case's repository on its own table.
+// fixture is one case's or benchmark's repository on its own table.
 type fixture struct {
 	b     Backend
 	table string
@@ -123,30 +124,51 @@ type fixture struct {
 
 func newFixture(t *testing.T, b Backend) *fixture {
 	t.Helper()
-	table := randomName("repotest")
-	repo, err := b.New(t, table)
-	require.NoError(t, err, "%s: New(%q)", b.Name, table)
-	f := &fixture{b: b, table: table, repo: repo}
-	if b.Features.Transactional {
-		tx, ok := repo.(repository.Transactional)
-		require.True(t, ok, "%s declares Features.Transactional but %T does not implement repository.Transactional", b.Name, repo)
-		f.tx = tx
-	}
-	if b.Features.TwoPhase {
-		tp, ok := repo.(repository.TwoPhase)
-		require.True(t, ok, "%s declares Features.TwoPhase but %T does not implement repository.TwoPhase", b.Name, repo)
-		f.tp = tp
-	}
+	f, err := openFixture(b, "repotest", func(table string) (Repository, error) { return b.New(t, table) })
+	require.NoError(t, err)
 	return f
+}
+
+// openFixture opens a repository with newRepo on a fresh table and checks
+// that it implements the contracts b declares.
+func openFixture(b Backend, prefix string, newRepo func(table string) (Repository, error)) (*fixture, error) {
+	f := &fixture{b: b, table: RandomName(prefix)}
+	var err error
+	if f.repo, err = newRepo(f.table); err != nil {
+		return nil, fmt.Errorf("%s: New(%q): %w", b.Name, f.table, err)
+	}
+	f.tx, f.tp, err = capabilities(b.Name, b.Features, f.repo)
+	return f, err
+}
+
+// capabilities returns repo as the contracts the backend declares, or an
+// error naming one it declares but does not implement.
+func capabilities(name string, f Features, repo Repository) (tx repository.Transactional, tp repository.TwoPhase, err error) {
+	var ok bool
+	if tx, ok = repo.(repository.Transactional); f.Transactional && !ok {
+		return nil, nil, fmt.Errorf("%s declares Features.Transactional but %T does not implement repository.Transactional", name, repo)
+	}
+	if tp, ok = repo.(repository.TwoPhase); f.TwoPhase && !ok {
+		return nil, nil, fmt.Errorf("%s declares Features.TwoPhase but %T does not implement repository.TwoPhase", name, repo)
+	}
+	return tx, tp, nil
+}
+
+// beginTx begins a transaction on the backend's DB that is rolled back
+// when the test ends unless committed.
+func (f *fixture) beginTx(t *testing.T) *sql.Tx {
+	t.Helper()
+	tx, err := f.b.DB.BeginTx(t.Context(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	return tx
 }
 
 // claim runs one claim in its own transaction and commits it.
 func (f *fixture) claim(t *testing.T, p repository.ClaimParams, result []byte) repository.Claim {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := f.b.DB.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback() }()
+	tx := f.beginTx(t)
 	c, err := f.tx.ClaimTx(ctx, tx, p)
 	require.NoError(t, err)
 	if c.Claimed && result != nil {
@@ -156,7 +178,9 @@ func (f *fixture) claim(t *testing.T, p repository.ClaimParams, result []byte) r
 	return c
 }
 
-func randomName(prefix string) string {
+// RandomName returns prefix_ and 12 random hex digits: a table, key or
+// topic name no other test run uses.
+func RandomName(prefix string) string {
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic(err)
@@ -164,9 +188,10 @@ func randomName(prefix string) string {
 	return prefix + "_" + hex.EncodeToString(b[:])
 }
 
-// claimParams returns valid params for key created now and expiring in a
-// day, with the payload hash of the key itself.
-func claimParams(consumer, key string) repository.ClaimParams {
+// ClaimParams returns valid params for key created now (UTC, whole
+// microseconds) and expiring in a day, with the payload hash of the key
+// itself; backend tests build their own cases on it.
+func ClaimParams(consumer, key string) repository.ClaimParams {
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	return repository.ClaimParams{
 		Consumer:    consumer,

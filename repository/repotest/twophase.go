@@ -677,16 +677,9 @@ func (f *fixture) seedCompleted(t *testing.T, consumer, key string, now, expires
 // acquireParams returns valid params for key acquired now by owner, with a
 // lease of leaseLength, expiring in a day, and the payload hash of the key.
 func acquireParams(consumer, key, owner string) repository.AcquireParams {
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	return repository.AcquireParams{
-		Consumer:    consumer,
-		Key:         key,
-		PayloadHash: repository.HashPayload([]byte(key)),
-		Owner:       owner,
-		Now:         now,
-		LeaseUntil:  now.Add(leaseLength),
-		ExpiresAt:   now.Add(24 * time.Hour),
-	}
+	c := ClaimParams(consumer, key)
+	return repository.AcquireParams{Consumer: c.Consumer, Key: c.Key, PayloadHash: c.PayloadHash,
+		Owner: owner, Now: c.Now, LeaseUntil: c.Now.Add(leaseLength), ExpiresAt: c.ExpiresAt}
 }
 
 func requireTime(t *testing.T, want, got time.Time, field string) {

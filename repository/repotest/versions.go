@@ -45,7 +45,7 @@ func RunVersionGuard(t *testing.T, b VersionBackend) {
 
 	newStore := func(t *testing.T) VersionStore {
 		t.Helper()
-		table := randomName("versions")
+		table := RandomName("versions")
 		s, err := b.New(t, table)
 		require.NoError(t, err, "%s: New(%q)", b.Name, table)
 		return s

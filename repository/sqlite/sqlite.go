@@ -8,23 +8,19 @@ import (
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
-	"github.com/idemkit/watermill-idempotent/repository"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
 // Migrations holds the schema as numbered migration files, inbox/ and
-// versions/, written for the default table names: Migrate applies them,
-// and so can golang-migrate (one folder per migrations table).
+// versions/, for the default table names: Migrate applies them, and so can
+// golang-migrate (one folder per migrations table).
 //
 //go:embed migrations
 var Migrations embed.FS
 
 var dialect = &sqlstore.Dialect{
-	Name:           "sqlite",
-	Quote:          `"`,
-	Bind:           sqlstore.QuestionNumbered,
-	Migrations:     Migrations,
+	Name: "sqlite", Quote: `"`, Bind: sqlstore.QuestionNumbered, Migrations: Migrations,
 	QualifyIndex:   true,
 	IgnoreConflict: ` ON CONFLICT (consumer, dedup_key) DO NOTHING`,
 	Returning:      true,
@@ -38,15 +34,12 @@ var dialect = &sqlstore.Dialect{
 		}
 		return time.UnixMicro(us).UTC(), nil
 	},
-	IsUniqueViolation: repository.IsUniqueViolation,
 }
 
-// DSN returns the modernc.org/sqlite data source name for the database file
-// at path with the settings the inbox relies on: WAL journal, a 5 s busy
-// timeout, and BEGIN IMMEDIATE for every transaction, so concurrent writers
-// wait for the lock instead of failing mid-transaction. It also turns on
-// foreign key enforcement, off by default in SQLite, so business
-// constraints fail the inbox transaction as they would on a server.
+// DSN returns the modernc.org/sqlite data source name for the file at path
+// with the settings the inbox relies on: WAL, a 5 s busy timeout, BEGIN
+// IMMEDIATE for every transaction (writers wait for the lock instead of
+// failing mid-transaction), and foreign keys enforced, as on a server.
 func DSN(path string) string {
 	q := url.Values{}
 	q.Add("_pragma", "journal_mode(WAL)")
@@ -57,19 +50,13 @@ func DSN(path string) string {
 	return "file:" + path + "?" + q.Encode()
 }
 
-// Open opens the SQLite database file at path with DSN(path), limits the
-// pool to one connection, and checks that the database answers.
-//
-// One connection, because SQLite has one writer at a time anyway, and
-// Go's pool hands its connection to waiters in turn, where SQLite's own
-// busy handler makes waiting writers poll with sleeps of up to 100 ms: under
-// sustained contention (the janitor draining a backlog while claims keep
-// coming) a writer can miss every free moment for longer than the busy
-// timeout and fail with SQLITE_BUSY. The price: inside an inbox handler,
-// use the transaction from middleware.TxFromContext, never the *sql.DB —
-// with one connection, a query on db waits for the very transaction that
-// waits for it. Raise the limit with db.SetMaxOpenConns if your handlers
-// need concurrent reads and you accept SQLITE_BUSY under contention.
+// Open opens the SQLite database file at path with DSN(path) and one
+// connection, and checks that it answers. One connection, because SQLite
+// has one writer anyway: waiters queue in Go's pool instead of polling
+// SQLite's lock, which under sustained contention can miss every free
+// moment for longer than the busy timeout (SQLITE_BUSY). So inside a
+// handler use the transaction from middleware.TxFromContext, never the
+// *sql.DB, which would wait for the transaction waiting for it.
 func Open(path string) (*sql.DB, error) {
 	db, err := sql.Open("sqlite", DSN(path))
 	if err != nil {
@@ -83,35 +70,34 @@ func Open(path string) (*sql.DB, error) {
 	return db, nil
 }
 
-// Config configures a Repository (see sqlstore.Config): Table is the
-// inbox table ("schema.table" addresses an attached database), default
-// repository.DefaultTableName.
-type Config = sqlstore.Config
+type (
+	// Config configures a Repository: Table is the inbox table
+	// ("schema.table" addresses an attached database), default
+	// repository.DefaultTableName.
+	Config = sqlstore.Config
+	// VersionConfig configures a VersionStore: Table defaults to
+	// repository.DefaultVersionsTableName.
+	VersionConfig = sqlstore.Config
+	// Repository stores inbox records in SQLite, timestamps as Unix
+	// microseconds. It implements repository.Transactional, TwoPhase,
+	// Reader, Cleaner, Operator and Stats and is safe for concurrent use.
+	Repository = sqlstore.Inbox
+	// VersionStore keeps the last applied version per (consumer, entity)
+	// in SQLite. A transaction opened with the DSN's BEGIN IMMEDIATE holds
+	// the write lock from its start, so transactions on one entity run in
+	// turn.
+	VersionStore = sqlstore.Versions
+)
 
-// VersionConfig configures a VersionStore: Table is the versions table,
-// default repository.DefaultVersionsTableName.
-type VersionConfig = sqlstore.Config
-
-// Repository stores inbox records in SQLite, timestamps as Unix
-// microseconds. It implements repository.Transactional, TwoPhase, Reader,
-// Cleaner, Operator and Stats and is safe for concurrent use.
-type Repository = sqlstore.Inbox
-
-// VersionStore keeps the last applied version per (consumer, entity) in
-// SQLite; it implements repository.VersionGuard. SQLite has one writer at
-// a time, and a transaction opened with the DSN's BEGIN IMMEDIATE holds the
-// write lock from its start, so transactions on one entity run in turn.
-type VersionStore = sqlstore.Versions
-
-// NewRepository returns a Repository over db, which should be opened with
-// Open or DSN. It does not create the schema: call Migrate, or apply the
-// files in Migrations with your migration tool.
+// NewRepository returns a Repository over db, opened with Open or DSN. It
+// does not create the schema: call Migrate, or apply Migrations with your
+// migration tool.
 func NewRepository(db *sql.DB, config Config) (*Repository, error) {
 	return sqlstore.NewInbox(dialect, sqlstore.StdDB(db), config)
 }
 
-// NewVersionStore returns a VersionStore over db, opened like
-// NewRepository's. It does not create the table: call Migrate.
+// NewVersionStore returns a VersionStore over db; like NewRepository, it
+// does not create the table.
 func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
 	return sqlstore.NewVersions(dialect, sqlstore.StdDB(db), config)
 }
