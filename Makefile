@@ -11,8 +11,8 @@ test:
 
 # The inner loop: every package without the race detector, skipping the
 # long tests that check testing.Short() (100k-row janitor cleanups, the
-# relay's and the version guard's volume runs, the RabbitMQ and Kafka
-# scenarios). make test stays the full run.
+# relay's and the version guard's volume runs, the end-to-end broker
+# scenarios, the Redis Cluster failover kills). make test stays the full run.
 test-short:
 	$(GO) test -short -count=1 -timeout 5m ./...
 
