@@ -90,8 +90,15 @@ type pubSubSuite struct {
 	newSub func(t *testing.T) message.Subscriber
 }
 
+// constructor is the suite's PubSubConstructor. Every subscriber is also
+// closed when the sub-test ends: TestPublishSubscribeInOrder defers
+// require.NoError(t, sub.Close()), which closes its subscriber before
+// subscribing, so without this the subscriber would outlive the test
+// (and goleak would report it).
 func (s *pubSubSuite) constructor(t *testing.T) (message.Publisher, message.Subscriber) {
-	return &outboxPublisher{db: s.db, outbox: s.outbox}, s.newSub(t)
+	sub := s.newSub(t)
+	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	return &outboxPublisher{db: s.db, outbox: s.outbox}, sub
 }
 
 // startSuiteRelay creates a fresh outbox table in db and runs a relay from
