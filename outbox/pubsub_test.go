@@ -128,6 +128,9 @@ func startSuiteRelay(t *testing.T, db *sql.DB, dialect outbox.Dialect, broker me
 // durable queue configuration (one durable queue per topic, consumers of
 // a topic compete).
 //
+// TestPubSub/mariadb-amqp: the same on MariaDB (polling relay, the
+// MySQL claim path).
+//
 // TestPubSub/sqlite-gochannel: SQLite outbox (polling relay) → relay → one
 // GoChannel (Persistent: it keeps every message and replays it to later
 // subscribers, as a broker's retention would); each constructed
@@ -141,47 +144,14 @@ func TestPubSub(t *testing.T) {
 		t.Parallel()
 		url := testenv.AMQP(t)
 		db := testenv.Postgres(t)
-		logger := testLogger(t)
-
-		queues := newQueueSet(t, url)
-		broker, err := amqp.NewPublisher(amqp.NewDurableQueueConfig(url), logger)
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, broker.Close()) })
-		ob := startSuiteRelay(t, db, outbox.PostgreSQL, broker, outbox.RelayConfig{
-			Notifier:      pgxoutbox.Notifier(db),
-			RetryInterval: 50 * time.Millisecond,
-		})
-		s := &pubSubSuite{db: db, outbox: ob, newSub: func(t *testing.T) message.Subscriber {
-			sub, err := amqp.NewSubscriber(amqp.NewDurableQueueConfig(url), logger)
-			require.NoError(t, err)
-			return queues.track(sub)
-		}}
-		tests.TestPubSub(t, tests.Features{
-			// Queue config: the subscribers of a topic share its queue.
-			ConsumerGroups: false,
-			// The relay and RabbitMQ both deliver at least once.
-			ExactlyOnceDelivery: false,
-			// One relay publishes in id order (a transaction's
-			// messages in insertion order, and sequential
-			// transactions in commit order) over one AMQP
-			// publisher; a queue keeps that order for one consumer.
-			GuaranteedOrder:                     true,
-			GuaranteedOrderWithSingleSubscriber: true,
-			// Rows stay in the table until published; queues are
-			// durable.
-			Persistent: true,
-			// A queue's messages go to one consumer and are gone
-			// once acked.
-			NewSubscriberReceivesOldMessages: false,
-			// Restarting the shared RabbitMQ would disturb the other
-			// engineers' tests: TestReconnect is skipped.
-			RestartServiceCommand: nil,
-			// The relay publishes messages read from the table: the
-			// publisher's context does not travel.
-			ContextPreserved: false,
-		}, s.constructor, nil)
+		testPubSubAMQP(t, url, db, outbox.PostgreSQL, outbox.RelayConfig{Notifier: pgxoutbox.Notifier(db)})
 	})
-
+	t.Run("mariadb-amqp", func(t *testing.T) {
+		t.Parallel()
+		url := testenv.AMQP(t)
+		db := testenv.MySQL(t)
+		testPubSubAMQP(t, url, db, outbox.MySQL, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+	})
 	t.Run("sqlite-gochannel", func(t *testing.T) {
 		t.Parallel()
 		db := testenv.SQLite(t)
@@ -225,6 +195,46 @@ func TestPubSub(t *testing.T) {
 			ContextPreserved:                 false,
 		}, s.constructor, nil)
 	})
+}
+
+// testPubSubAMQP runs the suite on an outbox in db relayed to RabbitMQ
+// at url (durable queue configuration).
+func testPubSubAMQP(t *testing.T, url string, db *sql.DB, dialect outbox.Dialect, relayConfig outbox.RelayConfig) {
+	logger := testLogger(t)
+	queues := newQueueSet(t, url)
+	broker, err := amqp.NewPublisher(amqp.NewDurableQueueConfig(url), logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, broker.Close()) })
+	relayConfig.RetryInterval = 50 * time.Millisecond
+	ob := startSuiteRelay(t, db, dialect, broker, relayConfig)
+	s := &pubSubSuite{db: db, outbox: ob, newSub: func(t *testing.T) message.Subscriber {
+		sub, err := amqp.NewSubscriber(amqp.NewDurableQueueConfig(url), logger)
+		require.NoError(t, err)
+		return queues.track(sub)
+	}}
+	tests.TestPubSub(t, tests.Features{
+		// Queue config: the subscribers of a topic share its queue.
+		ConsumerGroups: false,
+		// The relay and RabbitMQ both deliver at least once.
+		ExactlyOnceDelivery: false,
+		// One relay publishes in id order (a transaction's messages
+		// in insertion order, sequential transactions in commit
+		// order) over one AMQP publisher; a queue keeps that order
+		// for one consumer. Not with several relays (docs/outbox.md).
+		GuaranteedOrder:                     true,
+		GuaranteedOrderWithSingleSubscriber: true,
+		// Rows stay in the table until published; queues are durable.
+		Persistent: true,
+		// A queue's messages go to one consumer and are gone once
+		// acked.
+		NewSubscriberReceivesOldMessages: false,
+		// Restarting the shared RabbitMQ would disturb other tests:
+		// TestReconnect is skipped.
+		RestartServiceCommand: nil,
+		// The relay publishes messages read from the table: the
+		// publisher's message context does not travel.
+		ContextPreserved: false,
+	}, s.constructor, nil)
 }
 
 // queueSet records the queues the suite's AMQP subscribers declare, and
