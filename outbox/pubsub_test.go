@@ -37,8 +37,10 @@ import (
 // ConcurrentSubscribeMultipleTopics, ResendOnError, ContinueAfterErrors,
 // ConcurrentClose, PublisherClose, Topic, MessageCtx, SubscribeCtx; with
 // GuaranteedOrder also PublishSubscribeInOrder and NoAck; with Persistent
-// also ContinueAfterSubscribeClose. Always skipped: ConsumerGroups,
-// NewSubscriberReceivesOldMessages, Reconnect (see the features).
+// also ContinueAfterSubscribeClose; with NewSubscriberReceivesOldMessages
+// (GoChannel) that test. Always skipped: ConsumerGroups and Reconnect (see
+// the features). The suite's full message counts are used, except for
+// SQLite under -race (Features.ForceShort, logged).
 
 // outboxPublisher is the suite's publisher: each Publish call writes its
 // messages into the outbox in its own transaction, through the publisher
