@@ -39,8 +39,8 @@ import (
 // GuaranteedOrder also PublishSubscribeInOrder and NoAck; with Persistent
 // also ContinueAfterSubscribeClose; with NewSubscriberReceivesOldMessages
 // (GoChannel) that test. Always skipped: ConsumerGroups and Reconnect (see
-// the features). The suite's full message counts are used, except for
-// SQLite under -race (Features.ForceShort, logged).
+// the features). The suite's full message counts are used, except under
+// -race (Features.ForceShort, logged).
 
 // outboxPublisher is the suite's publisher: each Publish call writes its
 // messages into the outbox in its own transaction, through the publisher
@@ -214,7 +214,14 @@ func testPubSubAMQP(t *testing.T, url string, db *sql.DB, dialect outbox.Dialect
 		require.NoError(t, err)
 		return queues.track(sub)
 	}}
+	if raceDetector {
+		t.Log("race detector: Features.ForceShort (the suite's -short message counts)")
+	}
 	tests.TestPubSub(t, tests.Features{
+		// make test runs every package under -race at once: the suite's
+		// short counts keep this package inside its timeout there; the
+		// full counts run without -race.
+		ForceShort: raceDetector,
 		// Queue config: the subscribers of a topic share its queue.
 		ConsumerGroups: false,
 		// The relay and RabbitMQ both deliver at least once.
