@@ -114,6 +114,15 @@ type Config struct {
 	// result is sent to the database, and the transaction (with the
 	// handler's writes) rolls back. Negative: no limit. Default: DefaultMaxResultBytes (1 MiB; see it for why).
 	MaxResultBytes int
+	// Batch turns on group commit: deliveries that arrive concurrently
+	// share one transaction, one multi-row claim and one commit, and each
+	// is acknowledged only after that commit. Handlers in a batch run in
+	// turn on the shared transaction and see each other's writes; a
+	// failing handler's delivery fails alone (the others run again
+	// without it). Needs DB; ReadFirst is not used in batch mode (a
+	// duplicate costs one read inside the batch). See BatchConfig and
+	// docs/batching.md. Default: zero (off).
+	Batch BatchConfig
 }
 
 // OutputWriter stores a handler's output messages inside the inbox
@@ -182,6 +191,7 @@ func (c *Config) setDefaults() {
 	if c.MaxResultBytes == 0 {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}
+	c.Batch.setDefaults()
 }
 
 // Validate reports every problem with the configuration at once.
@@ -200,6 +210,7 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, validateScoping("Config", c.Consumer, c.HandlerScopes)...)
 	errs = append(errs, validateShared(c.Retention, c.RedeliveryWindow)...)
+	errs = append(errs, c.Batch.validate(c)...)
 	if _, ok := c.Repository.(repository.Reader); c.ReadFirst && !ok {
 		errs = append(errs, fmt.Errorf("config.ReadFirst needs a Repository implementing repository.Reader; %T does not", c.Repository))
 	}
@@ -252,6 +263,7 @@ type Inbox struct {
 	config Config
 	scope  scoping
 	obs    observability
+	batch  *batcher // nil unless Config.Batch is on
 }
 
 // NewInbox validates config and returns an Inbox.
@@ -260,15 +272,24 @@ func NewInbox(config Config) (*Inbox, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &Inbox{
+	i := &Inbox{
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
 		obs:    newObservability("transactional", config.Logger, config.Observer, config.TracerProvider),
-	}, nil
+	}
+	if config.Batch.MaxMessages > 1 {
+		i.batch = &batcher{inbox: i, max: config.Batch.MaxMessages, wait: config.Batch.MaxWait}
+	}
+	return i, nil
 }
 
 // Middleware wraps h; add it to a router or a single handler.
 func (i *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	if i.batch != nil {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			return i.handleBatched(h, msg)
+		}
+	}
 	return func(msg *message.Message) ([]*message.Message, error) {
 		return i.handle(h, msg)
 	}

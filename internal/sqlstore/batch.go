@@ -1,0 +1,137 @@
+package sqlstore
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// maxBatchRows bounds the rows of one multi-row claim: 5 arguments a row
+// stays far below every driver's limit on bound parameters (PostgreSQL
+// and MySQL 65,535, SQLite 32,766).
+const maxBatchRows = 1000
+
+// ClaimBatchTx implements repository.BatchTransactional.
+func (s *Inbox) ClaimBatchTx(ctx context.Context, tx repository.Querier, params []repository.ClaimParams) ([]repository.Claim, error) {
+	return s.ClaimBatchOn(ctx, StdQuerier(tx), params)
+}
+
+// ClaimBatchOn is ClaimBatchTx on any driver's transaction.
+//
+// Where the dialect ignores conflicts (PostgreSQL, SQLite) it is one
+// INSERT … ON CONFLICT DO NOTHING RETURNING of every row, then one read
+// per duplicate. On MySQL it is one plain multi-row INSERT: InnoDB rolls
+// back just that statement on a duplicate key, and the rows are then
+// claimed one by one with ClaimOn, in the same transaction.
+func (s *Inbox) ClaimBatchOn(ctx context.Context, ex Executor, params []repository.ClaimParams) ([]repository.Claim, error) {
+	type row struct {
+		i    int
+		key  string
+		args []any
+	}
+	rows := make([]row, len(params))
+	seen := make(map[[2]string]bool, len(params))
+	for i, p := range params {
+		if err := repository.ValidateClaim(p); err != nil {
+			return nil, fmt.Errorf("%s: claim batch: row %d: %w", s.d.Name, i, err)
+		}
+		key := repository.StorageKey(p.Key)
+		if seen[[2]string{p.Consumer, key}] {
+			return nil, fmt.Errorf("%s: claim batch: %w: (%q, %q) twice in one batch", s.d.Name, repository.ErrInvalidParams, p.Consumer, p.Key)
+		}
+		seen[[2]string{p.Consumer, key}] = true
+		args, err := s.args(p.PayloadHash, p.Consumer, key, p.PayloadHash, p.Now, p.ExpiresAt)
+		if err != nil {
+			return nil, fmt.Errorf("%s: claim batch: row %d: %w", s.d.Name, i, err)
+		}
+		rows[i] = row{i, key, args}
+	}
+	// One lock order for every batch: concurrent batches with common keys
+	// wait for each other instead of deadlocking.
+	slices.SortFunc(rows, func(a, b row) int {
+		return cmp.Or(strings.Compare(params[a.i].Consumer, params[b.i].Consumer), strings.Compare(a.key, b.key))
+	})
+	claims := make([]repository.Claim, len(params))
+	for chunk := range slices.Chunk(rows, maxBatchRows) {
+		args := make([]any, 0, 5*len(chunk))
+		for _, r := range chunk {
+			args = append(args, r.args...)
+		}
+		claimed, err := s.insertBatch(ctx, ex, len(chunk), args)
+		if err != nil {
+			return nil, s.wrap("claim batch", err)
+		}
+		for _, r := range chunk {
+			switch {
+			case claimed == nil: // MySQL: a key of the chunk is taken
+				c, err := s.ClaimOn(ctx, ex, params[r.i])
+				if err != nil {
+					return nil, err
+				}
+				claims[r.i] = c
+			case claimed[[2]string{params[r.i].Consumer, r.key}]:
+				claims[r.i] = repository.Claim{Claimed: true}
+			default:
+				rec, err := s.get(ctx, ex, s.q.lockedGet, r.args[0], r.args[1])
+				if err != nil {
+					return nil, s.wrap("read duplicate", fmt.Errorf("key %q: %w", params[r.i].Key, err))
+				}
+				claims[r.i] = repository.Claim{Existing: rec}
+			}
+		}
+	}
+	return claims, nil
+}
+
+// insertBatch inserts n claim rows of args (5 each) and returns the
+// (consumer, stored key) pairs it inserted; nil when the dialect cannot
+// tell and a key was taken (MySQL: nothing of the statement stays).
+func (s *Inbox) insertBatch(ctx context.Context, ex Executor, n int, args []any) (map[[2]string]bool, error) {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at) VALUES `)
+	for r := range n {
+		if r > 0 {
+			b.WriteString(", ")
+		}
+		p := func(k int) string { return "$" + strconv.Itoa(5*r+k) }
+		b.WriteString("(" + p(1) + ", " + p(2) + ", 'completed', " + p(3) + ", 1, " + p(4) + ", " + p(4) + ", " + p(5) + ")")
+	}
+	claimed := make(map[[2]string]bool, n)
+	if s.d.IgnoreConflict == "" {
+		st := s.d.bind(s.t.quoted, b.String())
+		_, err := s.exec(ctx, ex, st, args...)
+		if s.d.IsUniqueViolation(err) {
+			return nil, nil
+		}
+		for r := range n {
+			claimed[[2]string{args[5*r].(string), args[5*r+1].(string)}] = true
+		}
+		return claimed, err
+	}
+	b.WriteString(s.d.IgnoreConflict + ` RETURNING consumer, dedup_key`)
+	st := s.d.bind(s.t.quoted, b.String())
+	got, err := collect(ctx, ex, st, func(r Row) ([2]string, error) {
+		var k [2]string
+		return k, r.Scan(&k[0], &k[1])
+	}, args...)
+	for _, k := range got {
+		claimed[k] = true
+	}
+	return claimed, err
+}
+
+// RetryableTx implements repository.BatchTransactional: the dialect's
+// deadlock victim, or a serialization failure (SQLSTATE 40001).
+func (s *Inbox) RetryableTx(err error) bool {
+	if err == nil {
+		return false
+	}
+	return (s.d.IsRetryable != nil && s.d.IsRetryable(err)) || repository.IsSerializationFailure(err)
+}
+
+var _ repository.BatchTransactional = (*Inbox)(nil)

@@ -1,0 +1,394 @@
+package middleware
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+const (
+	// DefaultBatchMaxWait is BatchConfig.MaxWait's default.
+	DefaultBatchMaxWait = 5 * time.Millisecond
+	// MaxBatchMessages is the largest BatchConfig.MaxMessages.
+	MaxBatchMessages = 1000
+
+	// batchAttempts bounds how often a batch runs again after the
+	// database gave its transaction up (deadlock victim, serialization
+	// failure).
+	batchAttempts = 10
+)
+
+// BatchConfig turns on group commit (see Config.Batch and docs/batching.md).
+type BatchConfig struct {
+	// MaxMessages is the most deliveries one transaction holds. 0 or 1:
+	// group commit is off and every delivery has its own transaction. Set
+	// it to about the number of deliveries in flight at once (router
+	// handlers × their prefetch): a batch runs as soon as it is full. At
+	// most MaxBatchMessages.
+	MaxMessages int
+	// MaxWait is the longest the first delivery of a batch waits for
+	// others before the batch runs with what it has: the latency group
+	// commit may add to a delivery. Default: DefaultBatchMaxWait (5 ms).
+	MaxWait time.Duration
+}
+
+func (b *BatchConfig) setDefaults() {
+	if b.MaxMessages > 1 && b.MaxWait == 0 {
+		b.MaxWait = DefaultBatchMaxWait
+	}
+}
+
+func (b BatchConfig) validate(c Config) []error {
+	var errs []error
+	if b.MaxMessages < 0 || b.MaxMessages > MaxBatchMessages {
+		errs = append(errs, fmt.Errorf("config.Batch.MaxMessages must be between 0 and %d, got %d", MaxBatchMessages, b.MaxMessages))
+	}
+	if b.MaxWait < 0 {
+		errs = append(errs, fmt.Errorf("config.Batch.MaxWait must not be negative, got %s", b.MaxWait))
+	}
+	if b.MaxMessages > 1 && c.DB == nil {
+		errs = append(errs, errors.New("config.Batch needs Config.DB: group commit runs on database/sql"))
+	}
+	return errs
+}
+
+// batcher groups concurrent deliveries into shared transactions.
+//
+// There is no goroutine of its own: the first delivery to arrive when no
+// batch is collecting becomes the leader; it waits until MaxMessages
+// deliveries are pending or MaxWait has passed, takes them, hands the
+// collecting over to the next pending delivery (so the next batch fills
+// while this one runs) and runs the batch in its own goroutine. Every
+// other delivery waits for the outcome of the commit that holds its
+// marker, so the backlog is bounded by the deliveries the subscribers hand
+// out at once, and nothing outlives the calls that brought it.
+type batcher struct {
+	inbox *Inbox
+	max   int
+	wait  time.Duration
+
+	mu      sync.Mutex
+	pending []*delivery
+	leading bool          // a delivery is collecting the next batch
+	full    chan struct{} // closed when pending reaches max while one collects
+}
+
+// delivery is one message waiting for, or running in, a batch.
+type delivery struct {
+	h          message.HandlerFunc
+	msg        *message.Message
+	ctx        context.Context
+	obs        *observation
+	scope, key string
+	id         string // scope and stored key: one per batch
+	hash       []byte
+	claim      repository.ClaimParams
+
+	lead chan struct{} // closed: collect the next batch
+	done chan struct{} // closed: the fields below are final
+
+	existing *repository.Record // a duplicate: replay it
+	out      []*message.Message
+	outcome  Outcome
+	err      error
+	fields   watermill.LogFields
+}
+
+// handleBatched is handle in batch mode: the delivery joins the next
+// batch and returns once the batch's commit (or its own failure) decided.
+func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	scope, err := i.scope.resolve(msg.Context())
+	if err != nil {
+		obs, ctx := i.obs.begin(msg, i.scope.fallback())
+		return nil, obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+	}
+	obs, ctx := i.obs.begin(msg, scope)
+	key, err := extractKey(i.config.Key, scope, msg)
+	if err != nil {
+		return nil, obs.end(ctx, OutcomeNoKey, err, nil)
+	}
+	obs.setKey(key)
+	now := i.config.Now()
+	d := &delivery{
+		h: h, msg: msg, ctx: ctx, obs: obs, scope: scope, key: key,
+		id:   scope + "\x00" + repository.StorageKey(key),
+		hash: repository.HashPayload(msg.Payload),
+		lead: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	d.claim = repository.ClaimParams{Consumer: scope, Key: key, PayloadHash: d.hash, Now: now, ExpiresAt: now.Add(i.config.Retention)}
+	if err := repository.ValidateClaim(d.claim); err != nil {
+		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: claim key %q: %w", key, err), nil)
+	}
+	i.batch.submit(d)
+	if d.existing != nil {
+		return replay(ctx, obs, *d.existing, d.hash)
+	}
+	return d.out, obs.end(ctx, d.outcome, d.err, d.fields)
+}
+
+// submit queues d and returns once d is done, leading batches when its
+// turn comes.
+func (b *batcher) submit(d *delivery) {
+	b.mu.Lock()
+	b.pending = append(b.pending, d)
+	lead := !b.leading
+	if lead {
+		b.leading = true
+		b.full = make(chan struct{})
+	} else if b.full != nil && len(b.pending) >= b.max {
+		close(b.full)
+		b.full = nil
+	}
+	b.mu.Unlock()
+	if lead {
+		b.lead()
+	}
+	for {
+		select {
+		case <-d.done:
+			return
+		case <-d.lead:
+			b.lead()
+		}
+	}
+}
+
+// lead collects a batch, passes the collecting on and runs the batch. The
+// caller's delivery is the oldest pending one, so it is in the batch.
+func (b *batcher) lead() {
+	b.mu.Lock()
+	full, ready := b.full, len(b.pending) >= b.max
+	b.mu.Unlock()
+	if !ready {
+		t := time.NewTimer(b.wait)
+		select {
+		case <-full:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+
+	b.mu.Lock()
+	var batch, rest []*delivery
+	in := map[string]bool{}
+	for _, d := range b.pending {
+		// A second copy of a key waits for the next batch, whose claim
+		// finds this one's marker: a duplicate.
+		if len(batch) < b.max && !in[d.id] {
+			in[d.id] = true
+			batch = append(batch, d)
+			continue
+		}
+		rest = append(rest, d)
+	}
+	b.pending = rest
+	if len(rest) > 0 {
+		b.full = make(chan struct{})
+		if len(rest) >= b.max {
+			close(b.full)
+			b.full = nil
+		}
+		close(rest[0].lead)
+	} else {
+		b.leading, b.full = false, nil
+	}
+	b.mu.Unlock()
+	b.run(batch)
+}
+
+// run runs a batch until every delivery in it is done: committed,
+// answered as a duplicate, or failed. A failing handler leaves the batch
+// with its error and the others run again without it; a failure nobody
+// can be blamed for (the commit, the claim) runs each delivery alone; a
+// deadlock or serialization failure runs the batch again.
+func (b *batcher) run(live []*delivery) {
+	for attempt := 1; len(live) > 0; attempt++ {
+		rest, failed, err := b.attempt(live)
+		switch {
+		case err == nil:
+			return
+		case failed != nil:
+			failed.fail(err)
+			live = remove(rest, failed)
+		case b.retryable(err) && attempt < batchAttempts:
+			live = rest
+		case len(rest) > 1:
+			b.inbox.config.Logger.Info("Inbox: batch failed, running its deliveries one by one", watermill.LogFields{"batch": len(rest), "err": err})
+			for _, d := range rest {
+				b.run([]*delivery{d})
+			}
+			return
+		default:
+			for _, d := range rest {
+				d.fail(err)
+			}
+			return
+		}
+	}
+}
+
+// attempt runs live in one transaction. It returns the deliveries still
+// undecided (duplicates are answered at once), and on error the
+// delivery to blame, if any.
+func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery, err error) {
+	c := b.inbox.config
+	// Not bound to a delivery's context, for the reason given in handle.
+	ctx := context.WithoutCancel(live[0].ctx)
+	tx, err := c.DB.BeginTx(ctx, c.TxOptions)
+	if err != nil {
+		return live, nil, fmt.Errorf("inbox: begin batch transaction: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+
+	start := time.Now()
+	claims, err := b.claim(ctx, tx, live)
+	took := time.Since(start)
+	if err != nil {
+		return live, nil, fmt.Errorf("inbox: claim %d keys: %w", len(live), err)
+	}
+	for k, d := range live {
+		d.obs.d.Claim = took
+		if !claims[k].Claimed {
+			rec := claims[k].Existing
+			d.existing = &rec
+			close(d.done)
+			continue
+		}
+		rest = append(rest, d)
+	}
+	for _, d := range rest {
+		if err := b.runOne(tx, d, len(rest)); err != nil {
+			if b.retryable(err) || inFailedTx(err) {
+				// The transaction was lost under this handler, not by it.
+				return rest, nil, err
+			}
+			return rest, d, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return rest, nil, fmt.Errorf("inbox: commit batch of %d: %w", len(rest), err)
+	}
+	committed = true
+	for _, d := range rest {
+		close(d.done)
+	}
+	return nil, nil, nil
+}
+
+// claim claims every delivery's key in tx: one multi-row claim where the
+// repository can, one claim each otherwise.
+func (b *batcher) claim(ctx context.Context, tx *sql.Tx, live []*delivery) ([]repository.Claim, error) {
+	params := make([]repository.ClaimParams, len(live))
+	for k, d := range live {
+		params[k] = d.claim
+	}
+	repo := b.inbox.config.Repository
+	if br, ok := repo.(repository.BatchTransactional); ok {
+		return br.ClaimBatchTx(ctx, tx, params)
+	}
+	claims := make([]repository.Claim, len(params))
+	for k, p := range params {
+		var err error
+		if claims[k], err = repo.ClaimTx(ctx, tx, p); err != nil {
+			return nil, err
+		}
+	}
+	return claims, nil
+}
+
+// runOne runs d's handler on the shared transaction and stores its result
+// there, as handle does for a delivery of its own.
+func (b *batcher) runOne(tx *sql.Tx, d *delivery, size int) (err error) {
+	c := b.inbox.config
+	msg := d.msg
+	original := msg.Context()
+	msg.SetContext(withScope(withKey(withTx(withInboxTx(d.ctx), tx), d.key), d.scope))
+	defer func() {
+		msg.SetContext(original)
+		if r := recover(); r != nil {
+			// The panic stays this delivery's: the others of the batch
+			// run again without it.
+			err = fmt.Errorf("inbox: handler panicked: %v", r)
+		}
+	}()
+	out, err := d.h(msg)
+	stale := errors.Is(err, ErrStaleVersion)
+	if err != nil && !stale {
+		return err
+	}
+	b.inbox.obs.inject(d.ctx, out)
+	finish := context.WithoutCancel(d.ctx)
+	produced := len(out)
+	if c.Outputs != nil && produced > 0 {
+		for pos, m := range out {
+			m.UUID = OutputUUID(d.scope, d.key, pos)
+		}
+		if err := c.Outputs.WriteOutputs(finish, tx, out); err != nil {
+			return fmt.Errorf("inbox: write %d outputs of key %q: %w", produced, d.key, err)
+		}
+		out = nil
+	}
+	result, err := encodeResult(out, c.MaxResultBytes)
+	if err != nil {
+		return fmt.Errorf("inbox: key %q: %w", d.key, err)
+	}
+	if result != nil {
+		if err := c.Repository.SaveResultTx(finish, tx, repository.SaveResultParams{Consumer: d.scope, Key: d.key, Result: result}); err != nil {
+			return fmt.Errorf("inbox: store result of key %q: %w", d.key, err)
+		}
+	}
+	d.out, d.outcome, d.err = out, OutcomeProcessed, nil
+	d.fields = watermill.LogFields{"produced": produced, "batch": size}
+	if stale {
+		d.outcome, d.fields = OutcomeStaleVersion, watermill.LogFields{"batch": size}
+	}
+	return nil
+}
+
+// retryable reports whether err lost the whole transaction to a deadlock
+// or a serialization failure, so that running the batch again can help.
+func (b *batcher) retryable(err error) bool {
+	if br, ok := b.inbox.config.Repository.(repository.BatchTransactional); ok {
+		return br.RetryableTx(err)
+	}
+	return repository.IsSerializationFailure(err)
+}
+
+// inFailedTx recognises PostgreSQL's "current transaction is aborted"
+// (SQLSTATE 25P02): an earlier statement of the batch failed, perhaps in
+// a handler that went on as if nothing happened, so the handler that
+// meets it is not to blame.
+func inFailedTx(err error) bool {
+	var pg interface{ SQLState() string }
+	return errors.As(err, &pg) && pg.SQLState() == "25P02"
+}
+
+// fail ends d with err and nothing committed.
+func (d *delivery) fail(err error) {
+	d.out, d.outcome, d.err, d.fields = nil, OutcomeFailed, err, nil
+	close(d.done)
+}
+
+func remove(ds []*delivery, gone *delivery) []*delivery {
+	out := make([]*delivery, 0, len(ds))
+	for _, d := range ds {
+		if d != gone {
+			out = append(out, d)
+		}
+	}
+	return out
+}
