@@ -44,6 +44,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 // row is one line of the table.
@@ -69,6 +70,8 @@ type options struct {
 	soakInterval time.Duration
 	janitorBatch int
 	janitorPause time.Duration
+	batchMax     int
+	batchWait    time.Duration
 }
 
 func main() {
@@ -77,7 +80,7 @@ func main() {
 	flag.IntVar(&o.n, "n", 2000, "messages per run")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs per scenario and concurrency; the table shows the run with the median throughput")
 	flag.StringVar(&conc, "c", "1,4,16", "comma-separated handler concurrencies")
-	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,R,W,D,E,F; R is B and C with ReadFirst); default all")
+	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,R,W,D,E,F,G; R is B and C with ReadFirst); default all")
 	flag.StringVar(&o.pgbench, "pgbench", "/usr/bin/pgbench", "path of pgbench (scenario F); skipped if missing")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile at the end to this file")
@@ -88,6 +91,8 @@ func main() {
 	flag.DurationVar(&o.soakInterval, "soak-interval", 10*time.Second, "soak: report interval")
 	flag.IntVar(&o.janitorBatch, "soak-janitor-batch", 0, "soak: janitor BatchSize (0: the janitor's default)")
 	flag.DurationVar(&o.janitorPause, "soak-janitor-pause", 0, "soak: janitor Pause (0: the janitor's default)")
+	flag.IntVar(&o.batchMax, "batch-max", 0, "G: Batch.MaxMessages (0: the concurrency c)")
+	flag.DurationVar(&o.batchWait, "batch-wait", middleware.DefaultBatchMaxWait, "G: Batch.MaxWait")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(s))
@@ -242,16 +247,19 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		{"W", "W watermill-sql (batch 100)", "postgres", func(c int) (result, error) { return scenarioWatermillSQL(ctx, pg, o.n, c, 0) }},
 		{"W", "W1 watermill-sql (batch 1)", "postgres", func(c int) (result, error) { return scenarioWatermillSQL(ctx, pg, o.n, c, 1) }},
 		{"D", "D Deduplicator (memory)", "postgres", func(c int) (result, error) { return scenarioDeduplicator(ctx, pg, o.n, c) }},
+		{"G", "G inbox, group commit", "postgres", func(c int) (result, error) { return scenarioInbox(ctx, pg, o.n, c, groupCommit(o, c)) }},
 	}
 	if lite != nil {
 		scenarios = append(scenarios,
 			scenario{"E", "E bare handler", "sqlite", func(c int) (result, error) { return scenarioBare(ctx, lite, o.n, c) }},
-			scenario{"E", "E inbox", "sqlite", func(c int) (result, error) { return scenarioInbox(ctx, lite, o.n, c) }})
+			scenario{"E", "E inbox", "sqlite", func(c int) (result, error) { return scenarioInbox(ctx, lite, o.n, c) }},
+			scenario{"G", "G inbox, group commit", "sqlite", func(c int) (result, error) { return scenarioInbox(ctx, lite, o.n, c, groupCommit(o, c)) }})
 	}
 	if my != nil {
 		scenarios = append(scenarios,
 			scenario{"E", "E bare handler", "mariadb", func(c int) (result, error) { return scenarioBare(ctx, my, o.n, c) }},
-			scenario{"E", "E inbox", "mariadb", func(c int) (result, error) { return scenarioInbox(ctx, my, o.n, c) }})
+			scenario{"E", "E inbox", "mariadb", func(c int) (result, error) { return scenarioInbox(ctx, my, o.n, c) }},
+			scenario{"G", "G inbox, group commit", "mariadb", func(c int) (result, error) { return scenarioInbox(ctx, my, o.n, c, groupCommit(o, c)) }})
 	}
 	if rdb != nil {
 		scenarios = append(scenarios,
@@ -315,6 +323,7 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	})
 	printTable(w, rows)
 	printRatios(w, rows, o.concurrency)
+	printBatchLatency(w, rows, o.concurrency, o.batchWait)
 	fmt.Fprintf(w, "\npeak RSS (getrusage maxrss) of the bench process: %.1f MiB\n", mib(peakRSS()))
 	fmt.Fprintf(w, "took %s; load average at the end %s\n", took.Round(time.Second), loadAverage())
 	for _, n := range notes {
@@ -385,6 +394,9 @@ func fmtDur(d time.Duration) string {
 	}
 }
 
+// ratio is a line of the ratio table: num's throughput over den's.
+type ratio struct{ name, target, num, numBackend, den, denBackend string }
+
 // printRatios prints the throughput ratios the targets are stated in.
 func printRatios(w io.Writer, rows []row, conc []int) {
 	rate := func(label, backend string, c int) float64 {
@@ -395,7 +407,6 @@ func printRatios(w io.Writer, rows []row, conc []int) {
 		}
 		return 0
 	}
-	type ratio struct{ name, target, num, numBackend, den, denBackend string }
 	ratios := []ratio{
 		{"B/A  inbox vs bare", "≥ 0.85", "B inbox", "postgres", "A bare handler", "postgres"},
 		{"B/W  inbox vs watermill-sql (batch 100)", "", "B inbox", "postgres", "W watermill-sql (batch 100)", "postgres"},
@@ -413,6 +424,7 @@ func printRatios(w io.Writer, rows []row, conc []int) {
 		{"E/A  mariadb inbox vs mariadb bare", "", "E inbox", "mariadb", "E bare handler", "mariadb"},
 		{"E/A  redis two-phase vs bare (pg)", "", "E two-phase inbox", "redis+pg", "A bare handler", "postgres"},
 	}
+	ratios = append(ratios, batchRatios...)
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "ratio\ttarget")

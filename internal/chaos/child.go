@@ -51,6 +51,7 @@ type spec struct {
 	Lease            time.Duration
 	Policy           middleware.ExpiredLeasePolicy // two-phase
 	EffectDelay      time.Duration                 // two-phase: up to this long before and after the effect
+	Batch            int                           // transactional: group commit's MaxMessages, 0 when off
 }
 
 // IsChild reports whether this process was started by the suite as a
@@ -140,7 +141,7 @@ type order struct {
 }
 
 func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) error {
-	db, err := openDB(s.DSN, 8)
+	db, err := openDB(s.DSN, 8+2*s.Batch)
 	if err != nil {
 		return err
 	}
@@ -184,22 +185,43 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 			return err
 		}
 		// Each inbox's scope is its handler's name ("billing",
-		// "receipts", "effects").
+		// "receipts", "effects"). With group commit, Batch handlers
+		// ("billing-1", …) consume each queue under one scope, so that
+		// one inbox sees Batch deliveries at once.
+		copies, batch := 1, middleware.BatchConfig{}
+		if s.Batch > 1 {
+			copies, batch = s.Batch, middleware.BatchConfig{MaxMessages: s.Batch}
+		}
+		scopes := map[string]string{}
+		name := func(base string, i int) string {
+			if copies == 1 {
+				return base
+			}
+			n := fmt.Sprintf("%s-%d", base, i+1)
+			scopes[n] = base
+			return n
+		}
+		for i := range copies {
+			name("billing", i)
+			name("receipts", i)
+		}
 		billing, err := middleware.NewInbox(middleware.Config{
-			DB: db, Repository: repo, Logger: logger,
+			DB: db, Repository: repo, Logger: logger, HandlerScopes: scopes, Batch: batch,
 			Outputs: ob.Outputs(s.Names.Payments),
 		})
 		if err != nil {
 			return err
 		}
-		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Logger: logger})
+		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Logger: logger, HandlerScopes: scopes, Batch: batch})
 		if err != nil {
 			return err
 		}
-		h := router.AddHandler("billing", s.Names.Orders, sub, s.Names.Payments, pub, billingHandler(s))
-		h.AddMiddleware(poison, retry.Middleware, exit, billing.Middleware)
-		r := router.AddConsumerHandler("receipts", s.Names.Payments, sub, receiptsHandler(s))
-		r.AddMiddleware(poison, retry.Middleware, exit, receipts.Middleware)
+		for i := range copies {
+			h := router.AddHandler(name("billing", i), s.Names.Orders, sub, s.Names.Payments, pub, billingHandler(s))
+			h.AddMiddleware(poison, retry.Middleware, exit, billing.Middleware)
+			r := router.AddConsumerHandler(name("receipts", i), s.Names.Payments, sub, receiptsHandler(s))
+			r.AddMiddleware(poison, retry.Middleware, exit, receipts.Middleware)
+		}
 	case TwoPhase:
 		ledger, err := sqlite.Open(s.LedgerPath)
 		if err != nil {

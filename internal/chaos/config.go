@@ -73,6 +73,12 @@ type Config struct {
 	// EffectDelay is the longest pause before and after the two-phase
 	// effect. Default: 25 ms.
 	EffectDelay time.Duration
+	// Batch, above 1, runs the transactional phase with group commit
+	// (middleware.Config.Batch): each worker consumes each queue with
+	// Batch router handlers sharing one scope and one inbox, whose
+	// concurrent deliveries commit together, at most Batch at a time.
+	// Default: 0 (one handler per queue, no group commit).
+	Batch int
 	// Timeout bounds each phase, drain included.
 	Timeout time.Duration
 
@@ -170,6 +176,9 @@ func (c Config) Validate() error {
 	}
 	if c.TwoPhasePolicy != middleware.Intervene && c.TwoPhasePolicy != middleware.Reclaim {
 		errs = append(errs, fmt.Errorf("chaos: unknown two-phase policy %s", c.TwoPhasePolicy))
+	}
+	if c.Batch < 0 || c.Batch > middleware.MaxBatchMessages {
+		errs = append(errs, fmt.Errorf("chaos: Batch must be between 0 and %d", middleware.MaxBatchMessages))
 	}
 	if c.PGPort == sharedPort || c.PGCluster == "main" {
 		errs = append(errs, fmt.Errorf("chaos: the private cluster must not be the shared one (main, port %d)", sharedPort))

@@ -231,6 +231,10 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 		ExitAfterCommit: e.config.ExitAfterCommit, Lease: e.config.Lease, EffectDelay: e.config.EffectDelay,
 		Policy: e.config.TwoPhasePolicy,
 	}
+	if mode == Transactional {
+		base.Batch = e.config.Batch
+		ph.Batch = e.config.Batch
+	}
 	workerSpecs := make([]spec, e.config.Workers)
 	for i := range workerSpecs {
 		s := base
@@ -745,6 +749,7 @@ type Tally struct {
 type Phase struct {
 	Mode     string
 	Policy   string // two-phase: the expired-lease policy
+	Batch    int    // transactional: group commit's MaxMessages, 0 when off
 	Orders   int    // orders published
 	Messages int    // messages published, producer duplicates included
 	Faults   map[string]int
@@ -787,6 +792,9 @@ func (p Phase) OK() bool {
 func (p Phase) label() string {
 	if p.Policy != "" {
 		return p.Mode + " (" + p.Policy + ")"
+	}
+	if p.Batch > 1 {
+		return fmt.Sprintf("%s (group commit, batch %d)", p.Mode, p.Batch)
 	}
 	return p.Mode
 }

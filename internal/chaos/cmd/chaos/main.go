@@ -43,6 +43,7 @@ func run() int {
 	workers := flag.Int("workers", 0, "worker processes per queue (0: 3)")
 	duration := flag.Duration("duration", 0, "how long the producer spreads the transactional orders over (0: the preset's)")
 	policy := flag.String("two-phase-policy", "intervene", "two-phase expired-lease policy: intervene (0 doubled) or reclaim (re-runs effects by design: shows the ledger sees doubles; 0 lost)")
+	batch := flag.Int("batch", 0, "run the transactional phase with group commit, up to this many deliveries per transaction (0: off)")
 	keep := flag.Bool("keep", false, "keep the run's tables and queues for inspection")
 	flag.Parse()
 
@@ -76,6 +77,7 @@ func run() int {
 	}
 	config.Workers = *workers
 	config.Keep = *keep
+	config.Batch = *batch
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
