@@ -21,7 +21,7 @@
 // Every case runs in parallel on a table of its own with a random name, so
 // the suite can run against a shared server and re-run on a dirty database.
 // Cases are grouped by area: claim.go, concurrency.go, expiry.go,
-// identifiers.go, twophase.go, operator.go, stats.go.
+// identifiers.go, twophase.go, operator.go, stats.go, batch.go.
 package repotest
 
 import (
@@ -73,6 +73,9 @@ type Features struct {
 	// by consumer and state); requires TwoPhase, whose calls seed the
 	// records.
 	Stats bool
+	// Batch: the backend implements repository.BatchTransactional
+	// (multi-row claims for group commit); requires Transactional.
+	Batch bool
 }
 
 // Backend describes the backend under test.
@@ -101,6 +104,9 @@ func Run(t *testing.T, b Backend) {
 		require.NotNil(t, b.DB, "Backend.DB is required for the transactional contract")
 		t.Run("Claim", func(t *testing.T) { runClaim(t, b) })
 		t.Run("Concurrency", func(t *testing.T) { runConcurrency(t, b) })
+	}
+	if b.Features.Batch {
+		t.Run("Batch", func(t *testing.T) { runBatch(t, b) })
 	}
 	if b.Features.TwoPhase {
 		t.Run("TwoPhase", func(t *testing.T) { runTwoPhase(t, b) })

@@ -77,7 +77,7 @@ func Run(t *testing.T, b Backend) {
 		repotest.Run(t, repotest.Backend{
 			Name:     b.Name,
 			DB:       b.DB,
-			Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true, Stats: true},
+			Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true, Stats: true, Batch: true},
 			New: func(t *testing.T, table string) (repotest.Repository, error) {
 				repo, err := b.Inbox(table)
 				if err != nil {
