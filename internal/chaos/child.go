@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -190,7 +191,9 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 		// one inbox sees Batch deliveries at once.
 		copies, batch := 1, middleware.BatchConfig{}
 		if s.Batch > 1 {
-			copies, batch = s.Batch, middleware.BatchConfig{MaxMessages: s.Batch}
+			// A wait long enough for batches to form at the producer's
+			// pace.
+			copies, batch = s.Batch, middleware.BatchConfig{MaxMessages: s.Batch, MaxWait: 20 * time.Millisecond}
 		}
 		scopes := map[string]string{}
 		name := func(base string, i int) string {
@@ -201,6 +204,7 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 			scopes[n] = base
 			return n
 		}
+		shared := &sharing{logger: logger, txs: map[*sql.Tx]int{}}
 		for i := range copies {
 			name("billing", i)
 			name("receipts", i)
@@ -217,7 +221,7 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 			return err
 		}
 		for i := range copies {
-			h := router.AddHandler(name("billing", i), s.Names.Orders, sub, s.Names.Payments, pub, billingHandler(s))
+			h := router.AddHandler(name("billing", i), s.Names.Orders, sub, s.Names.Payments, pub, billingHandler(s, shared))
 			h.AddMiddleware(poison, retry.Middleware, exit, billing.Middleware)
 			r := router.AddConsumerHandler(name("receipts", i), s.Names.Payments, sub, receiptsHandler(s))
 			r.AddMiddleware(poison, retry.Middleware, exit, receipts.Middleware)
@@ -249,7 +253,7 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 // billingHandler records the order's effect in the ledger table through
 // the inbox transaction and returns a payment, which the inbox writes to
 // the outbox in the same transaction.
-func billingHandler(s spec) message.HandlerFunc {
+func billingHandler(s spec, shared *sharing) message.HandlerFunc {
 	insert := `INSERT INTO ` + s.Names.Effects + ` (order_id, process) VALUES ($1, $2)`
 	return func(msg *message.Message) ([]*message.Message, error) {
 		markRan(msg.Context())
@@ -264,6 +268,7 @@ func billingHandler(s spec) message.HandlerFunc {
 		if _, err := tx.ExecContext(msg.Context(), insert, o.OrderID, s.Name); err != nil {
 			return nil, err
 		}
+		shared.saw(tx)
 		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
 	}
 }
@@ -347,4 +352,30 @@ func runRelay(ctx context.Context, s spec, logger watermill.LoggerAdapter) error
 		return nil
 	}
 	return err
+}
+
+// sharing counts the billing runs that shared their transaction with
+// another delivery (group commit), and logs the tally every 50 runs, so
+// that the logs show whether batches formed.
+type sharing struct {
+	logger       watermill.LoggerAdapter
+	mu           sync.Mutex
+	txs          map[*sql.Tx]int
+	runs, shared int
+}
+
+func (s *sharing) saw(tx *sql.Tx) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.txs[tx]++
+	s.runs++
+	switch n := s.txs[tx]; {
+	case n == 2:
+		s.shared += 2
+	case n > 2:
+		s.shared++
+	}
+	if s.runs%50 == 0 {
+		s.logger.Info("billing runs in shared transactions", watermill.LogFields{"runs": s.runs, "shared": s.shared, "transactions": len(s.txs)})
+	}
 }
