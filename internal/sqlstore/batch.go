@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -92,18 +93,9 @@ func (s *Inbox) ClaimBatchOn(ctx context.Context, ex Executor, params []reposito
 // (consumer, stored key) pairs it inserted; nil when the dialect cannot
 // tell and a key was taken (MySQL: nothing of the statement stays).
 func (s *Inbox) insertBatch(ctx context.Context, ex Executor, n int, args []any) (map[[2]string]bool, error) {
-	var b strings.Builder
-	b.WriteString(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at) VALUES `)
-	for r := range n {
-		if r > 0 {
-			b.WriteString(", ")
-		}
-		p := func(k int) string { return "$" + strconv.Itoa(5*r+k) }
-		b.WriteString("(" + p(1) + ", " + p(2) + ", 'completed', " + p(3) + ", 1, " + p(4) + ", " + p(4) + ", " + p(5) + ")")
-	}
+	st := s.batchInsert(n)
 	claimed := make(map[[2]string]bool, n)
 	if s.d.IgnoreConflict == "" {
-		st := s.d.bind(s.t.quoted, b.String())
 		_, err := s.exec(ctx, ex, st, args...)
 		if s.d.IsUniqueViolation(err) {
 			return nil, nil
@@ -113,8 +105,6 @@ func (s *Inbox) insertBatch(ctx context.Context, ex Executor, n int, args []any)
 		}
 		return claimed, err
 	}
-	b.WriteString(s.d.IgnoreConflict + ` RETURNING consumer, dedup_key`)
-	st := s.d.bind(s.t.quoted, b.String())
 	got, err := collect(ctx, ex, st, func(r Row) ([2]string, error) {
 		var k [2]string
 		return k, r.Scan(&k[0], &k[1])
@@ -123,6 +113,40 @@ func (s *Inbox) insertBatch(ctx context.Context, ex Executor, n int, args []any)
 		claimed[k] = true
 	}
 	return claimed, err
+}
+
+// batchStmts caches the multi-row claims by dialect, table and rows:
+// binding one costs more than the claim's own work in Go.
+var batchStmts sync.Map // batchStmtKey → stmt
+
+type batchStmtKey struct {
+	d     *Dialect
+	table string
+	rows  int
+}
+
+// batchInsert is the claim of n rows: a plain multi-row INSERT, with
+// IgnoreConflict and RETURNING where the dialect ignores conflicts.
+func (s *Inbox) batchInsert(n int) stmt {
+	k := batchStmtKey{s.d, s.t.quoted, n}
+	if st, ok := batchStmts.Load(k); ok {
+		return st.(stmt)
+	}
+	var b strings.Builder
+	b.WriteString(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at) VALUES `)
+	for r := range n {
+		if r > 0 {
+			b.WriteString(", ")
+		}
+		p := func(k int) string { return "$" + strconv.Itoa(5*r+k) }
+		b.WriteString("(" + p(1) + ", " + p(2) + ", 'completed', " + p(3) + ", 1, " + p(4) + ", " + p(4) + ", " + p(5) + ")")
+	}
+	if s.d.IgnoreConflict != "" {
+		b.WriteString(s.d.IgnoreConflict + ` RETURNING consumer, dedup_key`)
+	}
+	st := s.d.bind(s.t.quoted, b.String())
+	batchStmts.Store(k, st)
+	return st
 }
 
 // RetryableTx implements repository.BatchTransactional: the dialect's
