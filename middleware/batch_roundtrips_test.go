@@ -1,0 +1,80 @@
+package middleware_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+)
+
+// statementCounter counts the statements pgx sends (BEGIN and COMMIT
+// included): one round trip each once prepared.
+type statementCounter struct{ n atomic.Int64 }
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestBatchRoundTrips counts the statements per delivery on PostgreSQL,
+// one INSERT per handler: (k + 3) / k in batches of k, against the
+// default mode's own (4 before issue 14's item 1: BEGIN, claim, INSERT,
+// COMMIT).
+func TestBatchRoundTrips(t *testing.T) {
+	testenv.Postgres(t) // skips without PostgreSQL
+	config, err := pgx.ParseConfig(testenv.PostgresDSN())
+	require.NoError(t, err)
+	counter := &statementCounter{}
+	config.Tracer = counter
+	db := stdlib.OpenDB(*config)
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(32)
+
+	s := &store{name: "postgres", db: db, inbox: randomName("inbox"), charges: randomName("charges"),
+		placeholder: func(n int) string { return fmt.Sprintf("$%d", n) }}
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: s.inbox})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	s.repo = repo
+	s.setup(t)
+
+	const n = 64
+	perDelivery := func(batch middleware.BatchConfig) float64 {
+		inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing", Logger: watermill.NopLogger{}, Batch: batch})
+		require.NoError(t, err)
+		prefix := randomName("m")
+		mw := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			tx, _ := middleware.TxFromContext(msg.Context())
+			_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+s.charges+` (order_id, amount) VALUES ($1, 1)`, msg.UUID)
+			return nil, err
+		})
+		msgs := make([]*message.Message, n)
+		for k := range msgs {
+			msgs[k] = message.NewMessage(fmt.Sprintf("%s-%d", prefix, k), []byte("{}"))
+		}
+		before := counter.n.Load()
+		_, errs := deliverConcurrently(mw, msgs)
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		return float64(counter.n.Load()-before) / n
+	}
+	single := perDelivery(middleware.BatchConfig{})
+	batched := perDelivery(middleware.BatchConfig{MaxMessages: 8, MaxWait: time.Second})
+	t.Logf("statements per delivery: %.2f one transaction each, %.2f in batches of 8", single, batched)
+	require.Less(t, batched, single)
+	require.InDelta(t, 11.0/8, batched, 0.01, "BEGIN, one claim, 8 INSERTs, COMMIT per 8 deliveries")
+}
