@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -150,21 +151,23 @@ func (b *batcher) submit(d *delivery) {
 	}
 	b.mu.Unlock()
 	if lead {
-		b.lead()
+		b.lead(d.ctx)
 	}
 	for {
 		select {
 		case <-d.done:
 			return
 		case <-d.lead:
-			b.lead()
+			b.lead(d.ctx)
 		}
 	}
 }
 
 // lead collects a batch, passes the collecting on and runs the batch. The
-// caller's delivery is the oldest pending one, so it is in the batch.
-func (b *batcher) lead() {
+// caller's delivery is the oldest pending one, so it is in the batch; if
+// its context ends (the subscriber shutting down), the batch runs at once
+// with what it has.
+func (b *batcher) lead(ctx context.Context) {
 	b.mu.Lock()
 	full, ready := b.full, len(b.pending) >= b.max
 	b.mu.Unlock()
@@ -173,6 +176,7 @@ func (b *batcher) lead() {
 		select {
 		case <-full:
 		case <-t.C:
+		case <-ctx.Done():
 		}
 		t.Stop()
 	}
@@ -220,6 +224,9 @@ func (b *batcher) run(live []*delivery) {
 			failed.fail(err)
 			live = remove(rest, failed)
 		case b.retryable(err) && attempt < batchAttempts:
+			// A short random pause, so that the batches that collided
+			// do not collide again in step.
+			time.Sleep(rand.N(time.Duration(attempt) * time.Millisecond))
 			live = rest
 		case len(rest) > 1:
 			b.inbox.config.Logger.Info("Inbox: batch failed, running its deliveries one by one", watermill.LogFields{"batch": len(rest), "err": err})
