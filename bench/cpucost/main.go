@@ -7,6 +7,7 @@
 // one, throughput at saturation is the cores divided by it.
 //
 //	go run ./bench/cpucost -n 16000 -c 16
+//	go run ./bench/cpucost -cpuprofile cpu.out   # where the Go side's time goes
 //
 // The handlers run without a router, c goroutines at once. PostgreSQL
 // must run on this machine (the backends' /proc entries are read). It
@@ -22,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,9 +42,22 @@ func main() {
 	n := flag.Int("n", 16000, "deliveries per run")
 	c := flag.Int("c", 16, "deliveries in flight")
 	repeat := flag.Int("repeat", 2, "runs of each mode")
+	prof := flag.String("cpuprofile", "", "write a CPU profile to this file")
 	flag.Parse()
+	if *prof != "" {
+		f, err := os.Create(*prof)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "cpucost:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := run(*n, *c, *repeat); err != nil {
 		fmt.Fprintln(os.Stderr, "cpucost:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
