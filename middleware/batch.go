@@ -344,7 +344,7 @@ func (b *batcher) runOne(tx *sql.Tx, d *delivery, size int) (err error) {
 		for pos, m := range out {
 			m.UUID = OutputUUID(d.scope, d.key, pos)
 		}
-		if err := c.Outputs.WriteOutputs(finish, tx, out); err != nil {
+		if err := c.Outputs.WriteOutputs(withTx(finish, tx), tx, out); err != nil {
 			return fmt.Errorf("inbox: write %d outputs of key %q: %w", produced, d.key, err)
 		}
 		out = nil
