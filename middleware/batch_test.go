@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -332,4 +333,50 @@ func TestBatchDeadlockRetry(t *testing.T) {
 		}
 		t.Logf("%s: %d handler runs for 40 deliveries", s.name, h.runs.Load())
 	}, "postgres", "mysql")
+}
+
+// TestBatchOutputsToOutbox: outputs go to the outbox in the shared
+// transaction; a failing delivery of the batch leaves no outbox row, the
+// others leave exactly theirs, with deterministic UUIDs.
+func TestBatchOutputsToOutbox(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s *store) {
+		dialect := map[string]outbox.Dialect{"postgres": outbox.PostgreSQL, "mysql": outbox.MySQL, "sqlite": outbox.SQLite}[s.name]
+		table := randomName("outbox")
+		ob, err := outbox.New(outbox.Config{Dialect: dialect, Table: table})
+		require.NoError(t, err)
+		require.NoError(t, ob.Migrate(t.Context(), s.db))
+		t.Cleanup(func() { _, _ = s.db.Exec(`DROP TABLE IF EXISTS ` + table) })
+
+		h := &chargeHandler{s: s, before: func(msg *message.Message, _ *sql.Tx) error {
+			if msg.UUID == "uuid-4" {
+				return errors.New("declined")
+			}
+			return nil
+		}}
+		mw := s.newInbox(t, "billing", batched(8, time.Minute), func(c *middleware.Config) {
+			c.Outputs = ob.Outputs("payments")
+		}).Middleware(h.Handle)
+		outs, errs := deliverConcurrently(mw, orders(8))
+		var want []string
+		for k, err := range errs {
+			if k == 4 {
+				require.Error(t, err)
+				continue
+			}
+			require.NoError(t, err)
+			require.Empty(t, outs[k], "the relay publishes the outputs")
+			want = append(want, middleware.OutputUUID("billing", fmt.Sprintf("uuid-%d", k), 0))
+		}
+		rows, err := s.db.Query(`SELECT uuid FROM ` + table)
+		require.NoError(t, err)
+		defer rows.Close()
+		var got []string
+		for rows.Next() {
+			var u string
+			require.NoError(t, rows.Scan(&u))
+			got = append(got, u)
+		}
+		require.NoError(t, rows.Err())
+		require.ElementsMatch(t, want, got)
+	})
 }
