@@ -380,3 +380,29 @@ func TestBatchOutputsToOutbox(t *testing.T) {
 		require.ElementsMatch(t, want, got)
 	})
 }
+
+// TestBatchLeaderStopsWaitingWhenCancelled: a subscriber shutting down
+// cancels its deliveries; a batch waiting for company runs at once
+// instead of holding the shutdown for MaxWait.
+func TestBatchLeaderStopsWaitingWhenCancelled(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s *store) {
+		h := &chargeHandler{s: s}
+		mw := s.newInbox(t, "billing", batched(8, time.Hour)).Middleware(h.Handle)
+		ctx, cancel := context.WithCancel(t.Context())
+		msg := orderMessage("uuid-1", order{ID: "o-1", Amount: 1})
+		msg.SetContext(ctx)
+		done := make(chan error, 1)
+		go func() { _, err := mw(msg); done <- err }()
+		cancel()
+		select {
+		case err := <-done:
+			// The handler ran with a cancelled context: its INSERT may fail,
+			// and then nothing is committed.
+			if err != nil {
+				require.Zero(t, s.chargesFor(t, "o-1"))
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("the batch still waits for company after its delivery was cancelled")
+		}
+	}, "postgres", "sqlite")
+}
