@@ -55,9 +55,6 @@ func (b BatchConfig) validate(c Config) []error {
 	if b.MaxWait < 0 {
 		errs = append(errs, fmt.Errorf("config.Batch.MaxWait must not be negative, got %s", b.MaxWait))
 	}
-	if b.MaxMessages > 1 && c.DB == nil {
-		errs = append(errs, errors.New("config.Batch needs Config.DB: group commit runs on database/sql"))
-	}
 	return errs
 }
 
@@ -247,17 +244,16 @@ func (b *batcher) run(live []*delivery) {
 // undecided (duplicates are answered at once), and on error the
 // delivery to blame, if any.
 func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery, err error) {
-	c := b.inbox.config
 	// Not bound to a delivery's context, for the reason given in handle.
 	ctx := context.WithoutCancel(live[0].ctx)
-	tx, err := c.DB.BeginTx(ctx, c.TxOptions)
+	tx, err := b.inbox.begin(ctx)
 	if err != nil {
 		return live, nil, fmt.Errorf("inbox: begin batch transaction: %w", err)
 	}
 	committed := false
 	defer func() {
 		if !committed {
-			_ = tx.Rollback()
+			_ = tx.Rollback(ctx)
 		}
 	}()
 
@@ -286,7 +282,7 @@ func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery,
 			return rest, d, err
 		}
 	}
-	if err := tx.Commit(); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		return rest, nil, fmt.Errorf("inbox: commit batch of %d: %w", len(rest), err)
 	}
 	committed = true
@@ -297,20 +293,22 @@ func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery,
 }
 
 // claim claims every delivery's key in tx: one multi-row claim where the
-// repository can, one claim each otherwise.
-func (b *batcher) claim(ctx context.Context, tx *sql.Tx, live []*delivery) ([]repository.Claim, error) {
+// repository can (database/sql), one claim each otherwise (a Beginner's
+// transaction).
+func (b *batcher) claim(ctx context.Context, tx InboxTx, live []*delivery) ([]repository.Claim, error) {
 	params := make([]repository.ClaimParams, len(live))
 	for k, d := range live {
 		params[k] = d.claim
 	}
-	repo := b.inbox.config.Repository
-	if br, ok := repo.(repository.BatchTransactional); ok {
-		return br.ClaimBatchTx(ctx, tx, params)
+	if std, ok := tx.(stdTx); ok {
+		if br, ok := std.repo.(repository.BatchTransactional); ok {
+			return br.ClaimBatchTx(ctx, std.tx, params)
+		}
 	}
 	claims := make([]repository.Claim, len(params))
 	for k, p := range params {
 		var err error
-		if claims[k], err = repo.ClaimTx(ctx, tx, p); err != nil {
+		if claims[k], err = tx.Claim(ctx, p); err != nil {
 			return nil, err
 		}
 	}
@@ -319,11 +317,11 @@ func (b *batcher) claim(ctx context.Context, tx *sql.Tx, live []*delivery) ([]re
 
 // runOne runs d's handler on the shared transaction and stores its result
 // there, as handle does for a delivery of its own.
-func (b *batcher) runOne(tx *sql.Tx, d *delivery, size int) (err error) {
+func (b *batcher) runOne(tx InboxTx, d *delivery, size int) (err error) {
 	c := b.inbox.config
 	msg := d.msg
 	original := msg.Context()
-	msg.SetContext(withScope(withKey(withTx(withInboxTx(d.ctx), tx), d.key), d.scope))
+	msg.SetContext(withScope(withKey(tx.WithTx(withInboxTx(d.ctx)), d.key), d.scope))
 	defer func() {
 		msg.SetContext(original)
 		if r := recover(); r != nil {
@@ -344,7 +342,11 @@ func (b *batcher) runOne(tx *sql.Tx, d *delivery, size int) (err error) {
 		for pos, m := range out {
 			m.UUID = OutputUUID(d.scope, d.key, pos)
 		}
-		if err := c.Outputs.WriteOutputs(withTx(finish, tx), tx, out); err != nil {
+		var sqlTx *sql.Tx
+		if std, ok := tx.(stdTx); ok {
+			sqlTx = std.tx
+		}
+		if err := c.Outputs.WriteOutputs(tx.WithTx(finish), sqlTx, out); err != nil {
 			return fmt.Errorf("inbox: write %d outputs of key %q: %w", produced, d.key, err)
 		}
 		out = nil
@@ -354,7 +356,7 @@ func (b *batcher) runOne(tx *sql.Tx, d *delivery, size int) (err error) {
 		return fmt.Errorf("inbox: key %q: %w", d.key, err)
 	}
 	if result != nil {
-		if err := c.Repository.SaveResultTx(finish, tx, repository.SaveResultParams{Consumer: d.scope, Key: d.key, Result: result}); err != nil {
+		if err := tx.SaveResult(finish, repository.SaveResultParams{Consumer: d.scope, Key: d.key, Result: result}); err != nil {
 			return fmt.Errorf("inbox: store result of key %q: %w", d.key, err)
 		}
 	}
@@ -369,8 +371,8 @@ func (b *batcher) runOne(tx *sql.Tx, d *delivery, size int) (err error) {
 // retryable reports whether err lost the whole transaction to a deadlock
 // or a serialization failure, so that running the batch again can help.
 func (b *batcher) retryable(err error) bool {
-	if br, ok := b.inbox.config.Repository.(repository.BatchTransactional); ok {
-		return br.RetryableTx(err)
+	if br, ok := b.inbox.config.Repository.(repository.BatchTransactional); ok && br.RetryableTx(err) {
+		return true
 	}
 	return repository.IsSerializationFailure(err)
 }

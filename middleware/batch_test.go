@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -28,14 +29,22 @@ func batched(maxMessages int, maxWait time.Duration) func(*middleware.Config) {
 // txSet records which transaction each run saw, to count batches.
 type txSet struct {
 	mu  sync.Mutex
-	txs map[*sql.Tx]int
+	txs map[any]int
 }
 
-func (s *txSet) add(tx *sql.Tx) {
+// add records the inbox transaction of msg's handler run, on either
+// driver.
+func (s *txSet) add(msg *message.Message) {
+	var tx any
+	if std, ok := middleware.TxFromContext(msg.Context()); ok {
+		tx = std
+	} else if pgxTx, ok := pgxinbox.TxFromContext(msg.Context()); ok {
+		tx = pgxTx
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.txs == nil {
-		s.txs = map[*sql.Tx]int{}
+		s.txs = map[any]int{}
 	}
 	s.txs[tx]++
 }
@@ -119,14 +128,6 @@ func TestBatchConfigValidation(t *testing.T) {
 		_, err := middleware.NewInbox(middleware.Config{DB: &sql.DB{}, Repository: s.repo, Batch: c.batch})
 		require.ErrorContains(t, err, c.want)
 	}
-	_, err := middleware.NewInbox(middleware.Config{Beginner: nopBeginner{}, Batch: middleware.BatchConfig{MaxMessages: 8}})
-	require.ErrorContains(t, err, "Batch needs Config.DB")
-}
-
-type nopBeginner struct{}
-
-func (nopBeginner) BeginInbox(context.Context) (middleware.InboxTx, error) {
-	return nil, errors.New("not used")
 }
 
 // TestBatchConcurrentDeliveriesShareCommits: 48 deliveries from 48
@@ -137,7 +138,7 @@ func (nopBeginner) BeginInbox(context.Context) (middleware.InboxTx, error) {
 func TestBatchConcurrentDeliveriesShareCommits(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s *store) {
 		var txs txSet
-		h := &chargeHandler{s: s, before: func(_ *message.Message, tx *sql.Tx) error { txs.add(tx); return nil }}
+		h := &chargeHandler{s: s, before: func(msg *message.Message, _ *sql.Tx) error { txs.add(msg); return nil }}
 		mw := s.newInbox(t, "billing", batched(8, 50*time.Millisecond)).Middleware(h.Handle)
 
 		msgs := orders(32)
@@ -170,7 +171,7 @@ func TestBatchConcurrentDeliveriesShareCommits(t *testing.T) {
 		}
 		require.EqualValues(t, 32, h.runs.Load())
 		require.Equal(t, 32, s.totalCharges(t))
-	})
+	}, withPgx...)
 }
 
 func copies(msgs []*message.Message) []*message.Message {
@@ -190,8 +191,8 @@ func TestBatchHandlerFailureFailsOnlyItsDelivery(t *testing.T) {
 		var failing atomic.Bool
 		failing.Store(true)
 		var txs txSet
-		h := &chargeHandler{s: s, before: func(msg *message.Message, tx *sql.Tx) error {
-			txs.add(tx)
+		h := &chargeHandler{s: s, before: func(msg *message.Message, _ *sql.Tx) error {
+			txs.add(msg)
 			switch {
 			case !failing.Load():
 			case msg.UUID == "uuid-3":
@@ -232,7 +233,7 @@ func TestBatchHandlerFailureFailsOnlyItsDelivery(t *testing.T) {
 		_, errs = deliverConcurrently(s.newInbox(t, "billing", batched(8, time.Millisecond)).Middleware(h.Handle), copies([]*message.Message{msgs[3], msgs[5]}))
 		require.NoError(t, errors.Join(errs...))
 		require.Equal(t, 8, s.totalCharges(t))
-	})
+	}, withPgx...)
 }
 
 // TestBatchDuplicateKeyInOneBatch: two copies of one key arrive with
@@ -249,7 +250,7 @@ func TestBatchDuplicateKeyInOneBatch(t *testing.T) {
 		require.EqualValues(t, 7, h.runs.Load())
 		require.Equal(t, outs[0][0].UUID, outs[7][0].UUID)
 		require.Equal(t, 1, s.chargesFor(t, "o-0"))
-	})
+	}, withPgx...)
 }
 
 // TestBatchCommitFailure: a handler makes the shared commit fail (a
@@ -404,5 +405,5 @@ func TestBatchLeaderStopsWaitingWhenCancelled(t *testing.T) {
 		case <-time.After(time.Minute):
 			t.Fatal("the batch still waits for company after its delivery was cancelled")
 		}
-	}, "postgres", "sqlite")
+	}, "postgres", "postgres-pgx", "sqlite")
 }

@@ -119,8 +119,9 @@ type Config struct {
 	// is acknowledged only after that commit. Handlers in a batch run in
 	// turn on the shared transaction and see each other's writes; a
 	// failing handler's delivery fails alone (the others run again
-	// without it). Needs DB; ReadFirst is not used in batch mode (a
-	// duplicate costs one read inside the batch). See BatchConfig and
+	// without it). ReadFirst is not used in batch mode (a duplicate
+	// costs one read inside the batch). With a Beginner the keys are
+	// claimed one by one in the shared transaction. See BatchConfig and
 	// docs/batching.md. Default: zero (off).
 	Batch BatchConfig
 }
