@@ -74,3 +74,12 @@ func TestPhaseVerdict(t *testing.T) {
 	reclaim.Effects.Lost = 1
 	require.False(t, reclaim.OK())
 }
+
+func TestBatchConfigAndLabel(t *testing.T) {
+	config := CI()
+	config.Batch = -1
+	config.setDefaults()
+	require.ErrorContains(t, config.Validate(), "Batch")
+	require.Equal(t, "transactional (group commit, batch 8)", Phase{Mode: Transactional, Batch: 8}.label())
+	require.Equal(t, "transactional", Phase{Mode: Transactional}.label())
+}
