@@ -287,6 +287,7 @@ func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery,
 	}
 	committed = true
 	for _, d := range rest {
+		d.obs.d.Batch = len(rest)
 		close(d.done)
 	}
 	return nil, nil, nil

@@ -139,7 +139,10 @@ func TestBatchConcurrentDeliveriesShareCommits(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s *store) {
 		var txs txSet
 		h := &chargeHandler{s: s, before: func(msg *message.Message, _ *sql.Tx) error { txs.add(msg); return nil }}
-		mw := s.newInbox(t, "billing", batched(8, 50*time.Millisecond)).Middleware(h.Handle)
+		var observed sync.Map // message UUID → Delivery
+		mw := s.newInbox(t, "billing", batched(8, 50*time.Millisecond), func(c *middleware.Config) {
+			c.Observer = observerFunc(func(_ context.Context, d middleware.Delivery) { observed.Store(d.MessageUUID+"/"+string(d.Outcome), d) })
+		}).Middleware(h.Handle)
 
 		msgs := orders(32)
 		all := append([]*message.Message{}, msgs...)
@@ -152,6 +155,18 @@ func TestBatchConcurrentDeliveriesShareCommits(t *testing.T) {
 		}
 		require.EqualValues(t, 32, h.runs.Load(), "one run per key, none for copies")
 		require.Greater(t, txs.largest(), 1, "deliveries shared a transaction")
+		largest := 0
+		observed.Range(func(_, v any) bool {
+			d := v.(middleware.Delivery)
+			if d.Outcome == middleware.OutcomeProcessed {
+				require.Positive(t, d.Batch)
+				largest = max(largest, d.Batch)
+			} else {
+				require.Zero(t, d.Batch, "%s is not committed by its batch", d.Outcome)
+			}
+			return true
+		})
+		require.Equal(t, txs.largest(), largest, "Delivery.Batch is the size of the committed batch")
 		for k := range 32 {
 			require.Equal(t, 1, s.chargesFor(t, fmt.Sprintf("o-%d", k)))
 		}
@@ -407,3 +422,7 @@ func TestBatchLeaderStopsWaitingWhenCancelled(t *testing.T) {
 		}
 	}, "postgres", "postgres-pgx", "sqlite")
 }
+
+type observerFunc func(context.Context, middleware.Delivery)
+
+func (f observerFunc) ObserveDelivery(ctx context.Context, d middleware.Delivery) { f(ctx, d) }

@@ -70,6 +70,10 @@ type Delivery struct {
 	// Total is the delivery's whole time in the inbox: claim, handler and
 	// commit (or completion, in two-phase mode).
 	Total time.Duration
+	// Batch is how many deliveries committed in this delivery's
+	// transaction under group commit (Config.Batch), itself included; 0
+	// outside group commit and for deliveries that did not commit.
+	Batch int
 }
 
 // Observer receives the outcome of every delivery, for metrics. It is
