@@ -47,7 +47,7 @@ func (b *BatchConfig) setDefaults() {
 	}
 }
 
-func (b BatchConfig) validate(c Config) []error {
+func (b BatchConfig) validate() []error {
 	var errs []error
 	if b.MaxMessages < 0 || b.MaxMessages > MaxBatchMessages {
 		errs = append(errs, fmt.Errorf("config.Batch.MaxMessages must be between 0 and %d, got %d", MaxBatchMessages, b.MaxMessages))
@@ -64,7 +64,8 @@ func (b BatchConfig) validate(c Config) []error {
 // batch is collecting becomes the leader; it waits until MaxMessages
 // deliveries are pending or MaxWait has passed, takes them, hands the
 // collecting over to the next pending delivery (so the next batch fills
-// while this one runs) and runs the batch in its own goroutine. Every
+// while this one runs) and runs the batch on its own goroutine (the
+// router's, for its message). Every
 // other delivery waits for the outcome of the commit that holds its
 // marker, so the backlog is bounded by the deliveries the subscribers hand
 // out at once, and nothing outlives the calls that brought it.

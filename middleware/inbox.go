@@ -211,7 +211,7 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, validateScoping("Config", c.Consumer, c.HandlerScopes)...)
 	errs = append(errs, validateShared(c.Retention, c.RedeliveryWindow)...)
-	errs = append(errs, c.Batch.validate(c)...)
+	errs = append(errs, c.Batch.validate()...)
 	if _, ok := c.Repository.(repository.Reader); c.ReadFirst && !ok {
 		errs = append(errs, fmt.Errorf("config.ReadFirst needs a Repository implementing repository.Reader; %T does not", c.Repository))
 	}
