@@ -96,7 +96,7 @@ func (s *Inbox) insertBatch(ctx context.Context, ex Executor, n int, args []any)
 	st := s.batchInsert(n)
 	claimed := make(map[[2]string]bool, n)
 	if s.d.IgnoreConflict == "" {
-		_, err := s.exec(ctx, ex, st, args...)
+		_, err := st.exec(ctx, ex, args...)
 		if s.d.IsUniqueViolation(err) {
 			return nil, nil
 		}

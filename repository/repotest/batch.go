@@ -42,15 +42,15 @@ func runBatch(t *testing.T, b Backend) {
 	t.Run("FreshAndDuplicatesInOrder", func(t *testing.T) {
 		t.Parallel()
 		f, br := fixture(t)
-		f.claim(t, claimParams("billing", "k-2"), []byte("stored-2"))
-		f.claim(t, claimParams("billing", "k-4"), nil)
+		f.claim(t, ClaimParams("billing", "k-2"), []byte("stored-2"))
+		f.claim(t, ClaimParams("billing", "k-4"), nil)
 		long := strings.Repeat("k", 300)
 		var params []repository.ClaimParams
 		for _, k := range []string{"k-5", "k-2", "k-1", "k-4", long, "k-3"} {
-			params = append(params, claimParams("billing", k))
+			params = append(params, ClaimParams("billing", k))
 		}
 		// Same key, another scope: not a duplicate.
-		params = append(params, claimParams("shipping", "k-2"))
+		params = append(params, ClaimParams("shipping", "k-2"))
 		claims := claimBatch(t, br, params, true)
 		require.Len(t, claims, len(params))
 		for i, p := range params {
@@ -71,7 +71,7 @@ func runBatch(t *testing.T, b Backend) {
 	t.Run("RollbackLeavesNothing", func(t *testing.T) {
 		t.Parallel()
 		f, br := fixture(t)
-		claims := claimBatch(t, br, []repository.ClaimParams{claimParams("billing", "a"), claimParams("billing", "b")}, false)
+		claims := claimBatch(t, br, []repository.ClaimParams{ClaimParams("billing", "a"), ClaimParams("billing", "b")}, false)
 		require.True(t, claims[0].Claimed && claims[1].Claimed)
 		for _, k := range []string{"a", "b"} {
 			_, err := f.repo.Get(context.Background(), "billing", k)
@@ -88,7 +88,7 @@ func runBatch(t *testing.T, b Backend) {
 		long := strings.Repeat("x", 300)
 		for _, pair := range [][2]string{{"a", "a"}, {long, long}} {
 			_, err = br.ClaimBatchTx(context.Background(), tx, []repository.ClaimParams{
-				claimParams("billing", pair[0]), claimParams("billing", "other"), claimParams("billing", pair[1])})
+				ClaimParams("billing", pair[0]), ClaimParams("billing", "other"), ClaimParams("billing", pair[1])})
 			require.ErrorIs(t, err, repository.ErrInvalidParams)
 		}
 		_, err = br.ClaimBatchTx(context.Background(), tx, []repository.ClaimParams{{Consumer: "billing"}})
@@ -112,7 +112,7 @@ func runBatch(t *testing.T, b Backend) {
 				perm := rand.Perm(keys)[:keys/2]
 				params := make([]repository.ClaimParams, len(perm))
 				for i, k := range perm {
-					params[i] = claimParams("billing", fmt.Sprintf("key-%02d", k))
+					params[i] = ClaimParams("billing", fmt.Sprintf("key-%02d", k))
 				}
 				failures[r] = func() error {
 					for range 20 {
