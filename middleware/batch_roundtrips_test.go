@@ -15,7 +15,6 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
 // statementCounter counts the statements pgx sends (BEGIN and COMMIT
@@ -43,13 +42,8 @@ func TestBatchRoundTrips(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(32)
 
-	s := &store{name: "postgres", db: db, inbox: randomName("inbox"), charges: randomName("charges"),
-		placeholder: func(n int) string { return fmt.Sprintf("$%d", n) }}
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: s.inbox})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(t.Context()))
-	s.repo = repo
-	s.setup(t)
+	s := newPostgresStoreOn(t, db)
+	repo := s.repo
 
 	const n = 64
 	perDelivery := func(batch middleware.BatchConfig) float64 {

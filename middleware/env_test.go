@@ -65,8 +65,10 @@ func forEachStore(t *testing.T, fn func(t *testing.T, s *store), only ...string)
 	}
 }
 
-func newPostgresStore(t testing.TB) *store {
-	db := testenv.Postgres(t)
+func newPostgresStore(t testing.TB) *store { return newPostgresStoreOn(t, testenv.Postgres(t)) }
+
+// newPostgresStoreOn is newPostgresStore on a database the test opened.
+func newPostgresStoreOn(t testing.TB, db *sql.DB) *store {
 	s := &store{name: "postgres", db: db, inbox: randomName("inbox"), charges: randomName("charges"),
 		placeholder: func(n int) string { return fmt.Sprintf("$%d", n) }}
 	repo, err := postgres.NewRepository(db, postgres.Config{Table: s.inbox})
