@@ -106,8 +106,20 @@ type Config struct {
 	// (a replay after an outage, a producer that retries a lot). The claim
 	// in the transaction still decides every race; the read only answers
 	// keys already completed. Requires a Repository that also implements
-	// repository.Reader (every backend here does). Default: false.
+	// repository.Reader (every backend here does). Default: false (but see
+	// ReadFirstAbove: the inbox reads first by itself while duplicates are
+	// frequent).
 	ReadFirst bool
+	// ReadFirstAbove turns ReadFirst on by itself, per scope, while the
+	// share of duplicates among the scope's recent deliveries (a moving
+	// average over about the last 32) is at least this fraction, and off
+	// again when it falls below: a stream of first deliveries pays nothing
+	// for it, and a replay of copies is answered with one read each. It
+	// needs a Repository implementing repository.Reader; without one it
+	// stays off. Default: DefaultReadFirstAbove (0.25, where one read
+	// saved per duplicate outweighs one read added per first delivery).
+	// Negative or above 1: never (only ReadFirst).
+	ReadFirstAbove float64
 	// MaxResultBytes is the largest encoded result (the messages the
 	// handler returns, kept for replay) the inbox stores. A larger one
 	// fails the delivery with the permanent ErrResultTooLarge before the
@@ -125,6 +137,12 @@ type Config struct {
 	// docs/batching.md. Default: zero (off).
 	Batch BatchConfig
 }
+
+// DefaultReadFirstAbove is the default Config.ReadFirstAbove: a
+// duplicate answered in its transaction costs about three more round
+// trips than one answered by a read, and a first delivery one more with
+// the read, so reading first pays from about one duplicate in four.
+const DefaultReadFirstAbove = 0.25
 
 // OutputWriter stores a handler's output messages inside the inbox
 // transaction, so they are published if and only if it commits. tx is the
@@ -156,6 +174,17 @@ type InboxTx interface {
 	// Rollback ends the transaction if it is still open; the Inbox calls
 	// it after a failed Commit too and ignores its error.
 	Rollback(ctx context.Context) error
+}
+
+// ClaimBeginner is a Beginner that begins the transaction and claims the
+// key in one round trip (middleware/pgxinbox's Beginner sends "begin;
+// INSERT …" as one query). The Inbox prefers BeginClaim to BeginInbox and
+// Claim. A fresh claim returns the open transaction and Claim.Claimed; a
+// key already taken returns a nil InboxTx (the transaction has ended) and
+// the stored record in Claim.Existing, as InboxTx.Claim does.
+type ClaimBeginner interface {
+	Beginner
+	BeginClaim(ctx context.Context, params repository.ClaimParams) (InboxTx, repository.Claim, error)
 }
 
 // stdTx is an inbox transaction on database/sql.
@@ -193,6 +222,9 @@ func (c *Config) setDefaults() {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}
 	c.Batch.setDefaults()
+	if c.ReadFirstAbove == 0 {
+		c.ReadFirstAbove = DefaultReadFirstAbove
+	}
 }
 
 // Validate reports every problem with the configuration at once.
@@ -264,7 +296,9 @@ type Inbox struct {
 	config Config
 	scope  scoping
 	obs    observability
-	batch  *batcher // nil unless Config.Batch is on
+	batch  *batcher          // nil unless Config.Batch is on
+	reader repository.Reader // nil: no ReadFirst
+	dups   duplicateRates
 }
 
 // NewInbox validates config and returns an Inbox.
@@ -273,10 +307,13 @@ func NewInbox(config Config) (*Inbox, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
+	reader, _ := config.Repository.(repository.Reader)
 	i := &Inbox{
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
 		obs:    newObservability("transactional", config.Logger, config.Observer, config.TracerProvider),
+		reader: reader,
+		dups:   duplicateRates{above: config.ReadFirstAbove},
 	}
 	if config.Batch.MaxMessages > 1 {
 		i.batch = &batcher{inbox: i, max: config.Batch.MaxMessages, wait: config.Batch.MaxWait}
@@ -314,12 +351,14 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	now := c.Now()
 	hash := repository.HashPayload(msg.Payload)
 
-	if c.ReadFirst {
+	rate := i.dups.of(scope)
+	if i.reader != nil && (c.ReadFirst || rate.high()) {
 		claimStart := time.Now()
-		rec, err := c.Repository.(repository.Reader).Get(ctx, scope, key)
+		rec, err := i.reader.Get(ctx, scope, key)
 		obs.d.Claim = time.Since(claimStart)
 		switch {
 		case err == nil && rec.State == repository.StateCompleted:
+			rate.observe(true)
 			return replay(ctx, obs, rec, hash)
 		case err != nil && !errors.Is(err, repository.ErrNotFound):
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: read key %q: %w", key, err), nil)
@@ -327,26 +366,9 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		// Not there (or not completed): the transaction's claim decides.
 	}
 
-	// The transaction is not bound to the delivery's context: database/sql
-	// would roll it back on its own when that context is cancelled (a
-	// subscriber shutting down), racing the commit and leaving its outcome
-	// unknown. Statements still run with ctx and fail once it is cancelled;
-	// the commit alone decides.
-	tx, err := i.begin(context.WithoutCancel(ctx))
-	if err != nil {
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: begin transaction: %w", err), nil)
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			// Covers errors and panics alike: nothing of this attempt stays.
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-
 	claimStart := time.Now()
 	readTime := obs.d.Claim
-	claim, err := tx.Claim(ctx, repository.ClaimParams{
+	tx, claim, err := i.beginClaim(ctx, repository.ClaimParams{
 		Consumer:    scope,
 		Key:         key,
 		PayloadHash: hash,
@@ -355,8 +377,16 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	})
 	obs.d.Claim = readTime + time.Since(claimStart)
 	if err != nil {
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: claim key %q: %w", key, err), nil)
+		return nil, obs.end(ctx, OutcomeFailed, err, nil)
 	}
+	committed := false
+	defer func() {
+		if !committed && tx != nil {
+			// Covers errors and panics alike: nothing of this attempt stays.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	rate.observe(!claim.Claimed)
 	if !claim.Claimed {
 		return replay(ctx, obs, claim.Existing, hash)
 	}
@@ -411,7 +441,46 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": produced})
 }
 
-// begin begins the delivery's transaction on Beginner, or on DB.
+// beginClaim begins the delivery's transaction and claims its key: in
+// one round trip on a ClaimBeginner, otherwise with BEGIN and the claim.
+// On a duplicate the transaction stays open (unless the ClaimBeginner
+// ended it, then tx is nil); on an error it has been rolled back.
+//
+// The transaction is not bound to the delivery's context: database/sql
+// would roll it back on its own when that context is cancelled (a
+// subscriber shutting down), racing the commit and leaving its outcome
+// unknown. Statements still run with ctx and fail once it is cancelled;
+// the commit alone decides.
+func (i *Inbox) beginClaim(ctx context.Context, p repository.ClaimParams) (InboxTx, repository.Claim, error) {
+	if cb, ok := i.config.Beginner.(ClaimBeginner); ok {
+		tx, claim, err := cb.BeginClaim(ctx, p)
+		if err != nil {
+			return nil, claim, fmt.Errorf("inbox: claim key %q: %w", p.Key, err)
+		}
+		return tx, claim, nil
+	}
+	var tx InboxTx
+	if i.config.Beginner != nil {
+		var err error
+		if tx, err = i.config.Beginner.BeginInbox(context.WithoutCancel(ctx)); err != nil {
+			return nil, repository.Claim{}, fmt.Errorf("inbox: begin transaction: %w", err)
+		}
+	} else {
+		sqlTx, err := i.config.DB.BeginTx(context.WithoutCancel(ctx), i.config.TxOptions)
+		if err != nil {
+			return nil, repository.Claim{}, fmt.Errorf("inbox: begin transaction: %w", err)
+		}
+		tx = stdTx{sqlTx, i.config.Repository}
+	}
+	claim, err := tx.Claim(ctx, p)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, claim, fmt.Errorf("inbox: claim key %q: %w", p.Key, err)
+	}
+	return tx, claim, nil
+}
+
+// begin begins a transaction on Beginner, or on DB.
 func (i *Inbox) begin(ctx context.Context) (InboxTx, error) {
 	if i.config.Beginner != nil {
 		return i.config.Beginner.BeginInbox(ctx)

@@ -64,6 +64,98 @@ func (b beginner) BeginInbox(ctx context.Context) (middleware.InboxTx, error) {
 	return inboxTx{tx, b.repo}, nil
 }
 
+// BeginClaim implements middleware.ClaimBeginner: it sends BEGIN and the
+// claim as one query ("begin; INSERT …", the values written into the
+// text by the store), so a first delivery costs the round trips of the
+// handler's own transaction: begin and claim, the handler's statements,
+// commit. The claim is a plain INSERT: a key already taken fails it with
+// a unique violation (after waiting for a transaction that holds the key
+// to end), which aborts the transaction; it is rolled back and the stored
+// record read on the same connection.
+func (b beginner) BeginClaim(ctx context.Context, p repository.ClaimParams) (middleware.InboxTx, repository.Claim, error) {
+	if b.pool == nil || b.repo == nil {
+		return nil, repository.Claim{}, errNil
+	}
+	claim, err := b.repo.ClaimLiteral(p)
+	if err != nil {
+		return nil, repository.Claim{}, err
+	}
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return nil, repository.Claim{}, err
+	}
+	opts := b.opts
+	opts.BeginQuery = beginSQL(b.opts) + "; " + claim
+	tx, err := conn.BeginTx(ctx, opts)
+	if err == nil {
+		return inboxTx{pooledTx{tx, conn}, b.repo}, repository.Claim{Claimed: true}, nil
+	}
+	taken := repository.IsUniqueViolation(err)
+	if conn.Conn().PgConn().TxStatus() != 'I' {
+		// The claim failed inside the transaction BEGIN opened.
+		if _, rerr := conn.Exec(context.WithoutCancel(ctx), "rollback"); rerr != nil {
+			conn.Release() // the pool drops a connection left in a transaction
+			return nil, repository.Claim{}, errors.Join(err, rerr)
+		}
+	}
+	if !taken {
+		conn.Release()
+		return nil, repository.Claim{}, err
+	}
+	rec, err := b.repo.GetOn(ctx, pgxexec.Exec(conn), p.Consumer, p.Key)
+	conn.Release()
+	if errors.Is(err, repository.ErrNotFound) {
+		// Deleted since it collided (cleanup): the broker retries and the
+		// next claim decides.
+		return nil, repository.Claim{}, fmt.Errorf("key is taken but no record matches it: %w", err)
+	}
+	if err != nil {
+		return nil, repository.Claim{}, err
+	}
+	return nil, repository.Claim{Existing: rec}, nil
+}
+
+// beginSQL is the BEGIN statement pgx sends for opts.
+func beginSQL(opts pgx.TxOptions) string {
+	if opts.BeginQuery != "" {
+		return opts.BeginQuery
+	}
+	q := "begin"
+	if opts.IsoLevel != "" {
+		q += " isolation level " + string(opts.IsoLevel)
+	}
+	if opts.AccessMode != "" {
+		q += " " + string(opts.AccessMode)
+	}
+	if opts.DeferrableMode != "" {
+		q += " " + string(opts.DeferrableMode)
+	}
+	return q
+}
+
+// pooledTx is a pgx.Tx begun on a connection acquired from the pool: it
+// returns the connection when the transaction ends, as pgxpool.Tx does.
+type pooledTx struct {
+	pgx.Tx
+	conn *pgxpool.Conn
+}
+
+func (t pooledTx) Commit(ctx context.Context) error {
+	err := t.Tx.Commit(ctx)
+	if !errors.Is(err, pgx.ErrTxClosed) {
+		t.conn.Release()
+	}
+	return err
+}
+
+func (t pooledTx) Rollback(ctx context.Context) error {
+	err := t.Tx.Rollback(ctx)
+	if !errors.Is(err, pgx.ErrTxClosed) {
+		t.conn.Release()
+	}
+	return err
+}
+
 type inboxTx struct {
 	tx   pgx.Tx
 	repo *postgres.Repository
