@@ -20,6 +20,9 @@ type result struct {
 	// latencies are the handler chain's times, one per delivery: from the
 	// router calling the outermost middleware to its return.
 	latencies []time.Duration
+	// roundTrips is how many round trips the run's database connections
+	// made (see roundTrips); 0 where not counted.
+	roundTrips int64
 }
 
 func (r result) rate() float64 { return float64(r.n) / r.elapsed.Seconds() }

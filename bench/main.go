@@ -11,6 +11,13 @@
 //	A  bare handler: one INSERT in its own transaction (the floor)
 //	B  the same INSERT behind middleware.Inbox (transactional mode)
 //	C  B with every message delivered twice: the second pass (all duplicates)
+//	N  B and C with the adaptive read off (every duplicate answered in a transaction)
+//	R  B and C with ReadFirst always on
+//
+// A, B, C and N run on database/sql (backend "postgres") and on pgx/v5
+// natively (backend "pgx"). Round trips are counted on the wire for every
+// PostgreSQL and MariaDB run (the rt/msg column; see roundtrips.go).
+//
 //	W  watermill-sql v3's subscriber, the handler writing through its transaction
 //	D  Watermill's Deduplicator (in-memory) around A's handler
 //	E  A and B on SQLite and MariaDB; the two-phase inbox on Redis around A's handler
@@ -28,6 +35,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"runtime"
@@ -40,8 +48,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	_ "github.com/go-sql-driver/mysql" // registers "mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
@@ -80,7 +89,7 @@ func main() {
 	flag.IntVar(&o.n, "n", 2000, "messages per run")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs per scenario and concurrency; the table shows the run with the median throughput")
 	flag.StringVar(&conc, "c", "1,4,16", "comma-separated handler concurrencies")
-	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,R,W,D,E,F,G; R is B and C with ReadFirst); default all")
+	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,N,R,W,D,E,F,G; N and R are B and C with the adaptive read off and with ReadFirst); default all")
 	flag.StringVar(&o.pgbench, "pgbench", "/usr/bin/pgbench", "path of pgbench (scenario F); skipped if missing")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile at the end to this file")
@@ -147,11 +156,38 @@ func fatalf(format string, args ...any) {
 	os.Exit(2)
 }
 
-func openDB(driver, dsn string) (*sql.DB, error) {
-	db, err := sql.Open(driver, dsn)
+// openPostgres opens database/sql over pgx's stdlib driver, counting
+// round trips with rt.
+func openPostgres(dsn string, rt *roundTrips) (*sql.DB, error) {
+	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
+	cfg.DialFunc = rt.dial
+	return ping(stdlib.OpenDB(*cfg))
+}
+
+// openMySQL opens database/sql over go-sql-driver/mysql, counting round
+// trips with rt (a dialer registered under a network name of its own).
+func openMySQL(dsn string, rt *roundTrips) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Net == "tcp" {
+		mysql.RegisterDialContext("bench-counted", func(ctx context.Context, addr string) (net.Conn, error) {
+			return rt.dial(ctx, "tcp", addr)
+		})
+		cfg.Net = "bench-counted"
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return ping(sql.OpenDB(conn))
+}
+
+func ping(db *sql.DB) (*sql.DB, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
@@ -175,23 +211,32 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		o.n, o.concurrency, o.repeat, runtime.GOMAXPROCS(0), runtime.NumCPU(), loadAverage())
 
 	pgDSN := testenv.PostgresDSN()
-	pgConn, err := openDB("pgx", pgDSN)
+	pgRT := &roundTrips{}
+	pgConn, err := openPostgres(pgDSN, pgRT)
 	if err != nil {
 		return fmt.Errorf("PostgreSQL (%s=%s) is required: %w", testenv.PostgresEnv, pgDSN, err)
 	}
 	defer pgConn.Close()
 	configurePool(pgConn, o.concurrency)
-	pg := postgresDB(pgConn)
+	pg := postgresDB(pgConn, pgRT)
+	pgxRT := &roundTrips{}
+	pool, err := openPgxPool(ctx, pgDSN, slices.Max(o.concurrency)+4, pgxRT)
+	if err != nil {
+		return fmt.Errorf("PostgreSQL through pgxpool (%s=%s): %w", testenv.PostgresEnv, pgDSN, err)
+	}
+	defer pool.Close()
+	px := &pgxDB{pg: pg, pool: pool, rt: pgxRT}
 
 	var notes []string
 	var my *database
 	if want("E") {
-		if db, err := openDB("mysql", testenv.MySQLDSN()); err != nil {
+		myRT := &roundTrips{}
+		if db, err := openMySQL(testenv.MySQLDSN(), myRT); err != nil {
 			notes = append(notes, fmt.Sprintf("MariaDB skipped (%s=%s): %v", testenv.MySQLEnv, testenv.MySQLDSN(), err))
 		} else {
 			defer db.Close()
 			configurePool(db, o.concurrency)
-			my = mysqlDB(db)
+			my = mysqlDB(db, myRT)
 		}
 	}
 	var lite *database
@@ -224,10 +269,6 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		}
 	}
 
-	type scenario struct {
-		id, label, backend string
-		run                func(c int) (result, error)
-	}
 	var dupBoth = map[int]result{}
 	var dupErr = map[int]error{}
 	scenarios := []scenario{
@@ -239,6 +280,18 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 			return dup, err
 		}},
 		{"C", "C both passes", "postgres", func(c int) (result, error) { return dupBoth[c], dupErr[c] }},
+		{"A", "A bare handler", "pgx", func(c int) (result, error) { return scenarioBarePgx(ctx, px, o.n, c) }},
+		{"B", "B inbox", "pgx", func(c int) (result, error) { return scenarioInboxPgx(ctx, px, o.n, c) }},
+		{"C", "C duplicates (2nd pass)", "pgx", func(c int) (result, error) { return scenarioDuplicatesPgx(ctx, px, o.n, c) }},
+		{"N", "B inbox, no adaptive read", "postgres", func(c int) (result, error) { return scenarioInbox(ctx, pg, o.n, c, noAdaptiveRead) }},
+		{"N", "C duplicates, no adaptive read", "postgres", func(c int) (result, error) {
+			dup, _, err := scenarioDuplicates(ctx, pg, o.n, c, noAdaptiveRead)
+			return dup, err
+		}},
+		{"N", "B inbox, no adaptive read", "pgx", func(c int) (result, error) { return scenarioInboxPgx(ctx, px, o.n, c, noAdaptiveRead) }},
+		{"N", "C duplicates, no adaptive read", "pgx", func(c int) (result, error) {
+			return scenarioDuplicatesPgx(ctx, px, o.n, c, noAdaptiveRead)
+		}},
 		{"R", "B inbox, ReadFirst", "postgres", func(c int) (result, error) { return scenarioInbox(ctx, pg, o.n, c, readFirst) }},
 		{"R", "C duplicates, ReadFirst", "postgres", func(c int) (result, error) {
 			dup, _, err := scenarioDuplicates(ctx, pg, o.n, c, readFirst)
@@ -277,6 +330,8 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 				return scenarioPgbench(ctx, pgbench, pgDSN, pg, o.n, c, pgbenchInbox)
 			}})
 	}
+
+	ratios := append(slices.Clone(baseRatios), batchRatios...)
 
 	// Repetition, then concurrency, are the outer loops, so a change of
 	// background load during the run affects every scenario rather than
@@ -322,7 +377,7 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		return a.c - b.c
 	})
 	printTable(w, rows)
-	printRatios(w, rows, o.concurrency)
+	printRatios(w, rows, o.concurrency, ratios)
 	printBatchLatency(w, rows, o.concurrency, o.batchWait)
 	fmt.Fprintf(w, "\npeak RSS (getrusage maxrss) of the bench process: %.1f MiB\n", mib(peakRSS()))
 	fmt.Fprintf(w, "took %s; load average at the end %s\n", took.Round(time.Second), loadAverage())
@@ -371,14 +426,18 @@ func safeRate(r result) float64 {
 func printTable(w io.Writer, rows []row) {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tbackend\tconc\tmsgs/s\tp50\tp99\t")
+	fmt.Fprintln(tw, "scenario\tbackend\tconc\tmsgs/s\tp50\tp99\trt/msg\t")
 	for _, r := range rows {
 		if r.err != nil {
-			fmt.Fprintf(tw, "%s\t%s\t%d\tfailed\t\t\t\n", r.label, r.backend, r.c)
+			fmt.Fprintf(tw, "%s\t%s\t%d\tfailed\t\t\t\t\n", r.label, r.backend, r.c)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%s\t\n", r.label, r.backend, r.c, r.r.rate(),
-			fmtDur(percentile(r.r.latencies, 50)), fmtDur(percentile(r.r.latencies, 99)))
+		rt := "-"
+		if r.r.roundTrips > 0 {
+			rt = fmt.Sprintf("%.2f", float64(r.r.roundTrips)/float64(r.r.n))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t\n", r.label, r.backend, r.c, r.r.rate(),
+			fmtDur(percentile(r.r.latencies, 50)), fmtDur(percentile(r.r.latencies, 99)), rt)
 	}
 	_ = tw.Flush()
 }
@@ -394,11 +453,8 @@ func fmtDur(d time.Duration) string {
 	}
 }
 
-// ratio is a line of the ratio table: num's throughput over den's.
-type ratio struct{ name, target, num, numBackend, den, denBackend string }
-
 // printRatios prints the throughput ratios the targets are stated in.
-func printRatios(w io.Writer, rows []row, conc []int) {
+func printRatios(w io.Writer, rows []row, conc []int, ratios []ratio) {
 	rate := func(label, backend string, c int) float64 {
 		for _, r := range rows {
 			if r.label == label && r.backend == backend && r.c == c && r.err == nil {
@@ -407,24 +463,6 @@ func printRatios(w io.Writer, rows []row, conc []int) {
 		}
 		return 0
 	}
-	ratios := []ratio{
-		{"B/A  inbox vs bare", "≥ 0.85", "B inbox", "postgres", "A bare handler", "postgres"},
-		{"B/W  inbox vs watermill-sql (batch 100)", "", "B inbox", "postgres", "W watermill-sql (batch 100)", "postgres"},
-		{"B/W1 inbox vs watermill-sql (batch 1)", "", "B inbox", "postgres", "W1 watermill-sql (batch 1)", "postgres"},
-		{"C/B  duplicate vs first delivery", "≥ 3", "C duplicates (2nd pass)", "postgres", "B inbox", "postgres"},
-		{"C/B  with ReadFirst (both)", "≥ 3", "C duplicates, ReadFirst", "postgres", "B inbox, ReadFirst", "postgres"},
-		{"B/A  with ReadFirst", "", "B inbox, ReadFirst", "postgres", "A bare handler", "postgres"},
-		{"B/F  inbox vs pgbench", "≥ 0.7", "B inbox", "postgres", "F pgbench INSERT", "postgres"},
-		{"A/F  bare vs pgbench", "", "A bare handler", "postgres", "F pgbench INSERT", "postgres"},
-		{"A/FA bare vs pgbench running A's SQL", "", "A bare handler", "postgres", "F pgbench A's SQL", "postgres"},
-		{"B/FB inbox vs pgbench running B's SQL", "", "B inbox", "postgres", "F pgbench B's SQL", "postgres"},
-		{"FB/FA B's SQL vs A's SQL (pgbench)", "", "F pgbench B's SQL", "postgres", "F pgbench A's SQL", "postgres"},
-		{"B/D  inbox vs Deduplicator", "", "B inbox", "postgres", "D Deduplicator (memory)", "postgres"},
-		{"E/A  sqlite inbox vs sqlite bare", "", "E inbox", "sqlite", "E bare handler", "sqlite"},
-		{"E/A  mariadb inbox vs mariadb bare", "", "E inbox", "mariadb", "E bare handler", "mariadb"},
-		{"E/A  redis two-phase vs bare (pg)", "", "E two-phase inbox", "redis+pg", "A bare handler", "postgres"},
-	}
-	ratios = append(ratios, batchRatios...)
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "ratio\ttarget")

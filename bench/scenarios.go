@@ -39,10 +39,31 @@ type database struct {
 	ph func(n int) string
 	// newRepo returns a migrated inbox repository on table.
 	newRepo func(ctx context.Context, table string) (inboxRepo, error)
+	// rt counts the round trips of db's connections; nil in process
+	// (SQLite).
+	rt *roundTrips
 }
 
-func postgresDB(db *sql.DB) *database {
+// deliver is deliver, recording the round trips d's connections made
+// during the run.
+func (d *database) deliver(ctx context.Context, h message.HandlerFunc, msgs []*message.Message, c int) (result, error) {
+	return countRoundTrips(d.rt, func() (result, error) { return deliver(ctx, h, msgs, c) })
+}
+
+// countRoundTrips runs fn and records in its result the round trips rt
+// counted meanwhile.
+func countRoundTrips(rt *roundTrips, fn func() (result, error)) (result, error) {
+	before := rt.load()
+	r, err := fn()
+	if rt != nil {
+		r.roundTrips = rt.load() - before
+	}
+	return r, err
+}
+
+func postgresDB(db *sql.DB, rt *roundTrips) *database {
 	return &database{
+		rt:    rt,
 		name:  "postgres",
 		db:    db,
 		quote: func(t string) string { return `"` + t + `"` },
@@ -73,8 +94,9 @@ func sqliteDB(db *sql.DB) *database {
 	}
 }
 
-func mysqlDB(db *sql.DB) *database {
+func mysqlDB(db *sql.DB, rt *roundTrips) *database {
 	return &database{
+		rt:    rt,
 		name:  "mysql",
 		db:    db,
 		quote: func(t string) string { return "`" + t + "`" },
@@ -187,7 +209,7 @@ func scenarioBare(ctx context.Context, d *database, n, c int) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	r, err := deliver(ctx, b.bare, newMessages(n), c)
+	r, err := d.deliver(ctx, b.bare, newMessages(n), c)
 	if err != nil {
 		return result{}, err
 	}
@@ -214,6 +236,11 @@ func newInbox(ctx context.Context, d *database, t *tables, observer middleware.O
 // readFirst turns on middleware.Config.ReadFirst.
 func readFirst(c *middleware.Config) { c.ReadFirst = true }
 
+// noAdaptiveRead turns off the read the inbox adds by itself while
+// duplicates are frequent (middleware.Config.ReadFirstAbove): every
+// duplicate is answered in a transaction.
+func noAdaptiveRead(c *middleware.Config) { c.ReadFirstAbove = -1 }
+
 // scenarioInbox is B (and E on SQLite and MariaDB).
 func scenarioInbox(ctx context.Context, d *database, n, c int, mutate ...func(*middleware.Config)) (result, error) {
 	t := &tables{d: d}
@@ -226,7 +253,7 @@ func scenarioInbox(ctx context.Context, d *database, n, c int, mutate ...func(*m
 	if err != nil {
 		return result{}, err
 	}
-	r, err := deliver(ctx, inbox.Middleware(b.inInbox), newMessages(n), c)
+	r, err := d.deliver(ctx, inbox.Middleware(b.inInbox), newMessages(n), c)
 	if err != nil {
 		return result{}, err
 	}
@@ -250,18 +277,19 @@ func scenarioDuplicates(ctx context.Context, d *database, n, c int, mutate ...fu
 	}
 	h := inbox.Middleware(b.inInbox)
 	msgs := newMessages(n)
-	first, err := deliver(ctx, h, msgs, c)
+	first, err := d.deliver(ctx, h, msgs, c)
 	if err != nil {
 		return result{}, result{}, err
 	}
-	dup, err = deliver(ctx, h, copies(msgs), c)
+	dup, err = d.deliver(ctx, h, copies(msgs), c)
 	if err != nil {
 		return result{}, result{}, err
 	}
 	both = result{
-		n:         first.n + dup.n,
-		elapsed:   first.elapsed + dup.elapsed,
-		latencies: append(append([]time.Duration(nil), first.latencies...), dup.latencies...),
+		n:          first.n + dup.n,
+		elapsed:    first.elapsed + dup.elapsed,
+		latencies:  append(append([]time.Duration(nil), first.latencies...), dup.latencies...),
+		roundTrips: first.roundTrips + dup.roundTrips,
 	}
 	return dup, both, b.expect(ctx, n)
 }
@@ -291,7 +319,7 @@ func scenarioDeduplicator(ctx context.Context, d *database, n, c int) (result, e
 		KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil },
 		Repository: dedupRepository,
 	}
-	r, err := deliver(ctx, dedup.Middleware(b.bare), newMessages(n), c)
+	r, err := d.deliver(ctx, dedup.Middleware(b.bare), newMessages(n), c)
 	if err != nil {
 		return result{}, err
 	}
@@ -318,7 +346,7 @@ func scenarioRedisTwoPhase(ctx context.Context, d *database, client *goredis.Cli
 	if err != nil {
 		return result{}, err
 	}
-	r, err := deliver(ctx, inbox.Middleware(b.bare), newMessages(n), c)
+	r, err := d.deliver(ctx, inbox.Middleware(b.bare), newMessages(n), c)
 	if err != nil {
 		return result{}, err
 	}

@@ -78,13 +78,13 @@ func (o *claimObserver) takeInterval() []time.Duration {
 func runSoak(ctx context.Context, o options, w io.Writer) error {
 	fmt.Fprintf(w, "soak: %d messages through B at concurrency %d, %d expired records for the janitor (batch %d, pause %s; 0 = default), GOMAXPROCS %d, load average %s\n",
 		o.soakN, o.soakC, o.soakExpired, o.janitorBatch, o.janitorPause, runtime.GOMAXPROCS(0), loadAverage())
-	db, err := openDB("pgx", testenv.PostgresDSN())
+	db, err := openPostgres(testenv.PostgresDSN(), &roundTrips{})
 	if err != nil {
 		return fmt.Errorf("PostgreSQL (%s=%s) is required: %w", testenv.PostgresEnv, testenv.PostgresDSN(), err)
 	}
 	defer db.Close()
 	configurePool(db, []int{o.soakC})
-	pg := postgresDB(db)
+	pg := postgresDB(db, nil)
 	t := &tables{d: pg}
 	defer t.drop()
 
