@@ -110,6 +110,8 @@ type stmt struct {
 	text  string
 	order []int
 	max   int
+	// inline: send the values written into the text (see send).
+	inline bool
 }
 
 var dollarRe = regexp.MustCompile(`\$(\d+)`)
@@ -132,11 +134,13 @@ func (d *Dialect) bind(table, query string) stmt {
 }
 
 func (s stmt) exec(ctx context.Context, ex Executor, args ...any) (int64, error) {
-	return ex.Exec(ctx, s.text, s.values(args)...)
+	text, vals := s.send(args)
+	return ex.Exec(ctx, text, vals...)
 }
 
 func (s stmt) row(ctx context.Context, ex Executor, args ...any) Row {
-	return ex.QueryRow(ctx, s.text, s.values(args)...)
+	text, vals := s.send(args)
+	return ex.QueryRow(ctx, text, vals...)
 }
 
 // values returns args in the order the statement's placeholders take them.

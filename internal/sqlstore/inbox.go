@@ -42,7 +42,11 @@ func NewInbox(d *Dialect, db DB, config Config) (*Inbox, error) {
 		return nil, err
 	}
 	s := &Inbox{migrator: m}
-	b := func(q string) stmt { return d.bind(m.t.quoted, q) }
+	b := func(q string) stmt {
+		st := d.bind(m.t.quoted, q)
+		st.inline = d.Bind == Question // MySQL: see stmt.send
+		return st
+	}
 	ins := `INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, `
 	s.q.claim = b(ins + `created_at, completed_at, expires_at) VALUES ($1, $2, 'completed', $3, 1, $4, $4, $5)` + d.IgnoreConflict)
 	s.q.get = b(`SELECT ` + columns + ` FROM {T}` + byKey)
