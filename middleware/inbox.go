@@ -25,7 +25,9 @@ type Config struct {
 	// it. Set DB or Beginner, not both.
 	DB *sql.DB
 	// Repository stores the markers in DB's transactions. Required with
-	// DB; with Beginner it is only read by ReadFirst (optional).
+	// DB; with Beginner it is only read by ReadFirst and the adaptive read
+	// (ReadFirstAbove): optional, but without it every duplicate costs a
+	// transaction.
 	Repository repository.Transactional
 	// Beginner begins the inbox transaction on another driver instead of
 	// DB: middleware/pgxinbox.Beginner runs it on a pgx/v5 pool, and the

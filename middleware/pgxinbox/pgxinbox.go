@@ -6,8 +6,12 @@
 //	repo, _ := postgres.NewPgxRepository(pool, postgres.Config{})
 //	inbox, _ := middleware.NewInbox(middleware.Config{
 //		Beginner:   pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
-//		Repository: repo, // optional: for ReadFirst
+//		Repository: repo, // optional: for ReadFirst and the adaptive read
 //	})
+//
+// A first delivery costs the round trips of the handler's own pgx
+// transaction: BEGIN and the claim go out as one query (see
+// Beginner's BeginClaim), then the handler's statements, then COMMIT.
 //
 // It is a package of its own so that the middleware package never links
 // pgx for MySQL and SQLite users.
