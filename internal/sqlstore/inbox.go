@@ -32,6 +32,7 @@ type Inbox struct {
 		acquire, reclaim, extend, extendCheck, complete, release        stmt
 		list, resolveComplete, resolveRelease, live, count              stmt
 	}
+	prepared preparedStmts // SQLite: see txExec
 }
 
 // NewInbox returns the inbox store of dialect d over db. It does not
@@ -86,7 +87,7 @@ GROUP BY consumer ORDER BY consumer` + d.ByteOrder)
 // a locking read where a snapshot could hide it. A concurrent claim of
 // the same key waits on the first one's row lock.
 func (s *Inbox) ClaimTx(ctx context.Context, tx repository.Querier, p repository.ClaimParams) (repository.Claim, error) {
-	return s.ClaimOn(ctx, StdQuerier(tx), p)
+	return s.ClaimOn(ctx, s.txExec(tx), p)
 }
 
 // ClaimOn is ClaimTx on any driver's transaction (see pgxexec.Exec).
@@ -127,7 +128,7 @@ func (s *Inbox) insert(ctx context.Context, ex Executor, insert, read stmt, args
 // SaveResultTx implements repository.Transactional with one UPDATE; it
 // returns repository.ErrNotFound if there is no such record.
 func (s *Inbox) SaveResultTx(ctx context.Context, tx repository.Querier, p repository.SaveResultParams) error {
-	return s.SaveResultOn(ctx, StdQuerier(tx), p)
+	return s.SaveResultOn(ctx, s.txExec(tx), p)
 }
 
 // SaveResultOn is SaveResultTx on any driver's transaction.
