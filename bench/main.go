@@ -293,6 +293,7 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 			return scenarioDuplicatesPgx(ctx, px, o.n, c, noAdaptiveRead)
 		}},
 		{"R", "B inbox, ReadFirst", "postgres", func(c int) (result, error) { return scenarioInbox(ctx, pg, o.n, c, readFirst) }},
+		{"R", "B inbox, ReadFirst", "pgx", func(c int) (result, error) { return scenarioInboxPgx(ctx, px, o.n, c, readFirst) }},
 		{"R", "C duplicates, ReadFirst", "postgres", func(c int) (result, error) {
 			dup, _, err := scenarioDuplicates(ctx, pg, o.n, c, readFirst)
 			return dup, err
@@ -312,7 +313,16 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		scenarios = append(scenarios,
 			scenario{"E", "E bare handler", "mariadb", func(c int) (result, error) { return scenarioBare(ctx, my, o.n, c) }},
 			scenario{"E", "E inbox", "mariadb", func(c int) (result, error) { return scenarioInbox(ctx, my, o.n, c) }},
-			scenario{"G", "G inbox, group commit", "mariadb", func(c int) (result, error) { return scenarioInbox(ctx, my, o.n, c, groupCommit(o, c)) }})
+			scenario{"G", "G inbox, group commit", "mariadb", func(c int) (result, error) { return scenarioInbox(ctx, my, o.n, c, groupCommit(o, c)) }},
+			scenario{"E", "E duplicates (2nd pass)", "mariadb", func(c int) (result, error) {
+				dup, _, err := scenarioDuplicates(ctx, my, o.n, c)
+				return dup, err
+			}},
+			scenario{"N", "C duplicates, no adaptive read", "mariadb", func(c int) (result, error) {
+				dup, _, err := scenarioDuplicates(ctx, my, o.n, c, noAdaptiveRead)
+				return dup, err
+			}},
+			scenario{"R", "B inbox, ReadFirst", "mariadb", func(c int) (result, error) { return scenarioInbox(ctx, my, o.n, c, readFirst) }})
 	}
 	if rdb != nil {
 		scenarios = append(scenarios,

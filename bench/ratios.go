@@ -34,5 +34,6 @@ var baseRatios = []ratio{
 	{"B/D  inbox vs Deduplicator", "", "B inbox", "postgres", "D Deduplicator (memory)", "postgres"},
 	{"E/A  sqlite inbox vs sqlite bare", "", "E inbox", "sqlite", "E bare handler", "sqlite"},
 	{"E/A  mariadb inbox vs mariadb bare", "", "E inbox", "mariadb", "E bare handler", "mariadb"},
+	{"C/B  mariadb duplicate vs first delivery", "", "E duplicates (2nd pass)", "mariadb", "E inbox", "mariadb"},
 	{"E/A  redis two-phase vs bare (pg)", "", "E two-phase inbox", "redis+pg", "A bare handler", "postgres"},
 }
