@@ -104,19 +104,28 @@ func (p *pgxDB) newInbox(ctx context.Context, t *tables, mutate ...func(*middlew
 	return middleware.NewInbox(config)
 }
 
+// inboxRun creates a business table and a pgx inbox for one run.
+func (p *pgxDB) inboxRun(ctx context.Context, t *tables, prefix string, mutate []func(*middleware.Config)) (*business, message.HandlerFunc, error) {
+	b, err := newBusiness(ctx, p.pg, t, prefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	inbox, err := p.newInbox(ctx, t, mutate...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return b, inbox.Middleware(inInboxPgx(b)), nil
+}
+
 // scenarioInboxPgx is B on pgx.
 func scenarioInboxPgx(ctx context.Context, p *pgxDB, n, c int, mutate ...func(*middleware.Config)) (result, error) {
 	t := &tables{d: p.pg}
 	defer t.drop()
-	b, err := newBusiness(ctx, p.pg, t, "bench_b")
+	b, h, err := p.inboxRun(ctx, t, "bench_b", mutate)
 	if err != nil {
 		return result{}, err
 	}
-	inbox, err := p.newInbox(ctx, t, mutate...)
-	if err != nil {
-		return result{}, err
-	}
-	r, err := p.deliver(ctx, inbox.Middleware(inInboxPgx(b)), newMessages(n), c)
+	r, err := p.deliver(ctx, h, newMessages(n), c)
 	if err != nil {
 		return result{}, err
 	}
@@ -127,15 +136,10 @@ func scenarioInboxPgx(ctx context.Context, p *pgxDB, n, c int, mutate ...func(*m
 func scenarioDuplicatesPgx(ctx context.Context, p *pgxDB, n, c int, mutate ...func(*middleware.Config)) (result, error) {
 	t := &tables{d: p.pg}
 	defer t.drop()
-	b, err := newBusiness(ctx, p.pg, t, "bench_c")
+	b, h, err := p.inboxRun(ctx, t, "bench_c", mutate)
 	if err != nil {
 		return result{}, err
 	}
-	inbox, err := p.newInbox(ctx, t, mutate...)
-	if err != nil {
-		return result{}, err
-	}
-	h := inbox.Middleware(inInboxPgx(b))
 	msgs := newMessages(n)
 	if _, err := p.deliver(ctx, h, msgs, c); err != nil {
 		return result{}, err
