@@ -368,16 +368,14 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		// Not there (or not completed): the transaction's claim decides.
 	}
 
-	claimStart := time.Now()
-	readTime := obs.d.Claim
-	tx, claim, err := i.beginClaim(ctx, repository.ClaimParams{
+	tx, claim, took, err := i.beginClaim(ctx, repository.ClaimParams{
 		Consumer:    scope,
 		Key:         key,
 		PayloadHash: hash,
 		Now:         now,
 		ExpiresAt:   now.Add(c.Retention),
 	})
-	obs.d.Claim = readTime + time.Since(claimStart)
+	obs.d.Claim += took
 	if err != nil {
 		return nil, obs.end(ctx, OutcomeFailed, err, nil)
 	}
@@ -453,33 +451,37 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 // subscriber shutting down), racing the commit and leaving its outcome
 // unknown. Statements still run with ctx and fail once it is cancelled;
 // the commit alone decides.
-func (i *Inbox) beginClaim(ctx context.Context, p repository.ClaimParams) (InboxTx, repository.Claim, error) {
+func (i *Inbox) beginClaim(ctx context.Context, p repository.ClaimParams) (_ InboxTx, _ repository.Claim, took time.Duration, _ error) {
 	if cb, ok := i.config.Beginner.(ClaimBeginner); ok {
+		start := time.Now()
 		tx, claim, err := cb.BeginClaim(ctx, p)
+		took = time.Since(start)
 		if err != nil {
-			return nil, claim, fmt.Errorf("inbox: claim key %q: %w", p.Key, err)
+			return nil, claim, took, fmt.Errorf("inbox: claim key %q: %w", p.Key, err)
 		}
-		return tx, claim, nil
+		return tx, claim, took, nil
 	}
 	var tx InboxTx
 	if i.config.Beginner != nil {
 		var err error
 		if tx, err = i.config.Beginner.BeginInbox(context.WithoutCancel(ctx)); err != nil {
-			return nil, repository.Claim{}, fmt.Errorf("inbox: begin transaction: %w", err)
+			return nil, repository.Claim{}, 0, fmt.Errorf("inbox: begin transaction: %w", err)
 		}
 	} else {
 		sqlTx, err := i.config.DB.BeginTx(context.WithoutCancel(ctx), i.config.TxOptions)
 		if err != nil {
-			return nil, repository.Claim{}, fmt.Errorf("inbox: begin transaction: %w", err)
+			return nil, repository.Claim{}, 0, fmt.Errorf("inbox: begin transaction: %w", err)
 		}
 		tx = stdTx{sqlTx, i.config.Repository}
 	}
+	start := time.Now()
 	claim, err := tx.Claim(ctx, p)
+	took = time.Since(start)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, claim, fmt.Errorf("inbox: claim key %q: %w", p.Key, err)
+		return nil, claim, took, fmt.Errorf("inbox: claim key %q: %w", p.Key, err)
 	}
-	return tx, claim, nil
+	return tx, claim, took, nil
 }
 
 // begin begins a transaction on Beginner, or on DB.
