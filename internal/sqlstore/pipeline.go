@@ -22,8 +22,9 @@ import (
 // a key held by a transaction still open makes it wait for that one, as
 // the conditional insert does. Only PostgreSQL (Dollar) dialects have it.
 //
-// The values cannot inject SQL: text and bytes travel as hexadecimal
-// digits (decode('…', 'hex')), times as digits and separators.
+// The values cannot inject SQL: text travels as an escape string (E'…'
+// with backslashes and quotes doubled), bytes as hexadecimal digits,
+// times as digits and separators.
 func (s *Inbox) ClaimLiteral(p repository.ClaimParams) (string, error) {
 	if s.d.Bind != Dollar {
 		return "", fmt.Errorf("%s: claim literal: %w: only PostgreSQL sends the claim with BEGIN", s.d.Name, repository.ErrInvalidParams)
@@ -44,6 +45,39 @@ func (s *Inbox) ClaimLiteral(p repository.ClaimParams) (string, error) {
 	return text, nil
 }
 
+// ClaimStatement returns the plain claim INSERT that ClaimLiteral writes
+// out, with its parameters ($1 consumer, $2 storage key, $3 payload hash,
+// $4 now, $5 expiry) left in, for preparing it on a connection (see
+// ClaimExecute). Only PostgreSQL dialects use it.
+func (s *Inbox) ClaimStatement() string {
+	return strings.TrimSuffix(s.q.claim.text, s.d.IgnoreConflict)
+}
+
+// ClaimExecute is ClaimLiteral for a connection on which ClaimStatement
+// is prepared as name (a plain identifier the caller chose): "EXECUTE
+// name(…)" with p's values written in. The server runs the prepared plan
+// instead of parsing and planning the INSERT for every claim.
+func (s *Inbox) ClaimExecute(name string, p repository.ClaimParams) (string, error) {
+	if s.d.Bind != Dollar || !identRe.MatchString(name) {
+		return "", fmt.Errorf("%s: claim execute: %w: PostgreSQL and a plain statement name only", s.d.Name, repository.ErrInvalidParams)
+	}
+	if err := repository.ValidateClaim(p); err != nil {
+		return "", err
+	}
+	args, err := s.claimArgs(p)
+	if err != nil {
+		return "", err
+	}
+	lits := make([]string, len(args))
+	for i, a := range args[:5] {
+		var ok bool
+		if lits[i], ok = literal(Dollar, a); !ok {
+			return "", fmt.Errorf("%s: claim execute: %w: a value has no literal form", s.d.Name, repository.ErrInvalidParams)
+		}
+	}
+	return `EXECUTE ` + name + `(` + strings.Join(lits[:5], `, `) + `)`, nil
+}
+
 // claimArgs are the claim statement's arguments, $1…$5.
 func (s *Inbox) claimArgs(p repository.ClaimParams) ([]any, error) {
 	return s.args(p.PayloadHash, p.Consumer, repository.StorageKey(p.Key), p.PayloadHash, p.Now, p.ExpiresAt)
@@ -56,8 +90,9 @@ func (s *Inbox) claimArgs(p repository.ClaimParams) ([]any, error) {
 // false for SQLite (in process, nothing to spare) and for a value without
 // a literal form here.
 //
-// The values cannot inject SQL: text and bytes travel as hexadecimal
-// digits, times and numbers as digits and separators.
+// The values cannot inject SQL: bytes travel as hexadecimal digits, text
+// as hexadecimal digits (MySQL) or an escape string (PostgreSQL), times
+// and numbers as digits and separators.
 func inlined(b Bind, st stmt, args []any) (text string, ok bool) {
 	var ph *regexp.Regexp
 	switch b {
@@ -105,12 +140,17 @@ func literal(b Bind, v any) (string, bool) {
 			return `NULL`, true
 		}
 		if pg {
-			return `decode('` + hex.EncodeToString(v) + `', 'hex')`, true
+			return `E'\\x` + hex.EncodeToString(v) + `'::bytea`, true
 		}
 		return `X'` + hex.EncodeToString(v) + `'`, true
 	case string:
 		if pg {
-			return `convert_from(decode('` + hex.EncodeToString([]byte(v)) + `', 'hex'), 'UTF8')`, true
+			// An escape string means the same whatever
+			// standard_conforming_strings says; text here is valid UTF-8
+			// without NUL (repository.ValidateClaim), and pgx connects
+			// with client_encoding UTF8. (convert_from(decode(hex)) would
+			// need no escaping, but costs the server about 80 µs a claim.)
+			return `E'` + pgEscape.Replace(v) + `'`, true
 		}
 		if plainText.MatchString(v) {
 			return `'` + v + `'`, true // a DATETIME, say: compared as text
@@ -128,6 +168,10 @@ func literal(b Bind, v any) (string, bool) {
 	}
 	return "", false
 }
+
+var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+var pgEscape = strings.NewReplacer(`\`, `\\`, `'`, `''`)
 
 // plainText is text that needs no quoting in any SQL mode.
 var plainText = regexp.MustCompile(`^[0-9A-Za-z :._-]*$`)

@@ -19,7 +19,8 @@ import (
 // (the claim's unique violation aborts that transaction) is rolled back
 // on the same connection and answered from the stored record, a payload
 // mismatch is refused, a handler error leaves no marker, and none of it
-// costs a new connection. Keys holding quotes, backslashes and non-ASCII
+// costs a new connection; a session that lost the prepared claim falls
+// back to plain INSERTs. Keys holding quotes, backslashes and non-ASCII
 // text travel as literals unharmed.
 func TestBeginClaim(t *testing.T) {
 	pool := schemaPool(t)
@@ -70,6 +71,22 @@ func TestBeginClaim(t *testing.T) {
 	rec, err := repo.Get(context.Background(), "bill'ing\\", key)
 	require.NoError(t, err)
 	require.Equal(t, key, rec.Key)
+
+	// The claim is prepared on the connection; a session that lost it (a
+	// pooler resetting sessions) falls back to plain INSERTs.
+	var stmt string
+	require.NoError(t, one.QueryRow(t.Context(),
+		`SELECT name FROM pg_prepared_statements WHERE name LIKE 'watermill_idempotent_claim_%'`).Scan(&stmt))
+	_, err = one.Exec(t.Context(), `DEALLOCATE `+stmt)
+	require.NoError(t, err)
+	for _, k := range []string{"after-1", "after-2"} {
+		_, err = handler(message.NewMessage(k, []byte(k)))
+		require.NoError(t, err)
+		_, err = handler(message.NewMessage(k, []byte(k)))
+		require.NoError(t, err)
+	}
+	require.Equal(t, 4, runs)
+
 	require.EqualValues(t, 1, one.Stat().NewConnsCount(), "duplicates and failures reuse the connection")
 	require.Zero(t, one.Stat().AcquiredConns())
 }

@@ -19,10 +19,14 @@ package pgxinbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore/pgxexec"
@@ -48,13 +52,23 @@ func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
 // be on the same database (postgres.NewPgxRepository or NewRepository).
 // A nil pool or repo fails every delivery.
 func Beginner(pool *pgxpool.Pool, repo *postgres.Repository, opts pgx.TxOptions) middleware.Beginner {
-	return beginner{pool, repo, opts}
+	b := beginner{pool: pool, repo: repo, opts: opts, literal: new(atomic.Bool)}
+	if repo != nil {
+		sum := sha256.Sum256([]byte(repo.ClaimStatement()))
+		b.stmt = "watermill_idempotent_claim_" + hex.EncodeToString(sum[:8])
+	}
+	return b
 }
 
 type beginner struct {
 	pool *pgxpool.Pool
 	repo *postgres.Repository
 	opts pgx.TxOptions
+	// stmt names the claim prepared on each connection; literal is set
+	// once a connection lost it (a pooler resetting sessions): from then
+	// on claims are sent as plain INSERTs.
+	stmt    string
+	literal *atomic.Bool
 }
 
 func (b beginner) BeginInbox(ctx context.Context) (middleware.InboxTx, error) {
@@ -80,27 +94,25 @@ func (b beginner) BeginClaim(ctx context.Context, p repository.ClaimParams) (mid
 	if b.pool == nil || b.repo == nil {
 		return nil, repository.Claim{}, errNil
 	}
-	claim, err := b.repo.ClaimLiteral(p)
-	if err != nil {
-		return nil, repository.Claim{}, err
-	}
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return nil, repository.Claim{}, err
 	}
-	opts := b.opts
-	opts.BeginQuery = beginSQL(b.opts) + "; " + claim
-	tx, err := conn.BeginTx(ctx, opts)
+	tx, err := b.beginClaim(ctx, conn, p, !b.literal.Load())
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "26000" { // invalid_sql_statement_name
+		b.literal.Store(true)
+		if err = rollback(ctx, conn); err == nil {
+			tx, err = b.beginClaim(ctx, conn, p, false)
+		}
+	}
 	if err == nil {
 		return inboxTx{pooledTx{tx, conn}, b.repo}, repository.Claim{Claimed: true}, nil
 	}
 	taken := repository.IsUniqueViolation(err)
-	if conn.Conn().PgConn().TxStatus() != 'I' {
-		// The claim failed inside the transaction BEGIN opened.
-		if _, rerr := conn.Exec(context.WithoutCancel(ctx), "rollback"); rerr != nil {
-			conn.Release() // the pool drops a connection left in a transaction
-			return nil, repository.Claim{}, errors.Join(err, rerr)
-		}
+	if rerr := rollback(ctx, conn); rerr != nil {
+		conn.Release() // the pool drops a connection left in a transaction
+		return nil, repository.Claim{}, errors.Join(err, rerr)
 	}
 	if !taken {
 		conn.Release()
@@ -117,6 +129,38 @@ func (b beginner) BeginClaim(ctx context.Context, p repository.ClaimParams) (mid
 		return nil, repository.Claim{}, err
 	}
 	return nil, repository.Claim{Existing: rec}, nil
+}
+
+// beginClaim sends BEGIN and the claim on conn as one query: the claim
+// prepared on the connection (prepared the first time, one round trip)
+// and executed with its values written in, or as a plain INSERT.
+func (b beginner) beginClaim(ctx context.Context, conn *pgxpool.Conn, p repository.ClaimParams, prepared bool) (pgx.Tx, error) {
+	claim := ""
+	if prepared {
+		if _, err := conn.Conn().Prepare(ctx, b.stmt, b.repo.ClaimStatement()); err == nil {
+			if claim, err = b.repo.ClaimExecute(b.stmt, p); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if claim == "" {
+		var err error
+		if claim, err = b.repo.ClaimLiteral(p); err != nil {
+			return nil, err
+		}
+	}
+	opts := b.opts
+	opts.BeginQuery = beginSQL(b.opts) + "; " + claim
+	return conn.BeginTx(ctx, opts)
+}
+
+// rollback ends the transaction a failed claim left on conn, if any.
+func rollback(ctx context.Context, conn *pgxpool.Conn) error {
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		return nil
+	}
+	_, err := conn.Exec(context.WithoutCancel(ctx), "rollback")
+	return err
 }
 
 // beginSQL is the BEGIN statement pgx sends for opts.
