@@ -83,10 +83,11 @@ func (b beginner) BeginInbox(ctx context.Context) (middleware.InboxTx, error) {
 }
 
 // BeginClaim implements middleware.ClaimBeginner: it sends BEGIN and the
-// claim as one query ("begin; INSERT …", the values written into the
-// text by the store), so a first delivery costs the round trips of the
-// handler's own transaction: begin and claim, the handler's statements,
-// commit. The claim is a plain INSERT: a key already taken fails it with
+// claim as one query ("begin; EXECUTE …": the claim prepared on the
+// connection the first time, its values written into the text by the
+// store), so a first delivery costs the round trips of the handler's own
+// transaction: begin and claim, the handler's statements, commit. The
+// claim is a plain INSERT: a key already taken fails it with
 // a unique violation (after waiting for a transaction that holds the key
 // to end), which aborts the transaction; it is rolled back and the stored
 // record read on the same connection.
