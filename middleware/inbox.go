@@ -461,18 +461,9 @@ func (i *Inbox) beginClaim(ctx context.Context, p repository.ClaimParams) (_ Inb
 		}
 		return tx, claim, took, nil
 	}
-	var tx InboxTx
-	if i.config.Beginner != nil {
-		var err error
-		if tx, err = i.config.Beginner.BeginInbox(context.WithoutCancel(ctx)); err != nil {
-			return nil, repository.Claim{}, 0, fmt.Errorf("inbox: begin transaction: %w", err)
-		}
-	} else {
-		sqlTx, err := i.config.DB.BeginTx(context.WithoutCancel(ctx), i.config.TxOptions)
-		if err != nil {
-			return nil, repository.Claim{}, 0, fmt.Errorf("inbox: begin transaction: %w", err)
-		}
-		tx = stdTx{sqlTx, i.config.Repository}
+	tx, err := i.begin(context.WithoutCancel(ctx))
+	if err != nil {
+		return nil, repository.Claim{}, 0, fmt.Errorf("inbox: begin transaction: %w", err)
 	}
 	start := time.Now()
 	claim, err := tx.Claim(ctx, p)
