@@ -245,7 +245,7 @@ func (b *batcher) run(live []*delivery) {
 // undecided (duplicates are answered at once), and on error the
 // delivery to blame, if any.
 func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery, err error) {
-	// Not bound to a delivery's context, for the reason given in handle.
+	// Not bound to a delivery's context, for the reason given in beginClaim.
 	ctx := context.WithoutCancel(live[0].ctx)
 	tx, err := b.inbox.begin(ctx)
 	if err != nil {
