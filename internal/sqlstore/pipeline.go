@@ -29,20 +29,9 @@ func (s *Inbox) ClaimLiteral(p repository.ClaimParams) (string, error) {
 	if s.d.Bind != Dollar {
 		return "", fmt.Errorf("%s: claim literal: %w: only PostgreSQL sends the claim with BEGIN", s.d.Name, repository.ErrInvalidParams)
 	}
-	if err := repository.ValidateClaim(p); err != nil {
-		return "", err
-	}
-	args, err := s.claimArgs(p)
-	if err != nil {
-		return "", err
-	}
 	plain := s.q.claim
-	plain.text = strings.TrimSuffix(plain.text, s.d.IgnoreConflict)
-	text, ok := inlined(s.d.Bind, plain, args)
-	if !ok {
-		return "", fmt.Errorf("%s: claim literal: %w: a value has no literal form", s.d.Name, repository.ErrInvalidParams)
-	}
-	return text, nil
+	plain.text = s.ClaimStatement()
+	return s.claimInlined("claim literal", plain, p)
 }
 
 // ClaimStatement returns the plain claim INSERT that ClaimLiteral writes
@@ -61,6 +50,12 @@ func (s *Inbox) ClaimExecute(name string, p repository.ClaimParams) (string, err
 	if s.d.Bind != Dollar || !identRe.MatchString(name) {
 		return "", fmt.Errorf("%s: claim execute: %w: PostgreSQL and a plain statement name only", s.d.Name, repository.ErrInvalidParams)
 	}
+	return s.claimInlined("claim execute", stmt{text: `EXECUTE ` + name + `($1, $2, $3, $4, $5)`, max: 5}, p)
+}
+
+// claimInlined is st, a statement of the claim's arguments, with p's
+// values written in.
+func (s *Inbox) claimInlined(what string, st stmt, p repository.ClaimParams) (string, error) {
 	if err := repository.ValidateClaim(p); err != nil {
 		return "", err
 	}
@@ -68,14 +63,11 @@ func (s *Inbox) ClaimExecute(name string, p repository.ClaimParams) (string, err
 	if err != nil {
 		return "", err
 	}
-	lits := make([]string, len(args))
-	for i, a := range args[:5] {
-		var ok bool
-		if lits[i], ok = literal(Dollar, a); !ok {
-			return "", fmt.Errorf("%s: claim execute: %w: a value has no literal form", s.d.Name, repository.ErrInvalidParams)
-		}
+	text, ok := inlined(Dollar, st, args)
+	if !ok {
+		return "", fmt.Errorf("%s: %s: %w: a value has no literal form", s.d.Name, what, repository.ErrInvalidParams)
 	}
-	return `EXECUTE ` + name + `(` + strings.Join(lits[:5], `, `) + `)`, nil
+	return text, nil
 }
 
 // claimArgs are the claim statement's arguments, $1…$5.
