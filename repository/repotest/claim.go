@@ -49,6 +49,25 @@ func runClaim(t *testing.T, b Backend) {
 		require.Equal(t, "order-1", c.Existing.Key)
 	})
 
+	t.Run("RedeliveryWithLaterExpiryIsDuplicate", func(t *testing.T) {
+		// A redelivery computes its expiry from its own claim time, days
+		// later: a store whose uniqueness depends on the expiry (a table
+		// partitioned by it) must still find the first record.
+		t.Parallel()
+		f := newFixture(t, b)
+		first := claimParams("billing", "order-1")
+		first.ExpiresAt = first.Now.Add(time.Hour)
+		require.True(t, f.claim(t, first, []byte("result-1")).Claimed)
+
+		later := claimParams("billing", "order-1")
+		later.Now = first.Now.Add(49 * time.Hour)
+		later.ExpiresAt = later.Now.Add(7 * 24 * time.Hour)
+		c := f.claim(t, later, []byte("must not be stored"))
+		require.False(t, c.Claimed, "a redelivery with a later expiry is a duplicate")
+		require.Equal(t, []byte("result-1"), c.Existing.Result)
+		require.True(t, first.ExpiresAt.Equal(c.Existing.ExpiresAt), "the first record's expiry stays: %s", c.Existing.ExpiresAt)
+	})
+
 	t.Run("RolledBackClaimLeavesNothing", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, b)

@@ -90,6 +90,73 @@ func runConcurrency(t *testing.T, b Backend) {
 		}
 	})
 
+	t.Run("ConcurrentRedeliveriesWithDifferentExpiriesOneWinnerPerKey", func(t *testing.T) {
+		// Every racer computes its own expiry, days apart, as
+		// redeliveries claimed at different times do: the expiry must not
+		// take part in deciding the race.
+		t.Parallel()
+		f := newFixture(t, b)
+		ctx := context.Background()
+		const keys = 8
+		now := time.Now().UTC().Truncate(time.Microsecond)
+		var (
+			start   = make(chan struct{})
+			wg      sync.WaitGroup
+			winners [keys]atomic.Int32
+			results [keys][Racers]repository.Claim
+			errs    [keys][Racers]error
+		)
+		for k := range keys {
+			for i := range Racers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					p := claimParams("billing", fmt.Sprintf("order-%d", k))
+					p.Now = now
+					p.ExpiresAt = now.Add(time.Hour + time.Duration(i%4)*25*time.Hour)
+					<-start
+					errs[k][i] = func() error {
+						tx, err := b.DB.BeginTx(ctx, nil)
+						if err != nil {
+							return err
+						}
+						defer func() { _ = tx.Rollback() }()
+						c, err := f.tx.ClaimTx(ctx, tx, p)
+						if err != nil {
+							return err
+						}
+						results[k][i] = c
+						if c.Claimed {
+							winners[k].Add(1)
+							if err := f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{
+								Consumer: p.Consumer, Key: p.Key, Result: fmt.Appendf(nil, "winner-%d", i),
+							}); err != nil {
+								return err
+							}
+						}
+						return tx.Commit()
+					}()
+				}()
+			}
+		}
+		close(start)
+		wg.Wait()
+		for k := range keys {
+			for i, err := range errs[k] {
+				require.NoError(t, err, "key %d racer %d", k, i)
+			}
+			require.EqualValues(t, 1, winners[k].Load(), "key %d: exactly one of %d racers must win", k, Racers)
+			rec, err := f.repo.Get(ctx, "billing", fmt.Sprintf("order-%d", k))
+			require.NoError(t, err)
+			for i, c := range results[k] {
+				if !c.Claimed {
+					require.Equal(t, rec.Result, c.Existing.Result, "key %d racer %d must see the winner's record", k, i)
+					require.True(t, rec.ExpiresAt.Equal(c.Existing.ExpiresAt), "key %d racer %d", k, i)
+				}
+			}
+		}
+	})
+
 	t.Run("ClaimBlockedByRolledBackClaimWins", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, b)

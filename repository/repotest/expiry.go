@@ -37,6 +37,35 @@ func runExpiry(t *testing.T, b Backend) {
 			n, err := repository.DeleteAllExpired(ctx, f.repo, now, batch)
 			require.NoError(t, err)
 			require.Zero(t, n, "DeleteExpired of a TTL store deletes nothing")
+		} else if iv := b.Features.CleanupInterval; iv > 0 {
+			// Whole intervals go, limit or not; the current one stays.
+			cut := now.Truncate(iv)
+			gone := 0
+			for i := range expired {
+				if now.Add(-time.Duration(i+1) * time.Minute).Before(cut) {
+					gone++
+				}
+			}
+			n, err := f.repo.DeleteExpired(ctx, now, batch)
+			require.NoError(t, err)
+			require.Equal(t, gone, n, "records expiring before %s", cut)
+			n, err = f.repo.DeleteExpired(ctx, now, batch)
+			require.NoError(t, err)
+			require.Zero(t, n)
+			for i := range expired {
+				expiresAt := now.Add(-time.Duration(i+1) * time.Minute)
+				_, err := f.repo.Get(ctx, "billing", fmt.Sprintf("expired-%d", i))
+				if expiresAt.Before(cut) {
+					require.ErrorIs(t, err, repository.ErrNotFound, "record expiring at %s", expiresAt)
+				} else {
+					require.NoError(t, err, "record expiring at %s, in the current interval", expiresAt)
+				}
+			}
+			for i := range live {
+				_, err := f.repo.Get(ctx, "billing", fmt.Sprintf("live-%d", i))
+				require.NoError(t, err, "live record %d must survive cleanup", i)
+			}
+			return
 		} else {
 			n, err := f.repo.DeleteExpired(ctx, now, batch)
 			require.NoError(t, err)

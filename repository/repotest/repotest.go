@@ -66,6 +66,14 @@ type Features struct {
 	// checks that expired records are gone and live ones kept without
 	// counting deletions.
 	ExpiryByTTL bool
+	// CleanupInterval: the store removes expired records a whole interval
+	// of expiry at a time (PostgreSQL's partitioned inbox drops a
+	// partition): DeleteExpired(before, limit) removes every record
+	// expiring before before.Truncate(CleanupInterval), whatever limit
+	// says, and may keep those expiring after that until their interval
+	// has passed. Zero: records are deleted one by one, at most limit per
+	// call.
+	CleanupInterval time.Duration
 	// Operator: the backend implements repository.Operator (listing and
 	// resolving stuck two-phase records); requires TwoPhase.
 	Operator bool

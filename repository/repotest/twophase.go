@@ -359,6 +359,9 @@ func runTwoPhase(t *testing.T, b Backend) {
 				defer wg.Done()
 				p := base
 				p.Owner = fmt.Sprintf("owner-%d", i)
+				// Expiries days apart, as redeliveries compute them:
+				// they must not take part in deciding the race.
+				p.ExpiresAt = p.Now.Add(24*time.Hour + time.Duration(i%4)*25*time.Hour)
 				<-start
 				results[i], failures[i] = f.tp.Acquire(ctx, p)
 				if failures[i] == nil && results[i].Acquired {

@@ -1,0 +1,453 @@
+package sqlstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// PartitionConfig configures a PartitionedInbox.
+type PartitionConfig struct {
+	// Table is the inbox table (see Config). Default
+	// repository.DefaultTableName.
+	Table string
+	// Interval is the span of expires_at one partition holds; cleanup
+	// removes records a whole interval at a time, so a record outlives its
+	// ExpiresAt by up to one Interval. It must divide 24 hours and be at
+	// least a minute, so partitions start at the same UTC times in every
+	// process. Default 24 hours.
+	Interval time.Duration
+	// Ahead is how far past now Migrate and every DeleteExpired create
+	// partitions, so that claims find theirs ready. Make it exceed the
+	// inbox retention; a claim expiring past it creates its partition
+	// itself (see PartitionedInbox.ClaimOn). Default 8 days.
+	Ahead time.Duration
+}
+
+func (c *PartitionConfig) setDefaults() {
+	if c.Table == "" {
+		c.Table = repository.DefaultTableName
+	}
+	if c.Interval == 0 {
+		c.Interval = 24 * time.Hour
+	}
+	if c.Ahead == 0 {
+		c.Ahead = 8 * 24 * time.Hour
+	}
+}
+
+// Validate reports whether the configuration is usable.
+func (c PartitionConfig) Validate() error {
+	var errs []error
+	if c.Table != "" {
+		errs = append(errs, repository.ValidateTableName(c.Table))
+	}
+	if c.Interval != 0 && (c.Interval < time.Minute || (24*time.Hour)%c.Interval != 0) {
+		errs = append(errs, fmt.Errorf("%w: Interval %s must divide 24h and be at least a minute", repository.ErrInvalidParams, c.Interval))
+	}
+	if c.Ahead < 0 {
+		errs = append(errs, fmt.Errorf("%w: Ahead %s is negative", repository.ErrInvalidParams, c.Ahead))
+	}
+	return errors.Join(errs...)
+}
+
+// ddlLockTimeout bounds how long maintenance waits for the locks to
+// create a partition.
+const ddlLockTimeout = "10s"
+
+// PartitionedInbox is the inbox on a PostgreSQL table range-partitioned by
+// expires_at, one partition per Interval; cleanup detaches and drops
+// whole expired partitions instead of deleting rows.
+//
+// PostgreSQL cannot enforce a unique constraint across partitions unless
+// it includes the partition key, and a redelivery computes a new
+// expires_at, so the primary key (consumer, dedup_key, expires_at) does
+// not stop a second row for a key. Claims are serialised by the database
+// instead: every insert (ClaimOn, Acquire) first takes a transaction-scoped
+// advisory lock on a hash of (table, consumer, key), then looks the key up
+// in every partition and inserts only if it is absent. A second claim of
+// the key waits on the lock until the first transaction ends and then
+// sees its row, exactly as a second insert waits on a unique index entry.
+// Every other operation (reads, result, lease updates, release, operator
+// and stats) is the Inbox's, unchanged: none of them changes expires_at.
+type PartitionedInbox struct {
+	*Inbox
+	interval, ahead time.Duration
+	lockKey         int64 // the advisory lock of partition maintenance
+	insert, acquire stmt
+	lockClaim       string
+
+	create sync.Mutex // one maintenance creator per process
+	mu     sync.Mutex
+	known  map[int64]bool // partition starts (Unix seconds) known to exist
+}
+
+// NewPartitionedInbox returns the partitioned inbox of dialect d (which
+// must be PostgreSQL's) over db. Migrate creates the table and the
+// partitions up to now+Ahead.
+func NewPartitionedInbox(d *Dialect, db DB, config PartitionConfig) (*PartitionedInbox, error) {
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", d.Name, err)
+	}
+	config.setDefaults()
+	in, err := NewInbox(d, db, Config{Table: config.Table})
+	if err != nil {
+		return nil, err
+	}
+	if in.migrator, err = newMigrator(d, db, "partitioned_inbox", repository.DefaultTableName, config.Table); err != nil {
+		return nil, err
+	}
+	s := &PartitionedInbox{Inbox: in, interval: config.Interval, ahead: config.Ahead, known: map[int64]bool{}}
+	s.lockKey = advisoryKey(in.t.quoted, "partitions")
+	b := func(q string) stmt { return d.bind(in.t.quoted, q) }
+	// One statement takes the key's lock and reports the isolation level:
+	// only under READ COMMITTED does the next statement see a row that
+	// the transaction we waited for committed.
+	s.lockClaim = `SELECT current_setting('transaction_isolation') FROM pg_advisory_xact_lock($1)`
+	absent := ` WHERE NOT EXISTS (SELECT 1 FROM {T}` + byKey + `)`
+	s.insert = b(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
+SELECT $1::varchar, $2::varchar, 'completed', $3::bytea, 1, $4::timestamptz, $4::timestamptz, $5::timestamptz` + absent)
+	s.acquire = b(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, lease_owner, lease_until, created_at, expires_at)
+SELECT $1::varchar, $2::varchar, 'in_progress', $3::bytea, 1, $4::varchar, $5::timestamptz, $6::timestamptz, $7::timestamptz` + absent)
+	return s, nil
+}
+
+// advisoryKey hashes parts into the key of a PostgreSQL advisory lock.
+// Two keys that collide only make their claims wait for each other.
+func advisoryKey(parts ...string) int64 {
+	h := fnv.New64a()
+	for _, p := range parts {
+		_, _ = h.Write([]byte(p))
+		_, _ = h.Write([]byte{0})
+	}
+	return int64(h.Sum64()) //nolint:gosec // a lock key, any 64 bits do
+}
+
+// Migrate creates the partitioned table (its own migration line,
+// "partitioned_inbox", recorded in MigrationsTable) and the partitions
+// from now to now+Ahead.
+func (s *PartitionedInbox) Migrate(ctx context.Context) error {
+	_, err := s.Migrations(ctx)
+	return err
+}
+
+// Migrations is Migrate returning the migrations it applied.
+func (s *PartitionedInbox) Migrations(ctx context.Context) ([]Migration, error) {
+	applied, err := s.migrator.Migrations(ctx)
+	if err != nil {
+		return applied, err
+	}
+	return applied, s.wrap("create partitions", s.ensureRange(ctx, time.Now()))
+}
+
+// ClaimTx implements repository.Transactional: see ClaimOn.
+func (s *PartitionedInbox) ClaimTx(ctx context.Context, tx repository.Querier, p repository.ClaimParams) (repository.Claim, error) {
+	return s.ClaimOn(ctx, StdQuerier(tx), p)
+}
+
+// ClaimOn claims the key in the caller's transaction, which must run at
+// READ COMMITTED (PostgreSQL's default; anything else is refused with
+// repository.ErrInvalidParams, because a snapshot taken before the lock
+// wait would hide the row of the claim it waited for). It takes the key's
+// advisory lock, held until the transaction ends, then inserts the marker
+// only if no partition holds the key; if one does, it returns that record.
+//
+// If no partition holds p.ExpiresAt yet (maintenance fell behind Ahead),
+// it creates one in the caller's transaction, under the maintenance
+// advisory lock: claims needing the same partition wait for that
+// transaction to end. It never needs a second connection, so a pool that
+// every handler's transaction fills cannot deadlock on it.
+func (s *PartitionedInbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimParams) (repository.Claim, error) {
+	if err := repository.ValidateClaim(p); err != nil {
+		return repository.Claim{}, err
+	}
+	key := repository.StorageKey(p.Key)
+	if err := s.ensureIn(ctx, ex, p.ExpiresAt); err != nil {
+		return repository.Claim{}, s.wrap("claim: create partition", err)
+	}
+	if err := s.lock(ctx, ex, p.Consumer, key); err != nil {
+		return repository.Claim{}, s.wrap("claim", err)
+	}
+	n, err := s.exec(ctx, ex, s.insert, p.Consumer, key, p.PayloadHash, p.Now.UTC(), p.ExpiresAt.UTC())
+	if err != nil {
+		return repository.Claim{}, s.wrap("claim", s.forgetMissing(err))
+	}
+	if n == 1 {
+		return repository.Claim{Claimed: true}, nil
+	}
+	rec, err := s.get(ctx, ex, s.q.get, p.Consumer, key)
+	if err != nil {
+		return repository.Claim{}, s.wrap("read duplicate", err)
+	}
+	return repository.Claim{Existing: rec}, nil
+}
+
+// lock takes the key's advisory lock in ex's transaction and checks the
+// isolation level.
+func (s *PartitionedInbox) lock(ctx context.Context, ex Executor, consumer, key string) error {
+	var level string
+	if err := ex.QueryRow(ctx, s.lockClaim, advisoryKey(s.t.quoted, consumer, key)).Scan(&level); err != nil {
+		return err
+	}
+	if level != "read committed" {
+		return fmt.Errorf("%w: the partitioned inbox claims under READ COMMITTED only, the transaction runs at %s", repository.ErrInvalidParams, strings.ToUpper(level))
+	}
+	return nil
+}
+
+// Acquire implements repository.TwoPhase: in one short READ COMMITTED
+// transaction it takes the key's advisory lock, inserts the in-progress
+// record if no partition holds the key, and otherwise reads the record
+// there.
+func (s *PartitionedInbox) Acquire(ctx context.Context, p repository.AcquireParams) (repository.Acquisition, error) {
+	if err := repository.ValidateAcquire(p); err != nil {
+		return repository.Acquisition{}, err
+	}
+	key := repository.StorageKey(p.Key)
+	if err := s.ensure(ctx, p.ExpiresAt); err != nil {
+		return repository.Acquisition{}, s.wrap("acquire: create partition", err)
+	}
+	var out repository.Acquisition
+	var err error
+	for range attempts {
+		err = s.retry(func() error {
+			return s.db.InTx(ctx, true, func(tx Executor) error {
+				if err := s.lock(ctx, tx, p.Consumer, key); err != nil {
+					return err
+				}
+				n, err := s.exec(ctx, tx, s.acquire, p.Consumer, key, p.PayloadHash, p.Owner, p.LeaseUntil.UTC(), p.Now.UTC(), p.ExpiresAt.UTC())
+				if err != nil || n == 1 {
+					out = repository.Acquisition{Acquired: n == 1}
+					return s.forgetMissing(err)
+				}
+				rec, err := s.get(ctx, tx, s.q.get, p.Consumer, key)
+				out = repository.Acquisition{Existing: rec}
+				return err
+			})
+		})
+		// Under the lock nothing else inserts the key, but a release
+		// deletes without it: gone between the insert and the read, the
+		// key is free again.
+		if !errors.Is(err, repository.ErrNotFound) {
+			break
+		}
+	}
+	return out, s.wrap("acquire", err)
+}
+
+// DeleteExpired implements repository.Cleaner by partitions: it creates
+// the partitions up to before+Ahead, then detaches (DETACH PARTITION …
+// CONCURRENTLY, which waits for transactions using the table but blocks
+// no claim) and drops every partition whose whole range lies before
+// before, and returns how many records those held. It drops whole
+// partitions whatever limit says — a drop costs the same for any number
+// of rows — and keeps expired records of the partition that holds
+// before until that partition has passed too. Maintenance is serialised
+// across processes by an advisory lock.
+func (s *PartitionedInbox) DeleteExpired(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("%s: delete expired: %w: limit must be positive", s.d.Name, repository.ErrInvalidParams)
+	}
+	if err := s.ensureRange(ctx, before); err != nil {
+		return 0, s.wrap("delete expired: create partitions", err)
+	}
+	deleted := 0
+	err := s.db.OnSession(ctx, func(ex Executor) error {
+		if _, err := ex.Exec(ctx, `SELECT pg_advisory_lock($1)`, s.lockKey); err != nil {
+			return err
+		}
+		defer func() { _, _ = ex.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, s.lockKey) }()
+		parts, err := s.partitions(ctx, ex)
+		if err != nil {
+			return err
+		}
+		for _, pt := range parts {
+			if pt.end.After(before) {
+				continue
+			}
+			detach := `ALTER TABLE ` + s.t.quoted + ` DETACH PARTITION ` + pt.name + ` CONCURRENTLY`
+			if pt.pending { // a detach interrupted earlier
+				detach = `ALTER TABLE ` + s.t.quoted + ` DETACH PARTITION ` + pt.name + ` FINALIZE`
+			}
+			if _, err := ex.Exec(ctx, detach); err != nil {
+				return fmt.Errorf("detach %s: %w", pt.name, err)
+			}
+			// Detached, nothing writes to it: the count is exact.
+			var n int
+			if err := ex.QueryRow(ctx, `SELECT COUNT(*) FROM `+pt.name).Scan(&n); err != nil {
+				return err
+			}
+			if _, err := ex.Exec(ctx, `DROP TABLE `+pt.name); err != nil {
+				return fmt.Errorf("drop %s: %w", pt.name, err)
+			}
+			deleted += n
+			s.mu.Lock()
+			delete(s.known, pt.start.Unix())
+			s.mu.Unlock()
+		}
+		return nil
+	})
+	return deleted, s.wrap("delete expired", err)
+}
+
+// partition is one partition of the table.
+type partition struct {
+	name       string // quoted, schema-qualified
+	start, end time.Time
+	pending    bool // detach pending (an interrupted DETACH … CONCURRENTLY)
+}
+
+// partitions lists the table's range partitions, oldest first. Bounds are
+// read back from the catalog in the session's time zone, the one they are
+// printed in.
+func (s *PartitionedInbox) partitions(ctx context.Context, ex Executor) ([]partition, error) {
+	out, err := collect(ctx, ex, s.d.bind(s.t.quoted, `SELECT c.oid::regclass::text, i.inhdetachpending,
+	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
+	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass`), func(r Row) (partition, error) {
+		var pt partition
+		return pt, r.Scan(&pt.name, &pt.pending, &pt.start, &pt.end)
+	}, s.t.quoted)
+	slices.SortFunc(out, func(a, b partition) int { return a.start.Compare(b.start) })
+	return out, err
+}
+
+// ensureRange creates the partitions from the one holding from to the one
+// holding from+Ahead.
+func (s *PartitionedInbox) ensureRange(ctx context.Context, from time.Time) error {
+	for t := from.UTC().Truncate(s.interval); !t.After(from.Add(s.ahead)); t = t.Add(s.interval) {
+		if err := s.ensure(ctx, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensure creates the partition holding t unless this store knows it
+// exists, in a transaction of its own (see create). Creating a plain table
+// and attaching it takes a SHARE UPDATE EXCLUSIVE lock on the parent,
+// which claims (ROW EXCLUSIVE) do not conflict with, where CREATE TABLE …
+// PARTITION OF would take ACCESS EXCLUSIVE and stop every claim.
+func (s *PartitionedInbox) ensure(ctx context.Context, t time.Time) error {
+	start := t.UTC().Truncate(s.interval)
+	if s.isKnown(start) {
+		return nil
+	}
+	s.create.Lock()
+	defer s.create.Unlock()
+	if s.isKnown(start) {
+		return nil
+	}
+	err := s.db.InTx(ctx, true, func(ex Executor) error {
+		if _, err := ex.Exec(ctx, `SET LOCAL lock_timeout = '`+ddlLockTimeout+`'`); err != nil {
+			return err
+		}
+		return s.createIn(ctx, ex, start)
+	})
+	if err == nil {
+		s.setKnown(start)
+	}
+	return err
+}
+
+// ensureIn is ensure in the caller's transaction ex: it looks the
+// partition up in the catalog, and creates it there if it is missing. The
+// partition is known only once a later look finds it committed.
+func (s *PartitionedInbox) ensureIn(ctx context.Context, ex Executor, t time.Time) error {
+	start := t.UTC().Truncate(s.interval)
+	if s.isKnown(start) {
+		return nil
+	}
+	exists, err := s.exists(ctx, ex, start)
+	if err != nil {
+		return err
+	}
+	if exists {
+		s.setKnown(start)
+		return nil
+	}
+	return s.createIn(ctx, ex, start)
+}
+
+// partitionName is the quoted name of the partition starting at start,
+// and that name unquoted.
+func (s *PartitionedInbox) partitionName(start time.Time) (quoted, bare string) {
+	bare = repository.IndexName(s.t.name, "p"+start.Format("20060102t1504"))
+	return s.d.sibling(s.t, bare), bare
+}
+
+// exists looks the partition starting at start up in pg_class with the
+// statement's snapshot: to_regclass reads the catalog cache, which a
+// session refreshes only when it locks a relation, so after waiting on
+// the advisory lock it could still miss a partition just committed.
+func (s *PartitionedInbox) exists(ctx context.Context, ex Executor, start time.Time) (bool, error) {
+	_, bare := s.partitionName(start)
+	var exists bool
+	err := ex.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname = $1 AND n.nspname = COALESCE(NULLIF($2, ''), current_schema()))`, bare, s.t.schema).Scan(&exists)
+	return exists, err
+}
+
+// createIn creates and attaches the partition starting at start in ex's
+// transaction, under the maintenance advisory lock (held until that
+// transaction ends), unless it exists once the lock is held.
+func (s *PartitionedInbox) createIn(ctx context.Context, ex Executor, start time.Time) error {
+	name, _ := s.partitionName(start)
+	if _, err := ex.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, s.lockKey); err != nil {
+		return err
+	}
+	if exists, err := s.exists(ctx, ex, start); err != nil || exists {
+		return err
+	}
+	// Bounds are Go-formatted UTC times, never user input: DDL takes no
+	// parameters.
+	for _, ddl := range []string{
+		`CREATE TABLE ` + name + ` (LIKE ` + s.t.quoted + ` INCLUDING DEFAULTS)`,
+		fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`, s.t.quoted, name,
+			start.Format(time.RFC3339), start.Add(s.interval).Format(time.RFC3339)),
+	} {
+		if _, err := ex.Exec(ctx, ddl); err != nil {
+			return fmt.Errorf("partition %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func (s *PartitionedInbox) isKnown(start time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.known[start.Unix()]
+}
+
+func (s *PartitionedInbox) setKnown(start time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.known[start.Unix()] = true
+}
+
+// forgetMissing clears the cache of known partitions when an insert found
+// none for its row (another process dropped it: SQLSTATE 23514), so that
+// the next claim creates it; err passes unchanged.
+func (s *PartitionedInbox) forgetMissing(err error) error {
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) && pg.SQLState() == "23514" {
+		s.mu.Lock()
+		clear(s.known)
+		s.mu.Unlock()
+	}
+	return err
+}
+
+var (
+	_ repository.Transactional = (*PartitionedInbox)(nil)
+	_ repository.TwoPhase      = (*PartitionedInbox)(nil)
+	_ repository.Cleaner       = (*PartitionedInbox)(nil)
+)
