@@ -1,9 +1,11 @@
 // Command partition measures PostgreSQL inbox cleanup two ways on the same
-// data: DELETE in janitor batches (repository.DeleteAllExpired on the
-// postgres backend) against a table range-partitioned by expires_at whose
-// expired partitions are detached and dropped. It reports cleanup time,
-// table and index size after cleanup, and the latency of concurrent claims
-// (INSERT … ON CONFLICT DO NOTHING, autocommit) before and during cleanup.
+// data: DELETE in janitor batches (repository.DeleteAllExpired on
+// postgres.NewRepository) against postgres.NewPartitionedRepository, whose
+// DeleteExpired detaches and drops the expired partitions. It reports
+// cleanup time, table and index size after cleanup, and the latency of
+// concurrent claims through each repository's ClaimTx (BEGIN, claim,
+// COMMIT; half fresh keys, half duplicates of live loaded keys) before and
+// during cleanup.
 //
 //	go run ./bench/partition -rows 10000000
 //
@@ -12,6 +14,7 @@ package main
 
 import (
 	"context"
+	"crypto/md5"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
@@ -19,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,22 +86,24 @@ func run(ctx context.Context) error {
 	if _, err := db.ExecContext(ctx, `CREATE TABLE `+plain+` (`+columns+`)`); err != nil {
 		return err
 	}
-	// The partitioned one: the same columns; its primary key must include
-	// the partition key.
-	if _, err := db.ExecContext(ctx, `CREATE TABLE `+parted+` (`+columns+`) PARTITION BY RANGE (expires_at)`); err != nil {
+	// The partitioned one: the repository's own table and partitions,
+	// daily; DeleteExpired at the oldest expiry creates the partitions
+	// from then on (Ahead covers the whole spread), dropping none.
+	prepo, err := postgres.NewPartitionedRepository(db, postgres.PartitionedConfig{
+		Table: parted, Interval: 24 * time.Hour, Ahead: time.Duration(2*half+10) * 24 * time.Hour,
+	})
+	if err != nil {
 		return err
 	}
-	var partitions []string
-	for d := -half - 1; d <= half+8; d++ {
-		from, to := day0.AddDate(0, 0, d), day0.AddDate(0, 0, d+1)
-		name := fmt.Sprintf("%s_p%s", parted, from.Format("20060102"))
-		if _, err := db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
-			name, parted, from.Format(time.RFC3339), to.Format(time.RFC3339))); err != nil {
-			return err
-		}
-		if to.Before(day0) || to.Equal(day0) {
-			partitions = append(partitions, name) // wholly expired by day0
-		}
+	if err := prepo.Migrate(ctx); err != nil {
+		return err
+	}
+	if _, err := prepo.DeleteExpired(ctx, day0.AddDate(0, 0, -half-1), 1); err != nil {
+		return err
+	}
+	// Its primary key is rebuilt after the load, like the plain one's.
+	if _, err := db.ExecContext(ctx, `ALTER TABLE `+parted+` DROP CONSTRAINT `+parted+`_pkey`); err != nil {
+		return err
 	}
 
 	// Rows expire from day0-half to day0+half days; expires < day0 is expired.
@@ -138,7 +144,7 @@ func run(ctx context.Context) error {
 	report(ctx, db, "before cleanup", plain, parted)
 
 	// DELETE in batches.
-	before, during, cleanup, err := measure(ctx, db, plain, func() error {
+	before, during, cleanup, err := measure(ctx, db, repo, func() error {
 		n, err := repository.DeleteAllExpired(ctx, repo, day0, *batch)
 		if n != expired {
 			return fmt.Errorf("deleted %d of %d", n, expired)
@@ -148,26 +154,21 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\nDELETE (batches of %d): cleanup %s; claims before p50 %s p99 %s (n=%d); during p50 %s p99 %s (n=%d)\n",
-		*batch, cleanup.Round(time.Millisecond), pct(before, 50), pct(before, 99), len(before), pct(during, 50), pct(during, 99), len(during))
+	fmt.Printf("\nDELETE (batches of %d): cleanup %s\n  claims before: %s\n  claims during: %s\n", *batch, cleanup.Round(time.Millisecond), before, during)
 
-	// DETACH CONCURRENTLY + DROP the wholly expired partitions.
-	before, during, cleanup, err = measure(ctx, db, parted, func() error {
-		for _, p := range partitions {
-			if _, err := db.ExecContext(ctx, `ALTER TABLE `+parted+` DETACH PARTITION `+p+` CONCURRENTLY`); err != nil {
-				return err
-			}
-			if _, err := db.ExecContext(ctx, `DROP TABLE `+p); err != nil {
-				return err
-			}
+	// DETACH CONCURRENTLY + DROP the wholly expired partitions: the
+	// partitioned repository's DeleteExpired, counting what it drops.
+	before, during, cleanup, err = measure(ctx, db, prepo, func() error {
+		n, err := repository.DeleteAllExpired(ctx, prepo, day0, *batch)
+		if n != expired {
+			return fmt.Errorf("dropped %d of %d", n, expired)
 		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Printf("DROP PARTITION (%d partitions): cleanup %s; claims before p50 %s p99 %s (n=%d); during p50 %s p99 %s (n=%d)\n\n",
-		len(partitions), cleanup.Round(time.Millisecond), pct(before, 50), pct(before, 99), len(before), pct(during, 50), pct(during, 99), len(during))
+	fmt.Printf("DROP PARTITION (%d partitions): cleanup %s\n  claims before: %s\n  claims during: %s\n\n", half+1, cleanup.Round(time.Millisecond), before, during)
 	report(ctx, db, "after cleanup", plain, parted)
 	start = time.Now()
 	if _, err := db.ExecContext(ctx, `VACUUM `+plain); err != nil {
@@ -178,8 +179,10 @@ func run(ctx context.Context) error {
 	return nil
 }
 
-// measure runs claimers on table for the baseline, then during cleanup.
-func measure(ctx context.Context, db *sql.DB, table string, cleanup func() error) (before, during []time.Duration, took time.Duration, err error) {
+// measure runs claimers on repo for the baseline, then during cleanup:
+// each claim is BEGIN, ClaimTx, COMMIT; every other one repeats a live
+// loaded key (a duplicate), the rest are fresh.
+func measure(ctx context.Context, db *sql.DB, repo repository.Transactional, cleanup func() error) (before, during samples, took time.Duration, err error) {
 	var phase atomic.Int32 // 0 baseline, 1 cleanup, 2 stop
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -194,21 +197,33 @@ func measure(ctx context.Context, db *sql.DB, table string, cleanup func() error
 				if p == 2 {
 					return
 				}
+				i := seq.Add(1)
 				now := time.Now()
+				params := repository.ClaimParams{Consumer: "claims", Key: fmt.Sprintf("c-%d", i),
+					PayloadHash: []byte{0}, Now: now, ExpiresAt: now.Add(7 * 24 * time.Hour)}
+				dup := i%2 == 0
+				if dup {
+					params.Consumer, params.Key, params.PayloadHash = "bench", liveKey(i), nil
+				}
 				start := time.Now()
-				_, err := db.ExecContext(ctx, `INSERT INTO `+table+` (consumer, dedup_key, state, payload_hash, created_at, completed_at, expires_at)
-					VALUES ('claims', $1, 'completed', '\x00', $2, $2, $3) ON CONFLICT DO NOTHING`,
-					fmt.Sprintf("c-%d", seq.Add(1)), now, now.Add(7*24*time.Hour))
+				claimed, err := claimOnce(ctx, db, repo, params)
 				d := time.Since(start)
+				if err == nil && claimed == dup {
+					err = fmt.Errorf("claim of %q: claimed %v, want %v", params.Key, claimed, !dup)
+				}
 				if err != nil {
 					errs <- err
 					return
 				}
 				mu.Lock()
-				if p == 0 {
-					before = append(before, d)
+				s := &before
+				if p != 0 {
+					s = &during
+				}
+				if dup {
+					s.dup = append(s.dup, d)
 				} else {
-					during = append(during, d)
+					s.fresh = append(s.fresh, d)
 				}
 				mu.Unlock()
 			}
@@ -219,7 +234,7 @@ func measure(ctx context.Context, db *sql.DB, table string, cleanup func() error
 	case err := <-errs:
 		phase.Store(2)
 		wg.Wait()
-		return nil, nil, 0, err
+		return before, during, 0, err
 	}
 	phase.Store(1)
 	start := time.Now()
@@ -233,6 +248,37 @@ func measure(ctx context.Context, db *sql.DB, table string, cleanup func() error
 	default:
 	}
 	return before, during, took, err
+}
+
+// samples are claim latencies by kind.
+type samples struct{ fresh, dup []time.Duration }
+
+func (s samples) String() string {
+	all := append(slices.Clone(s.fresh), s.dup...)
+	return fmt.Sprintf("p50 %s p99 %s (n=%d; fresh p99 %s n=%d, duplicate p99 %s n=%d)",
+		pct(all, 50), pct(all, 99), len(all), pct(s.fresh, 99), len(s.fresh), pct(s.dup, 99), len(s.dup))
+}
+
+// liveKey is a loaded key that expires after day0 (g % days >= half).
+func liveKey(i int64) string {
+	g := int(i)%(*rows) + 1
+	for g%*days < *days/2 {
+		g = g%(*rows) + 1
+	}
+	return fmt.Sprintf("%x-%d", md5.Sum([]byte(strconv.Itoa(g))), g)
+}
+
+func claimOnce(ctx context.Context, db *sql.DB, repo repository.Transactional, p repository.ClaimParams) (bool, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	c, err := repo.ClaimTx(ctx, tx, p)
+	if err != nil {
+		return false, err
+	}
+	return c.Claimed, tx.Commit()
 }
 
 func pct(ds []time.Duration, p int) time.Duration {
