@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -114,6 +115,26 @@ type Config struct {
 	// Retention is how long a key and its response are kept. Default:
 	// DefaultRetention (24 h).
 	Retention time.Duration
+	// Observer receives one middleware.Delivery per request of Methods
+	// that carries a key or must, with Consumer Namespace and these
+	// outcomes: processed (the handler ran, its response is stored),
+	// replayed (a stored response sent again), lease_busy (409 in
+	// flight), payload_mismatch (422), needs_intervention (409),
+	// no_key (400, missing or malformed key), no_scope (401), failed
+	// (the response was not stored and the key released — a status Store
+	// refuses, an oversized or streamed body, a panic — or 413, or 503
+	// when the store failed). Claim is the time until the handler
+	// started (the whole time when it did not run). metrics.Metrics
+	// implements it: the requests appear in deliveries_total and
+	// claim_duration_seconds under consumer "http". Default: none.
+	Observer middleware.Observer
+	// TracerProvider creates the span of each such request,
+	// "idempotency <route>", a child of the request context's
+	// span (or of its traceparent header), with the inbox's
+	// idempotency.consumer, .mode ("http"), .key and .outcome attributes
+	// and http.route and http.response.status_code. Default: the global
+	// otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 	// Logger receives the logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/once"
@@ -68,10 +69,14 @@ const (
 //     handler does not run.
 //
 // Keys are stored per (principal, route, key) under the consumer
-// Namespace. Idempotency is safe for concurrent use.
+// Namespace. Every request of Methods that carries a key, or must, gets
+// a span and is reported to Config.Observer as a middleware.Delivery
+// (see Config.Observer for the outcomes). Idempotency is safe for
+// concurrent use.
 type Idempotency struct {
 	config Config
 	once   *once.TwoPhase
+	tracer trace.Tracer
 }
 
 // New validates config and returns the middleware.
@@ -92,7 +97,7 @@ func New(config Config) (*Idempotency, error) {
 	for i, h := range config.ReplayHeaders {
 		config.ReplayHeaders[i] = http.CanonicalHeaderKey(h)
 	}
-	return &Idempotency{config: config, once: o}, nil
+	return &Idempotency{config: config, once: o, tracer: tracerFrom(config.TracerProvider)}, nil
 }
 
 // Middleware wraps next.
@@ -112,46 +117,65 @@ func (m *Idempotency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 		return
 	}
 	key, present, err := parseKey(r.Header.Values(HeaderKey), c.MaxKeyLength)
-	switch {
-	case !present && c.OptionalKey:
+	if !present && c.OptionalKey {
 		next.ServeHTTP(w, r)
 		return
+	}
+	route := c.Route(r)
+	obs, ctx := m.begin(r, route)
+	ended := false
+	end := func(outcome middleware.Outcome, status int, err error) {
+		ended = true
+		obs.end(ctx, outcome, status, err)
+	}
+	defer func() {
+		if !ended { // the handler panicked; the key is released
+			end(middleware.OutcomeFailed, http.StatusInternalServerError, errors.New("handler panicked"))
+		}
+	}()
+	switch {
 	case !present:
 		problem(w, http.StatusBadRequest, ProblemKeyMissing, "Idempotency-Key is missing",
 			fmt.Sprintf("%s %s requires an Idempotency-Key header.", r.Method, r.URL.Path), nil)
+		end(middleware.OutcomeNoKey, http.StatusBadRequest, fmt.Errorf("%w: no Idempotency-Key header", middleware.ErrNoKey))
 		return
 	case err != nil:
 		problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Idempotency-Key is invalid", err.Error(), nil)
+		end(middleware.OutcomeNoKey, http.StatusBadRequest, fmt.Errorf("%w: %w", middleware.ErrNoKey, err))
 		return
 	}
+	obs.setKey(key)
 	principal := ""
 	if !c.Global {
 		principal, err = c.Principal(r)
 		if err != nil || principal == "" {
 			problem(w, http.StatusUnauthorized, ProblemNoPrincipal, "No authenticated client",
 				"An Idempotency-Key is kept per client, and this request has none.", nil)
+			end(middleware.OutcomeNoScope, http.StatusUnauthorized, fmt.Errorf("%w: no authenticated client: %w", middleware.ErrNoScope, err))
 			return
 		}
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, c.MaxBodyBytes+1))
 	if err != nil {
 		problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Could not read the request body", err.Error(), nil)
+		end(middleware.OutcomeFailed, http.StatusBadRequest, err)
 		return
 	}
 	if int64(len(body)) > c.MaxBodyBytes {
 		problem(w, http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Request body too large",
 			fmt.Sprintf("Requests with an Idempotency-Key may carry at most %d bytes.", c.MaxBodyBytes), nil)
+		end(middleware.OutcomeFailed, http.StatusRequestEntityTooLarge, fmt.Errorf("request body over %d bytes", c.MaxBodyBytes))
 		return
 	}
 	_ = r.Body.Close()
 	bodyHash := sha256.Sum256(body)
-	route := c.Route(r)
 	storeKey := lengthPrefixed(principal) + lengthPrefixed(route) + key
 	fingerprint := r.Method + "\n" + r.URL.RequestURI() + "\n" + hex.EncodeToString(bodyHash[:])
 	fields := watermill.LogFields{"principal": principal, "route": route, "key": key}
 
 	var rec *recorder
-	res, err := m.once.DoInput(r.Context(), storeKey, []byte(fingerprint), func(ctx context.Context) ([]byte, error) {
+	res, err := m.once.DoInput(ctx, storeKey, []byte(fingerprint), func(ctx context.Context) ([]byte, error) {
+		obs.handlerStarted()
 		rec = &recorder{w: w, limit: c.MaxResponseBytes}
 		req := r.WithContext(ctx)
 		req.Body = io.NopCloser(bytes.NewReader(body))
@@ -168,25 +192,40 @@ func (m *Idempotency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 	switch {
 	case rec != nil:
 		// The handler ran: its response goes out whatever the store said.
-		if err != nil && !errors.Is(err, errNotStored) {
+		outcome := middleware.OutcomeProcessed
+		switch {
+		case errors.Is(err, errNotStored):
+			outcome, err = middleware.OutcomeFailed, fmt.Errorf("response with status %d %w: the key is released", rec.status, errNotStored)
+		case err != nil:
+			outcome = middleware.OutcomeFailed
 			c.Logger.Error("Idempotency: the handler ran but its response could not be stored; a retry meets the store's state then", err, fields)
 		}
 		rec.finish()
+		end(outcome, rec.status, err)
 	case err == nil:
-		m.replay(w, res.Value, fields)
+		status := m.replay(w, res.Value, fields)
+		outcome := middleware.OutcomeReplayed
+		if status == http.StatusInternalServerError {
+			outcome, err = middleware.OutcomeFailed, errors.New("stored response unreadable")
+		}
+		end(outcome, status, err)
 	case errors.Is(err, middleware.ErrPayloadMismatch):
 		problem(w, http.StatusUnprocessableEntity, ProblemKeyReused, "Idempotency-Key is already used",
 			"This Idempotency-Key was used with another request (method, path or body).", nil)
+		end(middleware.OutcomePayloadMismatch, http.StatusUnprocessableEntity, err)
 	case errors.Is(err, middleware.ErrNeedsIntervention):
 		problem(w, http.StatusConflict, ProblemNeedsIntervention, "An earlier request with this Idempotency-Key stopped mid-run",
 			"Its outcome is unknown; an operator must resolve it before the key can be used again.", nil)
+		end(middleware.OutcomeNeedsIntervention, http.StatusConflict, err)
 	case errors.Is(err, middleware.ErrInProgress):
 		problem(w, http.StatusConflict, ProblemInFlight, "A request with this Idempotency-Key is in flight",
 			"Retry after the earlier request has completed.", retryAfter(c.RetryAfter))
+		end(middleware.OutcomeLeaseBusy, http.StatusConflict, err)
 	default:
 		c.Logger.Error("Idempotency: store failed; the handler did not run", err, fields)
 		problem(w, http.StatusServiceUnavailable, ProblemStoreUnavailable, "Idempotency store unavailable",
 			"The request was not processed; retry it with the same Idempotency-Key.", retryAfter(c.RetryAfter))
+		end(middleware.OutcomeFailed, http.StatusServiceUnavailable, err)
 	}
 }
 
@@ -277,12 +316,14 @@ func (m *Idempotency) encode(rec *recorder) ([]byte, error) {
 	return json.Marshal(s)
 }
 
-func (m *Idempotency) replay(w http.ResponseWriter, value []byte, fields watermill.LogFields) {
+// replay sends a stored response and returns its status, or answers 500
+// if it is unreadable.
+func (m *Idempotency) replay(w http.ResponseWriter, value []byte, fields watermill.LogFields) int {
 	var s stored
 	if err := json.Unmarshal(value, &s); err != nil || s.Status == 0 {
 		m.config.Logger.Error("Idempotency: stored response is unreadable", fmt.Errorf("decode: %w", err), fields)
 		problem(w, http.StatusInternalServerError, ProblemStoreUnavailable, "Stored response unreadable", "", nil)
-		return
+		return http.StatusInternalServerError
 	}
 	for name, vs := range s.Header {
 		w.Header()[name] = vs
@@ -290,6 +331,7 @@ func (m *Idempotency) replay(w http.ResponseWriter, value []byte, fields watermi
 	w.Header().Set(HeaderReplayed, "true")
 	w.WriteHeader(s.Status)
 	_, _ = w.Write(s.Body)
+	return s.Status
 }
 
 func problem(w http.ResponseWriter, status int, typ, title, detail string, extra http.Header) {

@@ -1,0 +1,145 @@
+package httpidem_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/watermill-idempotent/httpidem"
+	"github.com/idemkit/watermill-idempotent/metrics"
+	"github.com/idemkit/watermill-idempotent/repository/memory"
+)
+
+// TestMetricsAndSpans sends one request per outcome and checks that the
+// inbox's Prometheus metrics count each under consumer "http" and that
+// every request has one span with the inbox's attributes, a child of the
+// client's trace.
+func TestMetricsAndSpans(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(metrics.Config{Registerer: reg})
+	require.NoError(t, err)
+	recorder := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+
+	s := newShop()
+	srv := server(t, memory.NewRepository(), s, httpidem.Config{Observer: m, TracerProvider: tp})
+	c := srv.Client()
+
+	entered, release := s.hold("slow")
+	inFlight := make(chan reply, 1)
+	go func() {
+		inFlight <- send(t, c, srv.URL, request{"POST", "/orders?block=slow", "alice", "k-slow", "{}"})
+	}()
+	<-entered
+
+	for _, q := range []struct {
+		req    request
+		status int
+	}{
+		{request{"POST", "/orders", "alice", "k-1", `{"n":1}`}, 201},          // processed
+		{request{"POST", "/orders", "alice", "k-1", `{"n":1}`}, 201},          // replayed
+		{request{"POST", "/orders", "alice", "k-1", `{"n":2}`}, 422},          // payload_mismatch
+		{request{"POST", "/orders", "alice", "", `{}`}, 400},                  // no_key
+		{request{"POST", "/orders", "", "k-2", `{}`}, 401},                    // no_scope
+		{request{"POST", "/orders?status=500", "alice", "k-3", `{}`}, 500},    // failed: not stored
+		{request{"POST", "/orders?block=slow", "alice", "k-slow", `{}`}, 409}, // lease_busy
+		{request{"GET", "/orders", "alice", "", ``}, 201},                     // not idempotent: unobserved
+	} {
+		req := q.req.build(t, srv.URL)
+		if q.req.key == "k-1" {
+			// The client's trace continues in the middleware's span.
+			ctx, span := tp.Tracer("client").Start(context.Background(), "client call")
+			span.End()
+			propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
+		}
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		require.Equal(t, q.status, resp.StatusCode, "%+v", q.req)
+	}
+	release()
+	require.Equal(t, 201, (<-inFlight).status)
+
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP watermill_idempotent_deliveries_total Deliveries handled by an inbox, by consumer and outcome (processed, duplicate, replayed, payload_mismatch, no_key, no_scope, stale_version, lease_busy, needs_intervention, failed).
+# TYPE watermill_idempotent_deliveries_total counter
+watermill_idempotent_deliveries_total{consumer="http",outcome="failed"} 1
+watermill_idempotent_deliveries_total{consumer="http",outcome="lease_busy"} 1
+watermill_idempotent_deliveries_total{consumer="http",outcome="no_key"} 1
+watermill_idempotent_deliveries_total{consumer="http",outcome="no_scope"} 1
+watermill_idempotent_deliveries_total{consumer="http",outcome="payload_mismatch"} 1
+watermill_idempotent_deliveries_total{consumer="http",outcome="processed"} 2
+watermill_idempotent_deliveries_total{consumer="http",outcome="replayed"} 1
+`), "watermill_idempotent_deliveries_total"))
+	// Claims were timed for every request that got as far as the store.
+	require.Equal(t, 1, testutil.CollectAndCount(reg, "watermill_idempotent_claim_duration_seconds"))
+
+	spans := recorder.Ended()
+	byOutcome := map[string][]sdktrace.ReadOnlySpan{}
+	for _, sp := range spans {
+		if !strings.HasPrefix(sp.Name(), "idempotency ") {
+			continue
+		}
+		attrs := attribute.NewSet(sp.Attributes()...)
+		outcome, _ := attrs.Value("idempotency.outcome")
+		byOutcome[outcome.AsString()] = append(byOutcome[outcome.AsString()], sp)
+		mode, _ := attrs.Value("idempotency.mode")
+		require.Equal(t, "http", mode.AsString())
+		consumer, _ := attrs.Value("idempotency.consumer")
+		require.Equal(t, "http", consumer.AsString())
+		require.Equal(t, "idempotency POST /orders", sp.Name())
+	}
+	require.Len(t, byOutcome["processed"], 2)
+	require.Len(t, byOutcome["replayed"], 1)
+	require.Len(t, byOutcome["failed"], 1)
+	require.Len(t, byOutcome["lease_busy"], 1)
+	require.Len(t, byOutcome["payload_mismatch"], 1)
+	require.Len(t, byOutcome["no_key"], 1)
+	require.Len(t, byOutcome["no_scope"], 1)
+
+	replayed := byOutcome["replayed"][0]
+	attrs := attribute.NewSet(replayed.Attributes()...)
+	key, _ := attrs.Value("idempotency.key")
+	require.Equal(t, "k-1", key.AsString())
+	status, _ := attrs.Value("http.response.status_code")
+	require.EqualValues(t, 201, status.AsInt64())
+	require.True(t, replayed.Parent().IsValid(), "the span continues the client's trace")
+	require.Equal(t, codes.Unset, replayed.Status().Code)
+	require.Equal(t, codes.Error, byOutcome["failed"][0].Status().Code)
+	require.Equal(t, trace.SpanKindInternal, replayed.SpanKind())
+}
+
+// TestHandlerSpanIsChildOfMiddlewareSpan checks that the handler runs in
+// the middleware's span, so its own spans nest under it.
+func TestHandlerSpanIsChildOfMiddlewareSpan(t *testing.T) {
+	recorder := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	idem, err := httpidem.New(httpidem.Config{Repository: memory.NewRepository(), Global: true, TracerProvider: tp})
+	require.NoError(t, err)
+	var inHandler trace.SpanContext
+	h := idem.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inHandler = trace.SpanContextFromContext(r.Context())
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	resp := send(t, srv.Client(), srv.URL, request{method: "POST", path: "/", key: "k"})
+	require.Equal(t, http.StatusCreated, resp.status)
+	spans := recorder.Ended()
+	require.Len(t, spans, 1)
+	require.Equal(t, spans[0].SpanContext().SpanID(), inHandler.SpanID())
+}
