@@ -160,13 +160,11 @@ func TestTwoPhaseExpiredLease(t *testing.T) {
 }
 
 func TestTwoPhaseLeaseIsExtended(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits several lease periods")
-	}
 	backends.ForEach(t, nil, func(t *testing.T, s *backends.Store) {
 		scope := backends.RandomName("job")
-		o := newTwoPhase(t, s, once.Config{Scope: scope, Lease: 300 * time.Millisecond, ExtendEvery: 50 * time.Millisecond})
-		other := newTwoPhase(t, s, once.Config{Scope: scope, Lease: 300 * time.Millisecond, OnExpiredLease: middleware.Reclaim})
+		const lease = 300 * time.Millisecond
+		o := newTwoPhase(t, s, once.Config{Scope: scope, Lease: lease, ExtendEvery: 50 * time.Millisecond})
+		other := newTwoPhase(t, s, once.Config{Scope: scope, Lease: lease, OnExpiredLease: middleware.Reclaim})
 		entered := make(chan struct{})
 		finish := make(chan struct{})
 		done := make(chan error, 1)
@@ -179,8 +177,21 @@ func TestTwoPhaseLeaseIsExtended(t *testing.T) {
 			done <- err
 		}()
 		<-entered
-		time.Sleep(time.Second) // more than three leases pass while the call runs
-		_, err := other.Do(t.Context(), "long", func(context.Context) ([]byte, error) { t.Error("reclaimed a live call"); return nil, nil })
+		first, err := s.Repo.Get(t.Context(), scope, "long")
+		require.NoError(t, err)
+		// Wait until the first lease deadline is more than a whole lease
+		// behind us — unextended, the lease would be long expired — and
+		// the stored deadline is still ahead: the lease was extended.
+		var rec repository.Record
+		require.Eventually(t, func() bool {
+			var err error
+			rec, err = s.Repo.Get(t.Context(), scope, "long")
+			require.NoError(t, err)
+			return time.Now().After(first.LeaseUntil.Add(lease)) && rec.LeaseUntil.After(time.Now())
+		}, 10*time.Second, 10*time.Millisecond, "the lease was not extended past its first deadline (%s)", first.LeaseUntil)
+		require.True(t, rec.LeaseUntil.After(first.LeaseUntil.Add(lease)), "extended deadline %s", rec.LeaseUntil)
+		require.Equal(t, first.LeaseOwner, rec.LeaseOwner, "extended by the running call, not taken over")
+		_, err = other.Do(t.Context(), "long", func(context.Context) ([]byte, error) { t.Error("reclaimed a live call"); return nil, nil })
 		require.ErrorIs(t, err, middleware.ErrInProgress, "the running call's lease must still be live")
 		close(finish)
 		require.NoError(t, <-done)
