@@ -55,13 +55,15 @@ func runClaim(t *testing.T, b Backend) {
 		// partitioned by it) must still find the first record.
 		t.Parallel()
 		f := newFixture(t, b)
+		const retention = 7 * 24 * time.Hour
 		first := claimParams("billing", "order-1")
-		first.ExpiresAt = first.Now.Add(time.Hour)
+		first.ExpiresAt = first.Now.Add(retention)
 		require.True(t, f.claim(t, first, []byte("result-1")).Claimed)
 
+		// Two days later, within the first record's retention.
 		later := claimParams("billing", "order-1")
 		later.Now = first.Now.Add(49 * time.Hour)
-		later.ExpiresAt = later.Now.Add(7 * 24 * time.Hour)
+		later.ExpiresAt = later.Now.Add(retention)
 		c := f.claim(t, later, []byte("must not be stored"))
 		require.False(t, c.Claimed, "a redelivery with a later expiry is a duplicate")
 		require.Equal(t, []byte("result-1"), c.Existing.Result)
