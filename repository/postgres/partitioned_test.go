@@ -2,12 +2,19 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/repotest"
@@ -51,4 +58,72 @@ func TestPartitionedConfigIsValidated(t *testing.T) {
 	}
 	_, err := postgres.NewPartitionedRepository(db, postgres.PartitionedConfig{Table: "bad;table"})
 	require.ErrorIs(t, err, repository.ErrInvalidTableName)
+}
+
+// TestPartitionedInboxRunsEachMessageOnce delivers every message of a
+// batch many times at once through the inbox middleware on the
+// partitioned repository: each handler's business write commits exactly
+// once per message, and every other copy is acknowledged as a duplicate.
+func TestPartitionedInboxRunsEachMessageOnce(t *testing.T) {
+	db := testenv.Postgres(t)
+	ctx := t.Context()
+	table := "inbox_parted_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	effects := table + "_effects"
+	repo, err := postgres.NewPartitionedRepository(db, postgres.PartitionedConfig{Table: table})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+table+`", "`+effects+`"`)
+		require.NoError(t, err)
+	})
+	require.NoError(t, repo.Migrate(ctx))
+	_, err = db.ExecContext(ctx, `CREATE TABLE "`+effects+`" (message_uuid TEXT NOT NULL)`)
+	require.NoError(t, err)
+
+	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing"})
+	require.NoError(t, err)
+	handler := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		tx, ok := middleware.TxFromContext(msg.Context())
+		if !ok {
+			return nil, errors.New("no inbox transaction")
+		}
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO "`+effects+`" (message_uuid) VALUES ($1)`, msg.UUID)
+		return nil, err
+	})
+
+	const messages, copies = 8, 16
+	var wg sync.WaitGroup
+	errs := make(chan error, messages*copies)
+	start := make(chan struct{})
+	for m := range messages {
+		for range copies {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				_, err := handler(message.NewMessage(fmt.Sprintf("order-%d", m), []byte("charge")))
+				errs <- err
+			}()
+		}
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	rows, err := db.QueryContext(ctx, `SELECT message_uuid, COUNT(*) FROM "`+effects+`" GROUP BY message_uuid`)
+	require.NoError(t, err)
+	defer rows.Close()
+	got := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		require.NoError(t, rows.Scan(&id, &n))
+		got[id] = n
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, got, messages)
+	for id, n := range got {
+		require.Equal(t, 1, n, "effects of %s", id)
+	}
 }
