@@ -127,3 +127,25 @@ func TestPartitionedInboxRunsEachMessageOnce(t *testing.T) {
 		require.Equal(t, 1, n, "effects of %s", id)
 	}
 }
+
+// BenchmarkPartitionedRepository runs the storage benchmarks on the
+// partitioned layout with its defaults (daily partitions, 8 days ahead:
+// a claim probes 9 partitions); compare with BenchmarkRepository.
+func BenchmarkPartitionedRepository(b *testing.B) {
+	db := testenv.Postgres(b)
+	repotest.Bench(b, repotest.BenchBackend{
+		Name: "postgres-partitioned", DB: db,
+		Features: repotest.Features{Transactional: true, TwoPhase: true, CleanupInterval: 24 * time.Hour},
+		New: func(tb testing.TB, table string) (repotest.Repository, error) {
+			repo, err := postgres.NewPartitionedRepository(db, postgres.PartitionedConfig{Table: table})
+			if err != nil {
+				return nil, err
+			}
+			tb.Cleanup(func() {
+				_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+table+`"`)
+				require.NoError(tb, err)
+			})
+			return repo, repo.Migrate(context.Background())
+		},
+	})
+}

@@ -44,7 +44,8 @@ const CleanupBatch = 1000
 //   - Acquire, DuplicateAcquire: the same for two-phase mode;
 //   - Complete: marking an acquired record completed with a result;
 //   - Cleanup: one DeleteExpired of CleanupBatch expired records among
-//     live ones (the records are seeded with the timer stopped).
+//     live ones (the records are seeded with the timer stopped); not
+//     with Features.CleanupInterval, whose cleanup drops whole intervals.
 //
 // Wire it in a backend's tests:
 //
@@ -68,7 +69,7 @@ func Bench(b *testing.B, bb BenchBackend) {
 		b.Run("DuplicateAcquire", func(b *testing.B) { benchDuplicateAcquire(b, bb) })
 		b.Run("Complete", func(b *testing.B) { benchComplete(b, bb) })
 	}
-	if !bb.Features.ExpiryByTTL {
+	if !bb.Features.ExpiryByTTL && bb.Features.CleanupInterval == 0 { // whole intervals: see bench/partition
 		b.Run("Cleanup", func(b *testing.B) { benchCleanup(b, bb) })
 	}
 }
