@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -148,4 +149,65 @@ func BenchmarkPartitionedRepository(b *testing.B) {
 			return repo, repo.Migrate(context.Background())
 		},
 	})
+}
+
+// newPartitioned returns a migrated partitioned repository on a fresh
+// table (hourly partitions, two hours ahead) over db.
+func newPartitioned(t *testing.T, db *sql.DB) (*postgres.PartitionedRepository, string) {
+	t.Helper()
+	table := "parted_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	repo, err := postgres.NewPartitionedRepository(db, postgres.PartitionedConfig{Table: table, Interval: time.Hour, Ahead: 2 * time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+table+`"`)
+		require.NoError(t, err)
+	})
+	require.NoError(t, repo.Migrate(t.Context()))
+	return repo, table
+}
+
+// TestPartitionedClaimRefusesRepeatableRead: under REPEATABLE READ the
+// snapshot predates the lock wait and could hide the winner's row, so the
+// claim refuses to run rather than risk a second winner.
+func TestPartitionedClaimRefusesRepeatableRead(t *testing.T) {
+	db := testenv.Postgres(t)
+	repo, _ := newPartitioned(t, db)
+	now := time.Now()
+	tx, err := db.BeginTx(t.Context(), &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	_, err = repo.ClaimTx(t.Context(), tx, repository.ClaimParams{
+		Consumer: "billing", Key: "order-1", PayloadHash: []byte{1}, Now: now, ExpiresAt: now.Add(time.Hour),
+	})
+	require.ErrorIs(t, err, repository.ErrInvalidParams)
+	require.ErrorContains(t, err, "READ COMMITTED")
+}
+
+// TestPartitionedClaimCreatesItsPartitionOnOneConnection: a claim whose
+// partition does not exist yet creates it in the caller's transaction, so
+// a pool of one connection, held by that transaction, does not deadlock.
+func TestPartitionedClaimCreatesItsPartitionOnOneConnection(t *testing.T) {
+	db, err := sql.Open("pgx", testenv.PostgresDSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(1)
+	repo, table := newPartitioned(t, db)
+
+	now := time.Now()
+	far := now.Add(30 * 24 * time.Hour) // far past Ahead: no partition yet
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	c, err := repo.ClaimTx(ctx, tx, repository.ClaimParams{
+		Consumer: "billing", Key: "order-1", PayloadHash: []byte{1}, Now: now, ExpiresAt: far,
+	})
+	require.NoError(t, err)
+	require.True(t, c.Claimed)
+	require.NoError(t, tx.Commit())
+
+	var partition string
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT tableoid::regclass::text FROM "`+table+`" WHERE dedup_key = 'order-1'`).Scan(&partition))
+	require.Contains(t, partition, far.UTC().Truncate(time.Hour).Format("20060102t1504"))
 }
