@@ -78,7 +78,10 @@ const ddlLockTimeout = "10s"
 // Every other operation (reads, result, lease updates, release, operator
 // and stats) is the Inbox's, unchanged: none of them changes expires_at.
 type PartitionedInbox struct {
-	*Inbox
+	// in is the plain store on the partitioned table; it is not embedded,
+	// so that no claim path of it (batch, literal, prepared) that skips
+	// the lock is ever promoted: each method is forwarded or replaced.
+	in              *Inbox
 	interval, ahead time.Duration
 	lockKey         int64 // the advisory lock of partition maintenance
 	insert, acquire stmt
@@ -87,6 +90,9 @@ type PartitionedInbox struct {
 	create sync.Mutex // one maintenance creator per process
 	mu     sync.Mutex
 	known  map[int64]bool // partition starts (Unix seconds) known to exist
+	// pending: partitions this process created in a caller's transaction,
+	// not known to be committed.
+	pending map[int64]bool
 }
 
 // NewPartitionedInbox returns the partitioned inbox of dialect d (which
@@ -104,7 +110,7 @@ func NewPartitionedInbox(d *Dialect, db DB, config PartitionConfig) (*Partitione
 	if in.migrator, err = newMigrator(d, db, "partitioned_inbox", repository.DefaultTableName, config.Table); err != nil {
 		return nil, err
 	}
-	s := &PartitionedInbox{Inbox: in, interval: config.Interval, ahead: config.Ahead, known: map[int64]bool{}}
+	s := &PartitionedInbox{in: in, interval: config.Interval, ahead: config.Ahead, known: map[int64]bool{}, pending: map[int64]bool{}}
 	s.lockKey = advisoryKey(in.t.quoted, "partitions")
 	b := func(q string) stmt { return d.bind(in.t.quoted, q) }
 	// One statement takes the key's lock and reports the isolation level:
@@ -140,11 +146,11 @@ func (s *PartitionedInbox) Migrate(ctx context.Context) error {
 
 // Migrations is Migrate returning the migrations it applied.
 func (s *PartitionedInbox) Migrations(ctx context.Context) ([]Migration, error) {
-	applied, err := s.migrator.Migrations(ctx)
+	applied, err := s.in.Migrations(ctx)
 	if err != nil {
 		return applied, err
 	}
-	return applied, s.wrap("create partitions", s.ensureRange(ctx, time.Now()))
+	return applied, s.in.wrap("create partitions", s.ensureRange(ctx, time.Now()))
 }
 
 // ClaimTx implements repository.Transactional: see ClaimOn.
@@ -170,21 +176,21 @@ func (s *PartitionedInbox) ClaimOn(ctx context.Context, ex Executor, p repositor
 	}
 	key := repository.StorageKey(p.Key)
 	if err := s.ensureIn(ctx, ex, p.ExpiresAt); err != nil {
-		return repository.Claim{}, s.wrap("claim: create partition", err)
+		return repository.Claim{}, s.in.wrap("claim: create partition", err)
 	}
 	if err := s.lock(ctx, ex, p.Consumer, key); err != nil {
-		return repository.Claim{}, s.wrap("claim", err)
+		return repository.Claim{}, s.in.wrap("claim", err)
 	}
-	n, err := s.exec(ctx, ex, s.insert, p.Consumer, key, p.PayloadHash, p.Now.UTC(), p.ExpiresAt.UTC())
+	n, err := s.insert.exec(ctx, ex, p.Consumer, key, p.PayloadHash, p.Now.UTC(), p.ExpiresAt.UTC())
 	if err != nil {
-		return repository.Claim{}, s.wrap("claim", s.forgetMissing(err))
+		return repository.Claim{}, s.in.wrap("claim", s.forgetMissing(err))
 	}
 	if n == 1 {
 		return repository.Claim{Claimed: true}, nil
 	}
-	rec, err := s.get(ctx, ex, s.q.get, p.Consumer, key)
+	rec, err := s.in.get(ctx, ex, s.in.q.get, p.Consumer, key)
 	if err != nil {
-		return repository.Claim{}, s.wrap("read duplicate", err)
+		return repository.Claim{}, s.in.wrap("read duplicate", err)
 	}
 	return repository.Claim{Existing: rec}, nil
 }
@@ -193,7 +199,7 @@ func (s *PartitionedInbox) ClaimOn(ctx context.Context, ex Executor, p repositor
 // isolation level.
 func (s *PartitionedInbox) lock(ctx context.Context, ex Executor, consumer, key string) error {
 	var level string
-	if err := ex.QueryRow(ctx, s.lockClaim, advisoryKey(s.t.quoted, consumer, key)).Scan(&level); err != nil {
+	if err := ex.QueryRow(ctx, s.lockClaim, advisoryKey(s.in.t.quoted, consumer, key)).Scan(&level); err != nil {
 		return err
 	}
 	if level != "read committed" {
@@ -212,22 +218,22 @@ func (s *PartitionedInbox) Acquire(ctx context.Context, p repository.AcquirePara
 	}
 	key := repository.StorageKey(p.Key)
 	if err := s.ensure(ctx, p.ExpiresAt); err != nil {
-		return repository.Acquisition{}, s.wrap("acquire: create partition", err)
+		return repository.Acquisition{}, s.in.wrap("acquire: create partition", err)
 	}
 	var out repository.Acquisition
 	var err error
 	for range attempts {
-		err = s.retry(func() error {
-			return s.db.InTx(ctx, true, func(tx Executor) error {
+		err = s.in.retry(func() error {
+			return s.in.db.InTx(ctx, true, func(tx Executor) error {
 				if err := s.lock(ctx, tx, p.Consumer, key); err != nil {
 					return err
 				}
-				n, err := s.exec(ctx, tx, s.acquire, p.Consumer, key, p.PayloadHash, p.Owner, p.LeaseUntil.UTC(), p.Now.UTC(), p.ExpiresAt.UTC())
+				n, err := s.acquire.exec(ctx, tx, p.Consumer, key, p.PayloadHash, p.Owner, p.LeaseUntil.UTC(), p.Now.UTC(), p.ExpiresAt.UTC())
 				if err != nil || n == 1 {
 					out = repository.Acquisition{Acquired: n == 1}
 					return s.forgetMissing(err)
 				}
-				rec, err := s.get(ctx, tx, s.q.get, p.Consumer, key)
+				rec, err := s.in.get(ctx, tx, s.in.q.get, p.Consumer, key)
 				out = repository.Acquisition{Existing: rec}
 				return err
 			})
@@ -239,7 +245,7 @@ func (s *PartitionedInbox) Acquire(ctx context.Context, p repository.AcquirePara
 			break
 		}
 	}
-	return out, s.wrap("acquire", err)
+	return out, s.in.wrap("acquire", err)
 }
 
 // DeleteExpired implements repository.Cleaner by partitions: it creates
@@ -253,13 +259,13 @@ func (s *PartitionedInbox) Acquire(ctx context.Context, p repository.AcquirePara
 // across processes by an advisory lock.
 func (s *PartitionedInbox) DeleteExpired(ctx context.Context, before time.Time, limit int) (int, error) {
 	if limit <= 0 {
-		return 0, fmt.Errorf("%s: delete expired: %w: limit must be positive", s.d.Name, repository.ErrInvalidParams)
+		return 0, fmt.Errorf("%s: delete expired: %w: limit must be positive", s.in.d.Name, repository.ErrInvalidParams)
 	}
 	if err := s.ensureRange(ctx, before); err != nil {
-		return 0, s.wrap("delete expired: create partitions", err)
+		return 0, s.in.wrap("delete expired: create partitions", err)
 	}
 	deleted := 0
-	err := s.db.OnSession(ctx, func(ex Executor) error {
+	err := s.in.db.OnSession(ctx, func(ex Executor) error {
 		if _, err := ex.Exec(ctx, `SELECT pg_advisory_lock($1)`, s.lockKey); err != nil {
 			return err
 		}
@@ -272,9 +278,9 @@ func (s *PartitionedInbox) DeleteExpired(ctx context.Context, before time.Time, 
 			if pt.end.After(before) {
 				continue
 			}
-			detach := `ALTER TABLE ` + s.t.quoted + ` DETACH PARTITION ` + pt.name + ` CONCURRENTLY`
+			detach := `ALTER TABLE ` + s.in.t.quoted + ` DETACH PARTITION ` + pt.name + ` CONCURRENTLY`
 			if pt.pending { // a detach interrupted earlier
-				detach = `ALTER TABLE ` + s.t.quoted + ` DETACH PARTITION ` + pt.name + ` FINALIZE`
+				detach = `ALTER TABLE ` + s.in.t.quoted + ` DETACH PARTITION ` + pt.name + ` FINALIZE`
 			}
 			if _, err := ex.Exec(ctx, detach); err != nil {
 				return fmt.Errorf("detach %s: %w", pt.name, err)
@@ -294,7 +300,7 @@ func (s *PartitionedInbox) DeleteExpired(ctx context.Context, before time.Time, 
 		}
 		return nil
 	})
-	return deleted, s.wrap("delete expired", err)
+	return deleted, s.in.wrap("delete expired", err)
 }
 
 // partition is one partition of the table.
@@ -308,14 +314,14 @@ type partition struct {
 // read back from the catalog in the session's time zone, the one they are
 // printed in.
 func (s *PartitionedInbox) partitions(ctx context.Context, ex Executor) ([]partition, error) {
-	out, err := collect(ctx, ex, s.d.bind(s.t.quoted, `SELECT c.oid::regclass::text, i.inhdetachpending,
+	out, err := collect(ctx, ex, s.in.d.bind(s.in.t.quoted, `SELECT c.oid::regclass::text, i.inhdetachpending,
 	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
 	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = $1::regclass`), func(r Row) (partition, error) {
 		var pt partition
 		return pt, r.Scan(&pt.name, &pt.pending, &pt.start, &pt.end)
-	}, s.t.quoted)
+	}, s.in.t.quoted)
 	slices.SortFunc(out, func(a, b partition) int { return a.start.Compare(b.start) })
 	return out, err
 }
@@ -346,7 +352,7 @@ func (s *PartitionedInbox) ensure(ctx context.Context, t time.Time) error {
 	if s.isKnown(start) {
 		return nil
 	}
-	err := s.db.InTx(ctx, true, func(ex Executor) error {
+	err := s.in.db.InTx(ctx, true, func(ex Executor) error {
 		if _, err := ex.Exec(ctx, `SET LOCAL lock_timeout = '`+ddlLockTimeout+`'`); err != nil {
 			return err
 		}
@@ -371,17 +377,31 @@ func (s *PartitionedInbox) ensureIn(ctx context.Context, ex Executor, t time.Tim
 		return err
 	}
 	if exists {
-		s.setKnown(start)
+		// A partition this process created in a caller's transaction is
+		// visible to that transaction before it commits (a batch claims
+		// several keys in one): only maintenance's own look, which sees
+		// committed tables only, may then mark it known.
+		s.mu.Lock()
+		if !s.pending[start.Unix()] {
+			s.known[start.Unix()] = true
+		}
+		s.mu.Unlock()
 		return nil
 	}
-	return s.createIn(ctx, ex, start)
+	if err := s.createIn(ctx, ex, start); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.pending[start.Unix()] = true
+	s.mu.Unlock()
+	return nil
 }
 
 // partitionName is the quoted name of the partition starting at start,
 // and that name unquoted.
 func (s *PartitionedInbox) partitionName(start time.Time) (quoted, bare string) {
-	bare = repository.IndexName(s.t.name, "p"+start.Format("20060102t1504"))
-	return s.d.sibling(s.t, bare), bare
+	bare = repository.IndexName(s.in.t.name, "p"+start.Format("20060102t1504"))
+	return s.in.d.sibling(s.in.t, bare), bare
 }
 
 // exists looks the partition starting at start up in pg_class with the
@@ -392,7 +412,7 @@ func (s *PartitionedInbox) exists(ctx context.Context, ex Executor, start time.T
 	_, bare := s.partitionName(start)
 	var exists bool
 	err := ex.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relname = $1 AND n.nspname = COALESCE(NULLIF($2, ''), current_schema()))`, bare, s.t.schema).Scan(&exists)
+WHERE c.relname = $1 AND n.nspname = COALESCE(NULLIF($2, ''), current_schema()))`, bare, s.in.t.schema).Scan(&exists)
 	return exists, err
 }
 
@@ -410,8 +430,8 @@ func (s *PartitionedInbox) createIn(ctx context.Context, ex Executor, start time
 	// Bounds are Go-formatted UTC times, never user input: DDL takes no
 	// parameters.
 	for _, ddl := range []string{
-		`CREATE TABLE ` + name + ` (LIKE ` + s.t.quoted + ` INCLUDING DEFAULTS)`,
-		fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`, s.t.quoted, name,
+		`CREATE TABLE ` + name + ` (LIKE ` + s.in.t.quoted + ` INCLUDING DEFAULTS)`,
+		fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`, s.in.t.quoted, name,
 			start.Format(time.RFC3339), start.Add(s.interval).Format(time.RFC3339)),
 	} {
 		if _, err := ex.Exec(ctx, ddl); err != nil {
@@ -427,10 +447,12 @@ func (s *PartitionedInbox) isKnown(start time.Time) bool {
 	return s.known[start.Unix()]
 }
 
+// setKnown records a partition seen committed.
 func (s *PartitionedInbox) setKnown(start time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.known[start.Unix()] = true
+	delete(s.pending, start.Unix())
 }
 
 // forgetMissing clears the cache of known partitions when an insert found
@@ -446,8 +468,114 @@ func (s *PartitionedInbox) forgetMissing(err error) error {
 	return err
 }
 
+// ClaimBatchTx implements repository.BatchTransactional (group commit):
+// see ClaimBatchOn.
+func (s *PartitionedInbox) ClaimBatchTx(ctx context.Context, tx repository.Querier, params []repository.ClaimParams) ([]repository.Claim, error) {
+	return s.ClaimBatchOn(ctx, StdQuerier(tx), params)
+}
+
+// ClaimBatchOn claims every key of params in ex's transaction with
+// ClaimOn, taking the keys' locks in one global order (by lock key), so
+// two batches sharing keys cannot deadlock on them. A (consumer, key)
+// given twice is refused with repository.ErrInvalidParams, as by Inbox.
+func (s *PartitionedInbox) ClaimBatchOn(ctx context.Context, ex Executor, params []repository.ClaimParams) ([]repository.Claim, error) {
+	order := make([]int, len(params))
+	keys := make([]int64, len(params))
+	seen := make(map[[2]string]bool, len(params))
+	for i, p := range params {
+		if err := repository.ValidateClaim(p); err != nil {
+			return nil, fmt.Errorf("%s: claim batch: row %d: %w", s.in.d.Name, i, err)
+		}
+		key := repository.StorageKey(p.Key)
+		if seen[[2]string{p.Consumer, key}] {
+			return nil, fmt.Errorf("%s: claim batch: %w: (%q, %q) twice in one batch", s.in.d.Name, repository.ErrInvalidParams, p.Consumer, p.Key)
+		}
+		seen[[2]string{p.Consumer, key}] = true
+		order[i] = i
+		keys[i] = advisoryKey(s.in.t.quoted, p.Consumer, key)
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		switch {
+		case keys[a] < keys[b]:
+			return -1
+		case keys[a] > keys[b]:
+			return 1
+		}
+		return 0
+	})
+	claims := make([]repository.Claim, len(params))
+	for _, i := range order {
+		var err error
+		if claims[i], err = s.ClaimOn(ctx, ex, params[i]); err != nil {
+			return nil, err
+		}
+	}
+	return claims, nil
+}
+
+// RetryableTx implements repository.BatchTransactional: a deadlock victim
+// or a serialization failure.
+func (s *PartitionedInbox) RetryableTx(err error) bool { return s.in.RetryableTx(err) }
+
+// The operations below neither insert a key nor change expires_at: they
+// are the plain store's.
+
+// SaveResultTx implements repository.Transactional (one UPDATE).
+func (s *PartitionedInbox) SaveResultTx(ctx context.Context, tx repository.Querier, p repository.SaveResultParams) error {
+	return s.in.SaveResultTx(ctx, tx, p)
+}
+
+// SaveResultOn is SaveResultTx on any driver's transaction.
+func (s *PartitionedInbox) SaveResultOn(ctx context.Context, ex Executor, p repository.SaveResultParams) error {
+	return s.in.SaveResultOn(ctx, ex, p)
+}
+
+// Get implements repository.Reader.
+func (s *PartitionedInbox) Get(ctx context.Context, consumer, key string) (repository.Record, error) {
+	return s.in.Get(ctx, consumer, key)
+}
+
+// Reclaim implements repository.TwoPhase (see Inbox.Reclaim).
+func (s *PartitionedInbox) Reclaim(ctx context.Context, p repository.ReclaimParams) (repository.Record, error) {
+	return s.in.Reclaim(ctx, p)
+}
+
+// Extend implements repository.TwoPhase (see Inbox.Extend).
+func (s *PartitionedInbox) Extend(ctx context.Context, p repository.LeaseParams) error {
+	return s.in.Extend(ctx, p)
+}
+
+// Complete implements repository.TwoPhase (see Inbox.Complete).
+func (s *PartitionedInbox) Complete(ctx context.Context, p repository.CompleteParams) error {
+	return s.in.Complete(ctx, p)
+}
+
+// Release implements repository.TwoPhase (see Inbox.Release).
+func (s *PartitionedInbox) Release(ctx context.Context, p repository.LeaseParams) error {
+	return s.in.Release(ctx, p)
+}
+
+// ListStuck implements repository.Operator (see Inbox.ListStuck).
+func (s *PartitionedInbox) ListStuck(ctx context.Context, p repository.ListStuckParams) ([]repository.Record, error) {
+	return s.in.ListStuck(ctx, p)
+}
+
+// Resolve implements repository.Operator (see Inbox.Resolve).
+func (s *PartitionedInbox) Resolve(ctx context.Context, p repository.ResolveParams) error {
+	return s.in.Resolve(ctx, p)
+}
+
+// CountRecords implements repository.Stats (see Inbox.CountRecords).
+func (s *PartitionedInbox) CountRecords(ctx context.Context, now time.Time) ([]repository.RecordCount, error) {
+	return s.in.CountRecords(ctx, now)
+}
+
 var (
-	_ repository.Transactional = (*PartitionedInbox)(nil)
-	_ repository.TwoPhase      = (*PartitionedInbox)(nil)
-	_ repository.Cleaner       = (*PartitionedInbox)(nil)
+	_ repository.Transactional      = (*PartitionedInbox)(nil)
+	_ repository.BatchTransactional = (*PartitionedInbox)(nil)
+	_ repository.TwoPhase           = (*PartitionedInbox)(nil)
+	_ repository.Reader             = (*PartitionedInbox)(nil)
+	_ repository.Cleaner            = (*PartitionedInbox)(nil)
+	_ repository.Operator           = (*PartitionedInbox)(nil)
+	_ repository.Stats              = (*PartitionedInbox)(nil)
 )

@@ -29,7 +29,7 @@ func TestPartitionedConformance(t *testing.T) {
 	repotest.Run(t, repotest.Backend{
 		Name: "postgres-partitioned",
 		DB:   db,
-		Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true, Stats: true,
+		Features: repotest.Features{Transactional: true, TwoPhase: true, Operator: true, Stats: true, Batch: true,
 			CleanupInterval: time.Hour},
 		New: func(t *testing.T, table string) (repotest.Repository, error) {
 			repo, err := postgres.NewPartitionedRepository(db, postgres.PartitionedConfig{

@@ -56,12 +56,12 @@ func runClaim(t *testing.T, b Backend) {
 		t.Parallel()
 		f := newFixture(t, b)
 		const retention = 7 * 24 * time.Hour
-		first := claimParams("billing", "order-1")
+		first := ClaimParams("billing", "order-1")
 		first.ExpiresAt = first.Now.Add(retention)
 		require.True(t, f.claim(t, first, []byte("result-1")).Claimed)
 
 		// Two days later, within the first record's retention.
-		later := claimParams("billing", "order-1")
+		later := ClaimParams("billing", "order-1")
 		later.Now = first.Now.Add(49 * time.Hour)
 		later.ExpiresAt = later.Now.Add(retention)
 		c := f.claim(t, later, []byte("must not be stored"))

@@ -111,7 +111,7 @@ func runConcurrency(t *testing.T, b Backend) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					p := claimParams("billing", fmt.Sprintf("order-%d", k))
+					p := ClaimParams("billing", fmt.Sprintf("order-%d", k))
 					p.Now = now
 					p.ExpiresAt = now.Add(time.Hour + time.Duration(i%4)*25*time.Hour)
 					<-start
