@@ -63,9 +63,15 @@ func TestPartitionedConfigIsValidated(t *testing.T) {
 
 // TestPartitionedInboxRunsEachMessageOnce delivers every message of a
 // batch many times at once through the inbox middleware on the
-// partitioned repository: each handler's business write commits exactly
+// partitioned repository, with and without group commit: each handler's business write commits exactly
 // once per message, and every other copy is acknowledged as a duplicate.
 func TestPartitionedInboxRunsEachMessageOnce(t *testing.T) {
+	for name, batch := range map[string]int{"one transaction each": 0, "group commit": 16} {
+		t.Run(name, func(t *testing.T) { runPartitionedInbox(t, batch) })
+	}
+}
+
+func runPartitionedInbox(t *testing.T, batch int) {
 	db := testenv.Postgres(t)
 	ctx := t.Context()
 	table := "inbox_parted_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
@@ -80,7 +86,8 @@ func TestPartitionedInboxRunsEachMessageOnce(t *testing.T) {
 	_, err = db.ExecContext(ctx, `CREATE TABLE "`+effects+`" (message_uuid TEXT NOT NULL)`)
 	require.NoError(t, err)
 
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing"})
+	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing",
+		Batch: middleware.BatchConfig{MaxMessages: batch}})
 	require.NoError(t, err)
 	handler := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := middleware.TxFromContext(msg.Context())
