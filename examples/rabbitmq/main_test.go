@@ -36,7 +36,7 @@ func TestRun(t *testing.T) {
 		defer conn.Close()
 		ch, err := conn.Channel()
 		require.NoError(t, err)
-		for _, q := range []string{"orders_billing", "payments_receipts"} {
+		for _, q := range []string{"orders_shop", "payments_shop"} {
 			_, err := ch.QueueDelete(prefix+q, false, false, false)
 			require.NoError(t, err)
 		}
@@ -48,7 +48,7 @@ func TestRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a deadline for a stuck run
 	defer cancel()
 	var out bytes.Buffer
-	err := run(ctx, config{AMQPURL: url, PostgresDSN: testenv.PostgresDSN(), Orders: 12, Prefix: prefix}, &out)
+	err := run(ctx, config{AMQPURL: url, PostgresDSN: testenv.PostgresDSN(), Prefix: prefix}, &out)
 	t.Log("\n" + out.String())
 	require.NoError(t, err)
 	require.Regexp(t, `^run [^:]+: 12 orders published as 16 messages \(4 re-sent with the same UUID\)
