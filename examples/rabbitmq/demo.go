@@ -23,14 +23,17 @@ const ordersPerRun = 12
 // demo publishes ordersPerRun orders, every third one twice with the same
 // UUID, waits until the inbox has seen every delivery and prints the
 // ledger from the database.
-func demo(ctx context.Context, w io.Writer, db *sql.DB, pub message.Publisher, prefix string, seen *deliveries) error {
+func demo(ctx context.Context, w io.Writer, db *sql.DB, pub message.Publisher, topic string,
+	seen *deliveries,
+) error {
 	runID := watermill.NewShortUUID()[:8] // in every order ID: the ledger reads this run's rows
 	published := 0
 	for i := range ordersPerRun {
-		payload, _ := json.Marshal(order{ID: fmt.Sprintf("%s-%03d", runID, i+1), Cents: int64(100 + i*250)})
+		o := order{ID: fmt.Sprintf("%s-%03d", runID, i+1), Cents: int64(100 + i*250)}
+		payload, _ := json.Marshal(o)
 		msg := message.NewMessage(watermill.NewUUID(), payload)
 		for range 1 + (i%3)/2 {
-			if err := pub.Publish(prefix+"orders", msg.Copy()); err != nil {
+			if err := pub.Publish(topic, msg.Copy()); err != nil {
 				return err
 			}
 			published++
@@ -46,20 +49,21 @@ func demo(ctx context.Context, w io.Writer, db *sql.DB, pub message.Publisher, p
 
 	var charges, charged, cents, receipts int
 	err := db.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(DISTINCT order_id), COALESCE(SUM(cents), 0)
-		FROM `+prefix+`charges WHERE order_id LIKE $1`, runID+"-%").Scan(&charges, &charged, &cents)
+		FROM charges WHERE order_id LIKE $1`, runID+"-%").Scan(&charges, &charged, &cents)
 	if err != nil {
 		return err
 	}
-	err = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+prefix+`receipts WHERE payment LIKE $1`,
-		`%"`+runID+`-%`).Scan(&receipts)
+	err = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM receipts WHERE payment LIKE $1`, `%"`+runID+`-%`).
+		Scan(&receipts)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "run %s: %d orders published as %d messages (%d re-sent with the same UUID)\n",
 		runID, ordersPerRun, published, published-ordersPerRun)
-	fmt.Fprintf(w, "billing:  %d charges for %d orders, $%d.%02d; %d duplicates acknowledged without charging\n",
-		charges, charged, cents/100, cents%100, seen.count("billing/duplicate"))
-	fmt.Fprintf(w, "receipts: %d payments relayed from the outbox, %d receipts\n", seen.count("receipts"), receipts)
+	fmt.Fprintf(w, "billing:  %d charges for %d orders, $%d.%02d; ", charges, charged, cents/100, cents%100)
+	fmt.Fprintf(w, "%d duplicates acknowledged without charging\n", seen.count("billing/duplicate"))
+	fmt.Fprintf(w, "receipts: %d payments relayed from the outbox, %d receipts\n",
+		seen.count("receipts"), receipts)
 	if charges != ordersPerRun || charged != ordersPerRun || receipts != ordersPerRun {
 		return fmt.Errorf("%d charges and %d receipts for %d orders", charges, receipts, ordersPerRun)
 	}

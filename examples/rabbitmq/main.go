@@ -40,14 +40,15 @@ import (
 
 type config struct {
 	AMQPURL, PostgresDSN string
-	Prefix               string // of every table, exchange and queue
+	Prefix               string // of every exchange and queue
 }
 
 func main() {
 	c := config{
-		AMQPURL:     cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"),
-		PostgresDSN: cmp.Or(os.Getenv("POSTGRES_DSN"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		Prefix:      "shop_",
+		AMQPURL: cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"),
+		PostgresDSN: cmp.Or(os.Getenv("POSTGRES_DSN"),
+			"postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		Prefix: "shop_",
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -72,22 +73,22 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	defer db.Close()
 	// The inbox's and the outbox's tables (or apply their migrations with
 	// your tool) and the service's own.
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: c.Prefix + "inbox"})
+	repo, err := postgres.NewRepository(db, postgres.Config{})
 	if err != nil {
 		return err
 	}
 	if err := repo.Migrate(ctx); err != nil {
 		return err
 	}
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: c.Prefix + "outbox"})
+	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
 	if err != nil {
 		return err
 	}
 	if err := ob.Migrate(ctx, db); err != nil {
 		return err
 	}
-	_, err = db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+c.Prefix+`charges (order_id TEXT, cents BIGINT);
-		CREATE TABLE IF NOT EXISTS `+c.Prefix+`receipts (payment_uuid TEXT, payment TEXT)`)
+	_, err = db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS charges (order_id TEXT, cents BIGINT);
+		CREATE TABLE IF NOT EXISTS receipts (payment_id TEXT, payment TEXT)`)
 	if err != nil {
 		return err
 	}
@@ -117,8 +118,7 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	relayConfig := outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: c.Prefix + "outbox"}
-	relay, err := outbox.NewRelay(db, pub, relayConfig, logger)
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL}, logger)
 	if err != nil {
 		return err
 	}
@@ -141,8 +141,8 @@ func run(ctx context.Context, c config, w io.Writer) error {
 			return nil, err
 		}
 		tx, _ := middleware.TxFromContext(msg.Context())
-		_, err := tx.ExecContext(msg.Context(),
-			`INSERT INTO `+c.Prefix+`charges (order_id, cents) VALUES ($1, $2)`, o.ID, o.Cents)
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, cents) VALUES ($1, $2)`,
+			o.ID, o.Cents)
 		if err != nil {
 			return nil, err // rolls back the charge and the marker: the redelivery charges again
 		}
@@ -153,8 +153,8 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	// receipts records each payment once, in its own inbox transaction.
 	receipts := func(msg *message.Message) error {
 		tx, _ := middleware.TxFromContext(msg.Context())
-		_, err := tx.ExecContext(msg.Context(),
-			`INSERT INTO `+c.Prefix+`receipts (payment_uuid, payment) VALUES ($1, $2)`, msg.UUID, string(msg.Payload))
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO receipts (payment_id, payment) VALUES ($1, $2)`,
+			msg.UUID, string(msg.Payload))
 		return err
 	}
 	router.AddHandler("billing", orders, sub, payments, pub, billing)
@@ -166,5 +166,5 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	wg.Go(func() { _ = relay.Run(ctx) })
 	wg.Go(func() { _ = router.Run(ctx) })
 	<-router.Running()
-	return demo(ctx, w, db, pub, c.Prefix, seen)
+	return demo(ctx, w, db, pub, orders, seen)
 }

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -169,4 +170,32 @@ func ping(db *sql.DB) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return db.PingContext(ctx)
+}
+
+// PostgresSchemaDSN creates a schema named prefix + a random suffix,
+// dropped with its tables when t ends, and returns PostgresDSN (a URL)
+// with that schema as its search_path, so that a program's fixed table
+// names (the default ones) are the test's own.
+func PostgresSchemaDSN(t testing.TB, prefix string) string {
+	t.Helper()
+	db := Postgres(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := prefix + hex.EncodeToString(b[:])
+	if _, err := db.Exec(`CREATE SCHEMA ` + schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`); err != nil {
+			t.Error(err)
+		}
+	})
+	u, err := url.Parse(PostgresDSN())
+	if err != nil {
+		t.Fatalf("%s must be a URL: %v", PostgresEnv, err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
