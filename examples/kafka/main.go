@@ -3,15 +3,15 @@
 // payment events leaving through the transactional outbox, all on
 // PostgreSQL. Copy it into a service.
 //
-//	go run ./examples/kafka                                # in-process Kafka (kfake) + PostgreSQL
-//	go run ./examples/kafka -kafka-brokers=127.0.0.1:9092  # a real Kafka (docker-compose.yml here)
+//	go run ./examples/kafka                                # in-process Kafka (kfake.go) + PostgreSQL
+//	KAFKA_BROKERS=127.0.0.1:9092 go run ./examples/kafka   # a real Kafka (docker-compose.yml here)
 //
-// The producer publishes every order and re-sends every third one with the
-// same UUID, as a producer does when a publish confirmation is lost.
 // Billing charges an order in the inbox transaction, so the charge, the
 // "processed" marker and the PaymentCompleted event (in the outbox) commit
 // together; the relay publishes the event; receipts records one receipt
-// per payment. The ledger at the end shows every order charged once.
+// per payment. demo.go places orders, re-sending every third one with the
+// same UUID as a producer does when a publish confirmation is lost, and
+// prints a ledger showing every order charged once.
 //
 // Competing instances, crashes before the offset commit, poison messages
 // and the other brokers are exercised by examples/internal/e2e.
@@ -22,16 +22,11 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
-	"flag"
-	"fmt"
 	"io"
 	"log"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
@@ -39,7 +34,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
@@ -47,17 +41,13 @@ import (
 )
 
 type config struct {
-	KafkaBrokers, PostgresDSN string // no KafkaBrokers: start kfake
-	Orders                    int
-	Prefix                    string // of every table, topic and consumer group
+	KafkaBrokers string // comma-separated bootstrap addresses; none: start kfake
+	PostgresDSN  string
 }
 
 func main() {
-	c := config{Prefix: "shop_"}
-	flag.StringVar(&c.KafkaBrokers, "kafka-brokers", cmp.Or(os.Getenv("KAFKA_BROKERS"), ""), "Kafka bootstrap addresses, comma-separated (env KAFKA_BROKERS; default: an in-process kfake broker)")
-	flag.StringVar(&c.PostgresDSN, "postgres-dsn", cmp.Or(os.Getenv("POSTGRES_DSN"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN (env POSTGRES_DSN)")
-	flag.IntVar(&c.Orders, "orders", 12, "orders to place")
-	flag.Parse()
+	c := config{KafkaBrokers: os.Getenv("KAFKA_BROKERS")}
+	c.PostgresDSN = cmp.Or(os.Getenv("POSTGRES_DSN"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if err := run(ctx, c, os.Stdout); err != nil {
@@ -66,85 +56,91 @@ func main() {
 }
 
 type order struct {
-	ID       string `json:"id"`
-	Customer string `json:"customer"`
-	Cents    int64  `json:"cents"`
+	ID    string `json:"id"`
+	Cents int64  `json:"cents"`
 }
 
+// run starts the service, then runs the demo against it.
 func run(ctx context.Context, c config, w io.Writer) error {
 	logger := watermill.NopLogger{}
-	ordersTopic, paymentsTopic := c.Prefix+"orders", c.Prefix+"payments"
-	charges, receipts := c.Prefix+"charges", c.Prefix+"receipts"
-
+	orders, payments := "orders", "payments"
 	db, err := sql.Open("pgx", c.PostgresDSN)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: c.Prefix + "inbox"})
+	// The inbox's and the outbox's tables (or apply their migrations with
+	// your tool) and the service's own.
+	repo, err := postgres.NewRepository(db, postgres.Config{})
 	if err != nil {
 		return err
 	}
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: c.Prefix + "outbox"})
-	if err != nil {
+	if err := repo.Migrate(ctx); err != nil {
 		return err
 	}
-	if err := repo.Migrate(ctx); err != nil { // or apply its migrations with your tool
+	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
+	if err != nil {
 		return err
 	}
 	if err := ob.Migrate(ctx, db); err != nil {
 		return err
 	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+charges+` (order_id TEXT, customer TEXT, cents BIGINT);
-		CREATE TABLE IF NOT EXISTS `+receipts+` (payment_uuid TEXT, payment TEXT)`); err != nil {
+	_, err = db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS charges (order_id TEXT, cents BIGINT);
+		CREATE TABLE IF NOT EXISTS receipts (payment_id TEXT, payment TEXT)`)
+	if err != nil {
 		return err
 	}
 
-	brokers := strings.Split(c.KafkaBrokers, ",")
-	if c.KafkaBrokers == "" {
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
-		if err != nil {
-			return err
-		}
-		defer cluster.Close()
-		brokers = cluster.ListenAddrs()
-	}
-	// Sarama speaks Kafka 2.3.0: the newest kfake accepts from Sarama; Kafka 2.3+ accepts it too.
-	saramaConfig := func(sc *sarama.Config) *sarama.Config { sc.Version = sarama.V2_3_0_0; return sc }
-	if err := createTopics(brokers, saramaConfig(sarama.NewConfig()), ordersTopic, paymentsTopic); err != nil {
+	brokers, stopKafka, err := kafkaBrokers(c.KafkaBrokers)
+	if err != nil {
 		return err
 	}
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: kafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: saramaConfig(kafka.DefaultSaramaSyncPublisherConfig())}, logger)
+	defer stopKafka()
+	if err := createTopics(brokers, saramaConfig(sarama.NewConfig()), orders, payments); err != nil {
+		return err
+	}
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers:               brokers,
+		Marshaler:             kafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: saramaConfig(kafka.DefaultSaramaSyncPublisherConfig()),
+	}, logger)
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
-	group := func(name string) (*kafka.Subscriber, error) {
+	// A consumer group per handler. A new group starts at the oldest offset,
+	// so it reads what was published before it joined.
+	subscriber := func(group string) (*kafka.Subscriber, error) {
 		sc := saramaConfig(kafka.DefaultSaramaSubscriberConfig())
-		sc.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what was published before it joined
-		return kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{},
-			OverwriteSaramaConfig: sc, ConsumerGroup: c.Prefix + name}, logger)
+		sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+		return kafka.NewSubscriber(kafka.SubscriberConfig{
+			Brokers:               brokers,
+			Unmarshaler:           kafka.DefaultMarshaler{},
+			OverwriteSaramaConfig: sc,
+			ConsumerGroup:         group,
+		}, logger)
 	}
-	billingSub, err := group("billing")
+	billingSub, err := subscriber("billing")
 	if err != nil {
 		return err
 	}
-	receiptsSub, err := group("receipts")
+	receiptsSub, err := subscriber("receipts")
 	if err != nil {
 		return err
 	}
 
-	// One inbox for the router: keys are scoped by handler name. Payments
-	// go to the outbox inside the inbox transaction, not to the publisher.
-	seen := &outcomes{n: map[string]int{}}
+	// One inbox for the router: keys are scoped by handler name. A handler's
+	// output goes to the outbox inside the inbox transaction, not to the
+	// publisher; the relay publishes it. seen counts the outcomes for the
+	// demo (a service would use the metrics package).
+	seen := &deliveries{counts: map[string]int{}}
 	inbox, err := middleware.NewInbox(middleware.Config{
-		DB: db, Repository: repo, Outputs: ob.Outputs(paymentsTopic), Observer: seen, Logger: logger,
+		DB: db, Repository: repo, Outputs: ob.Outputs(payments), Observer: seen, Logger: logger,
 	})
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: c.Prefix + "outbox"}, logger)
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL}, logger)
 	if err != nil {
 		return err
 	}
@@ -154,29 +150,37 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	}
 	// Permanent inbox errors (no key, a key reused for other content) go to
 	// the poison topic and are acknowledged; every other error is retried.
-	poison, err := wmiddleware.PoisonQueueWithFilter(pub, c.Prefix+"orders_poison", middleware.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(pub, orders+"_poison", middleware.IsPermanent)
 	if err != nil {
 		return err
 	}
 	router.AddMiddleware(poison, inbox.Middleware)
-	router.AddHandler("billing", ordersTopic, billingSub, paymentsTopic, pub, func(msg *message.Message) ([]*message.Message, error) {
+	// billing charges an order in the inbox transaction and returns the
+	// payment, which the inbox writes to the outbox in that transaction.
+	billing := func(msg *message.Message) ([]*message.Message, error) {
 		var o order
 		if err := json.Unmarshal(msg.Payload, &o); err != nil {
 			return nil, err
 		}
 		tx, _ := middleware.TxFromContext(msg.Context())
-		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO `+charges+` VALUES ($1, $2, $3)`, o.ID, o.Customer, o.Cents); err != nil {
-			return nil, err // rolls back charge and marker: the redelivery charges again
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, cents) VALUES ($1, $2)`,
+			o.ID, o.Cents)
+		if err != nil {
+			return nil, err // rolls back the charge and the marker: the redelivery charges again
 		}
-		scope, _ := middleware.ScopeFromContext(msg.Context())
-		key, _ := middleware.KeyFromContext(msg.Context())
-		return []*message.Message{message.NewMessage(middleware.OutputUUID(scope, key, 0), msg.Payload)}, nil
-	})
-	router.AddConsumerHandler("receipts", paymentsTopic, receiptsSub, func(msg *message.Message) error {
+		// The inbox gives the payment a UUID derived from the order's key:
+		// the same on every attempt, so the receipts inbox sees one payment.
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
+	}
+	// receipts records each payment once, in its own inbox transaction.
+	receipts := func(msg *message.Message) error {
 		tx, _ := middleware.TxFromContext(msg.Context())
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+receipts+` VALUES ($1, $2)`, msg.UUID, string(msg.Payload))
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO receipts (payment_id, payment) VALUES ($1, $2)`,
+			msg.UUID, string(msg.Payload))
 		return err
-	})
+	}
+	router.AddHandler("billing", orders, billingSub, payments, pub, billing)
+	router.AddConsumerHandler("receipts", payments, receiptsSub, receipts)
 
 	ctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -184,73 +188,5 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	wg.Go(func() { _ = relay.Run(ctx) })
 	wg.Go(func() { _ = router.Run(ctx) })
 	<-router.Running()
-
-	// The producer: a third of the orders re-sent with the same UUID.
-	runID := watermill.NewShortUUID()[:8] // in every order ID: the ledger reads this run's rows
-	published := 0
-	for i := range c.Orders {
-		o := order{ID: fmt.Sprintf("%s-%03d", runID, i+1), Customer: []string{"alice", "bob", "carol"}[i%3], Cents: int64(100 + i*250)}
-		payload, _ := json.Marshal(o)
-		msg := message.NewMessage(watermill.NewUUID(), payload)
-		for range 1 + (i%3)/2 {
-			if err := pub.Publish(ordersTopic, msg.Copy()); err != nil {
-				return err
-			}
-			published++
-		}
-	}
-	for seen.get("billing") < published || seen.get("receipts") < c.Orders {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the orders: %w (%d billing and %d receipts deliveries)", ctx.Err(), seen.get("billing"), seen.get("receipts"))
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-
-	// The ledger, from the database.
-	var charged, chargedOrders, cents, receiptCount int
-	err = db.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(DISTINCT order_id), COALESCE(SUM(cents), 0), (SELECT COUNT(*) FROM `+receipts+
-		` WHERE payment LIKE '%"'||$1||'-%') FROM `+charges+` WHERE order_id LIKE $1||'-%'`, runID).Scan(&charged, &chargedOrders, &cents, &receiptCount)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "run %s: %d orders published as %d messages (%d re-sent with the same UUID)\n", runID, c.Orders, published, published-c.Orders)
-	fmt.Fprintf(w, "billing:  %d charges for %d orders, $%d.%02d; %d duplicates acknowledged without charging\n",
-		charged, chargedOrders, cents/100, cents%100, seen.get("billing/duplicate"))
-	fmt.Fprintf(w, "receipts: %d payments relayed from the outbox, %d receipts\n", seen.get("receipts"), receiptCount)
-	if charged != c.Orders || chargedOrders != c.Orders || receiptCount != c.Orders {
-		return fmt.Errorf("%d charges and %d receipts for %d orders", charged, receiptCount, c.Orders)
-	}
-	_, err = fmt.Fprintln(w, "every order charged exactly once, one receipt per payment")
-	return err
+	return demo(ctx, w, db, pub, orders, seen)
 }
-
-func createTopics(brokers []string, sc *sarama.Config, topics ...string) error {
-	admin, err := sarama.NewClusterAdmin(brokers, sc)
-	if err != nil {
-		return err
-	}
-	defer admin.Close()
-	for _, topic := range topics {
-		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 4, ReplicationFactor: 1}, false)
-		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-			return err
-		}
-	}
-	return nil
-}
-
-// outcomes counts the inbox's outcomes per handler ("billing/duplicate").
-type outcomes struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (o *outcomes) ObserveDelivery(_ context.Context, d middleware.Delivery) {
-	o.mu.Lock()
-	o.n[d.Consumer+"/"+string(d.Outcome)]++
-	o.n[d.Consumer]++
-	o.mu.Unlock()
-}
-
-func (o *outcomes) get(k string) int { o.mu.Lock(); defer o.mu.Unlock(); return o.n[k] }

@@ -3,39 +3,25 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
-	"github.com/idemkit/watermill-idempotent/outbox"
 )
 
 // TestRun runs the example as `go run ./examples/kafka` does, through an
-// in-process kfake broker, against the real PostgreSQL, with its own
-// tables and consumer groups, and checks the ledger it prints: 12 orders
-// sent as 16 messages, each charged once, the 4 re-sends acknowledged as
-// duplicates, one payment and one receipt per order.
+// in-process kfake broker, against the real PostgreSQL in a schema of its
+// own, and checks the ledger it prints: 12 orders sent as 16 messages,
+// each charged once, the 4 re-sends acknowledged as duplicates, one
+// payment and one receipt per order.
 func TestRun(t *testing.T) {
-	db := testenv.Postgres(t)
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	prefix := "ex" + hex.EncodeToString(b[:]) + "_"
-	t.Cleanup(func() {
-		for _, table := range []string{"inbox", "outbox", "charges", "receipts"} {
-			_, _ = db.Exec(`DROP TABLE IF EXISTS ` + prefix + table)
-		}
-		_, _ = db.Exec(`DROP TABLE IF EXISTS ` + outbox.DeadLetterTableName(prefix+"outbox"))
-		_, _ = db.Exec(`DROP FUNCTION IF EXISTS ` + prefix + `outbox_notify()`)
-	})
-
+	dsn := testenv.PostgresSchemaDSN(t, "exkafka_")
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a deadline for a stuck run
 	defer cancel()
 	var out bytes.Buffer
-	err := run(ctx, config{PostgresDSN: testenv.PostgresDSN(), Orders: 12, Prefix: prefix}, &out)
+	err := run(ctx, config{PostgresDSN: dsn}, &out)
 	t.Log("\n" + out.String())
 	require.NoError(t, err)
 	require.Regexp(t, `^run [^:]+: 12 orders published as 16 messages \(4 re-sent with the same UUID\)

@@ -44,12 +44,9 @@ type config struct {
 }
 
 func main() {
-	c := config{
-		AMQPURL: cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"),
-		PostgresDSN: cmp.Or(os.Getenv("POSTGRES_DSN"),
-			"postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		Prefix: "shop_",
-	}
+	c := config{Prefix: "shop_"}
+	c.AMQPURL = cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+	c.PostgresDSN = cmp.Or(os.Getenv("POSTGRES_DSN"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if err := run(ctx, c, os.Stdout); err != nil {
