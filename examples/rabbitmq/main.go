@@ -130,32 +130,8 @@ func run(ctx context.Context, c config, w io.Writer) error {
 		return err
 	}
 	router.AddMiddleware(poison, inbox.Middleware)
-	// billing charges an order in the inbox transaction and returns the
-	// payment, which the inbox writes to the outbox in that transaction.
-	billing := func(msg *message.Message) ([]*message.Message, error) {
-		var o order
-		if err := json.Unmarshal(msg.Payload, &o); err != nil {
-			return nil, err
-		}
-		tx, _ := middleware.TxFromContext(msg.Context())
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, cents) VALUES ($1, $2)`,
-			o.ID, o.Cents)
-		if err != nil {
-			return nil, err // rolls back the charge and the marker: the redelivery charges again
-		}
-		// The inbox gives the payment a UUID derived from the order's key:
-		// the same on every attempt, so the receipts inbox sees one payment.
-		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
-	}
-	// receipts records each payment once, in its own inbox transaction.
-	receipts := func(msg *message.Message) error {
-		tx, _ := middleware.TxFromContext(msg.Context())
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO receipts (payment_id, payment) VALUES ($1, $2)`,
-			msg.UUID, string(msg.Payload))
-		return err
-	}
-	router.AddHandler("billing", orders, sub, payments, pub, billing)
-	router.AddConsumerHandler("receipts", payments, sub, receipts)
+	router.AddHandler("billing", orders, sub, payments, pub, bill)
+	router.AddConsumerHandler("receipts", payments, sub, recordReceipt)
 
 	ctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -164,4 +140,30 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	wg.Go(func() { _ = router.Run(ctx) })
 	<-router.Running()
 	return demo(ctx, w, db, pub, orders, seen)
+}
+
+// bill charges an order in the inbox transaction and returns the payment,
+// which the inbox writes to the outbox in that transaction.
+func bill(msg *message.Message) ([]*message.Message, error) {
+	var o order
+	if err := json.Unmarshal(msg.Payload, &o); err != nil {
+		return nil, err
+	}
+	tx, _ := middleware.TxFromContext(msg.Context())
+	_, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, cents) VALUES ($1, $2)`,
+		o.ID, o.Cents)
+	if err != nil {
+		return nil, err // rolls back the charge and the marker: the redelivery charges again
+	}
+	// The inbox gives the payment a UUID derived from the order's key: the
+	// same on every attempt, so the receipts inbox sees one payment.
+	return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
+}
+
+// recordReceipt records each payment once, in its own inbox transaction.
+func recordReceipt(msg *message.Message) error {
+	tx, _ := middleware.TxFromContext(msg.Context())
+	_, err := tx.ExecContext(msg.Context(), `INSERT INTO receipts (payment_id, payment) VALUES ($1, $2)`,
+		msg.UUID, string(msg.Payload))
+	return err
 }
