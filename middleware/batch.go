@@ -139,8 +139,8 @@ func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*m
 func (b *batcher) submit(d *delivery) {
 	b.mu.Lock()
 	b.pending = append(b.pending, d)
-	lead := !b.leading
-	if lead {
+	first := !b.leading
+	if first {
 		b.leading = true
 		b.full = make(chan struct{})
 	} else if b.full != nil && len(b.pending) >= b.max {
@@ -148,14 +148,18 @@ func (b *batcher) submit(d *delivery) {
 		b.full = nil
 	}
 	b.mu.Unlock()
-	if lead {
+	if first {
 		b.lead(d.ctx)
 	}
+	lead := d.lead
 	for {
 		select {
 		case <-d.done:
 			return
-		case <-d.lead:
+		case <-lead:
+			// Closed for good: leading once is all it asks, and select
+			// would otherwise pick it again at random beside done.
+			lead = nil
 			b.lead(d.ctx)
 		}
 	}

@@ -434,3 +434,46 @@ func TestBatchLeaderStopsWaitingWhenCancelled(t *testing.T) {
 type observerFunc func(context.Context, middleware.Delivery)
 
 func (f observerFunc) ObserveDelivery(ctx context.Context, d middleware.Delivery) { f(ctx, d) }
+
+// TestBatchDeliveriesReturnAfterTheirCommit: a delivery that was handed
+// the collecting of a batch returns once that batch commits, instead of
+// collecting again (a leader whose own delivery is done would hold its
+// router goroutine, and its ack, for up to MaxWait). The handlers wait
+// until every delivery of the round has entered the inbox, so a backlog
+// forms and the collecting is handed on from batch to batch. MaxWait is
+// an hour and every batch fills (pairs), so only a spurious leader waits.
+func TestBatchDeliveriesReturnAfterTheirCommit(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s *store) {
+		const perRound = 32
+		var entered, target atomic.Int64
+		h := &chargeHandler{s: s, before: func(*message.Message, *sql.Tx) error {
+			for entered.Load() < target.Load() {
+				time.Sleep(time.Millisecond)
+			}
+			return nil
+		}}
+		mw := s.newInbox(t, "billing", batched(2, time.Hour), func(c *middleware.Config) {
+			c.Key = func(msg *message.Message) (string, error) { entered.Add(1); return msg.UUID, nil }
+		}).Middleware(h.Handle)
+		for round := range 4 {
+			target.Add(perRound)
+			msgs := make([]*message.Message, perRound)
+			for k := range msgs {
+				id := fmt.Sprintf("o-%d-%d", round, k)
+				msgs[k] = orderMessage("uuid-"+id, order{ID: id, Amount: k + 1})
+			}
+			returned := make(chan []error, 1)
+			go func() { _, errs := deliverConcurrently(mw, msgs); returned <- errs }()
+			select {
+			case errs := <-returned:
+				for k, err := range errs {
+					require.NoError(t, err, "delivery %d", k)
+				}
+			case <-time.After(time.Minute):
+				t.Fatalf("round %d: a delivery still waits after its batch committed", round)
+			}
+		}
+		require.EqualValues(t, 4*perRound, h.runs.Load())
+		require.Equal(t, 4*perRound, s.totalCharges(t))
+	}, "postgres", "sqlite")
+}
