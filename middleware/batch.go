@@ -77,7 +77,22 @@ type batcher struct {
 	mu      sync.Mutex
 	pending []*delivery
 	leading bool          // a delivery is collecting the next batch
-	full    chan struct{} // closed when pending reaches max while one collects
+	full    chan struct{} // closed when the batch is complete while one collects
+	// inside counts the deliveries submitted and not yet done: pending,
+	// or in a batch that runs.
+	inside int
+	// capacity is how many deliveries the subscribers hand out at once,
+	// as far as the batcher can tell: what was inside when a leader's
+	// MaxWait last ran out, raised whenever more came in. 0: unknown.
+	capacity int
+}
+
+// complete reports whether the collecting batch should run now: it holds
+// max deliveries, or every delivery the subscribers hand out is inside
+// (pending, or in a running batch), so no other can join before a
+// running batch commits. b.mu is held.
+func (b *batcher) complete() bool {
+	return len(b.pending) >= b.max || (b.capacity > 0 && b.inside >= b.capacity)
 }
 
 // delivery is one message waiting for, or running in, a batch.
@@ -139,11 +154,15 @@ func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*m
 func (b *batcher) submit(d *delivery) {
 	b.mu.Lock()
 	b.pending = append(b.pending, d)
+	b.inside++
+	if b.capacity > 0 && b.inside > b.capacity {
+		b.capacity = b.inside
+	}
 	first := !b.leading
 	if first {
 		b.leading = true
 		b.full = make(chan struct{})
-	} else if b.full != nil && len(b.pending) >= b.max {
+	} else if b.full != nil && b.complete() {
 		close(b.full)
 		b.full = nil
 	}
@@ -169,15 +188,24 @@ func (b *batcher) submit(d *delivery) {
 // caller's delivery is the oldest pending one, so it is in the batch; if
 // its context ends (the subscriber shutting down), the batch runs at once
 // with what it has.
+//
+// The batch runs when it is complete (see complete) or after MaxWait. A
+// MaxWait that runs out teaches the batcher its capacity: every delivery
+// the subscribers could hand out was inside by then. Later batches start
+// as soon as that many are inside instead of waiting MaxWait again for
+// deliveries that cannot come (River's start threshold, learned).
 func (b *batcher) lead(ctx context.Context) {
 	b.mu.Lock()
-	full, ready := b.full, len(b.pending) >= b.max
+	full, ready := b.full, b.complete()
 	b.mu.Unlock()
 	if !ready {
 		t := time.NewTimer(b.wait)
 		select {
 		case <-full:
 		case <-t.C:
+			b.mu.Lock()
+			b.capacity = b.inside
+			b.mu.Unlock()
 		case <-ctx.Done():
 		}
 		t.Stop()
@@ -199,7 +227,7 @@ func (b *batcher) lead(ctx context.Context) {
 	b.pending = rest
 	if len(rest) > 0 {
 		b.full = make(chan struct{})
-		if len(rest) >= b.max {
+		if b.complete() {
 			close(b.full)
 			b.full = nil
 		}
@@ -223,7 +251,7 @@ func (b *batcher) run(live []*delivery) {
 		case err == nil:
 			return
 		case failed != nil:
-			failed.fail(err)
+			b.done(failed.fail(err))
 			live = remove(rest, failed)
 		case b.retryable(err) && attempt < batchAttempts:
 			// A short random pause, so that the batches that collided
@@ -238,7 +266,7 @@ func (b *batcher) run(live []*delivery) {
 			return
 		default:
 			for _, d := range rest {
-				d.fail(err)
+				b.done(d.fail(err))
 			}
 			return
 		}
@@ -273,7 +301,7 @@ func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery,
 		if !claims[k].Claimed {
 			rec := claims[k].Existing
 			d.existing = &rec
-			close(d.done)
+			b.done(d)
 			continue
 		}
 		rest = append(rest, d)
@@ -293,8 +321,8 @@ func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery,
 	committed = true
 	for _, d := range rest {
 		d.obs.d.Batch = len(rest)
-		close(d.done)
 	}
+	b.done(rest...)
 	return nil, nil, nil
 }
 
@@ -392,10 +420,21 @@ func inFailedTx(err error) bool {
 	return errors.As(err, &pg) && pg.SQLState() == "25P02"
 }
 
-// fail ends d with err and nothing committed.
-func (d *delivery) fail(err error) {
+// fail sets d's outcome to err, with nothing committed, and returns d.
+func (d *delivery) fail(err error) *delivery {
 	d.out, d.outcome, d.err, d.fields = nil, OutcomeFailed, err, nil
-	close(d.done)
+	return d
+}
+
+// done hands ds their outcomes: they leave the batcher, and their
+// subscribers may hand out new deliveries in their place.
+func (b *batcher) done(ds ...*delivery) {
+	b.mu.Lock()
+	b.inside -= len(ds)
+	b.mu.Unlock()
+	for _, d := range ds {
+		close(d.done)
+	}
 }
 
 func remove(ds []*delivery, gone *delivery) []*delivery {

@@ -477,3 +477,52 @@ func TestBatchDeliveriesReturnAfterTheirCommit(t *testing.T) {
 		require.Equal(t, 4*perRound, s.totalCharges(t))
 	}, "postgres", "sqlite")
 }
+
+// TestBatchStartsWhenNoOtherDeliveryCanJoin: four workers each hold one
+// delivery at a time, so a batch never gets more than four. MaxMessages
+// is larger, so the first batch waits out MaxWait, which teaches the
+// inbox that four is all it gets; every later batch starts as soon as
+// the four are in, without waiting MaxWait again, and still holds all
+// four.
+func TestBatchStartsWhenNoOtherDeliveryCanJoin(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s *store) {
+		const workers, rounds = 4, 25
+		h := &chargeHandler{s: s}
+		var sizes sync.Map // message UUID → Delivery.Batch
+		mw := s.newInbox(t, "billing", batched(100, 3*time.Second), func(c *middleware.Config) {
+			c.Observer = observerFunc(func(_ context.Context, d middleware.Delivery) { sizes.Store(d.MessageUUID, d.Batch) })
+		}).Middleware(h.Handle)
+		returned := make(chan error, 1)
+		go func() {
+			errs := make([]error, workers)
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Go(func() {
+					for r := range rounds {
+						id := fmt.Sprintf("o-%d-%d", w, r)
+						if _, errs[w] = mw(orderMessage("uuid-"+id, order{ID: id, Amount: 1})); errs[w] != nil {
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			returned <- errors.Join(errs...)
+		}()
+		select {
+		case err := <-returned:
+			require.NoError(t, err)
+		case <-time.After(time.Minute):
+			// Waiting out MaxWait in every round would take 75 s or more.
+			t.Fatal("batches still wait out MaxWait although no other delivery can join")
+		}
+		require.EqualValues(t, workers*rounds, h.runs.Load())
+		for w := range workers {
+			for r := 1; r < rounds; r++ {
+				size, ok := sizes.Load(fmt.Sprintf("uuid-o-%d-%d", w, r))
+				require.True(t, ok)
+				require.Equal(t, workers, size, "round %d of worker %d: a batch holds every delivery in flight", r, w)
+			}
+		}
+	}, "postgres", "sqlite")
+}
