@@ -100,7 +100,7 @@ func main() {
 	flag.DurationVar(&o.soakInterval, "soak-interval", 10*time.Second, "soak: report interval")
 	flag.IntVar(&o.janitorBatch, "soak-janitor-batch", 0, "soak: janitor BatchSize (0: the janitor's default)")
 	flag.DurationVar(&o.janitorPause, "soak-janitor-pause", 0, "soak: janitor Pause (0: the janitor's default)")
-	flag.IntVar(&o.batchMax, "batch-max", 0, "G: Batch.MaxMessages (0: the concurrency c)")
+	flag.IntVar(&o.batchMax, "batch-max", 0, "G: Batch.MaxMessages (0: half the concurrency c, at least 1)")
 	flag.DurationVar(&o.batchWait, "batch-wait", middleware.DefaultBatchMaxWait, "G: Batch.MaxWait")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
