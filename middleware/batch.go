@@ -196,7 +196,13 @@ func (b *batcher) submit(d *delivery) {
 // deliveries that cannot come (River's start threshold, learned).
 func (b *batcher) lead(ctx context.Context) {
 	b.mu.Lock()
-	full, ready := b.full, b.complete()
+	ready := b.complete()
+	if !ready && b.full == nil {
+		// Complete when the collecting was handed on, no longer now (a
+		// running batch committed): wait to be told again.
+		b.full = make(chan struct{})
+	}
+	full := b.full
 	b.mu.Unlock()
 	if !ready {
 		t := time.NewTimer(b.wait)
