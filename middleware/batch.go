@@ -31,13 +31,16 @@ const (
 type BatchConfig struct {
 	// MaxMessages is the most deliveries one transaction holds. 0 or 1:
 	// group commit is off and every delivery has its own transaction. Set
-	// it to about the number of deliveries in flight at once (router
-	// handlers × their prefetch): a batch runs as soon as it is full. At
-	// most MaxBatchMessages.
+	// it to about half the number of deliveries in flight at once (router
+	// handlers × their prefetch), so that one batch fills while another
+	// runs: a batch runs as soon as it is full. At most MaxBatchMessages.
 	MaxMessages int
 	// MaxWait is the longest the first delivery of a batch waits for
 	// others before the batch runs with what it has: the latency group
-	// commit may add to a delivery. Default: DefaultBatchMaxWait (5 ms).
+	// commit may add to a delivery. A batch stops waiting sooner when no
+	// other delivery can join it (the inbox learns how many deliveries
+	// come at once when a MaxWait runs out). Default:
+	// DefaultBatchMaxWait (5 ms).
 	MaxWait time.Duration
 }
 
@@ -61,8 +64,8 @@ func (b BatchConfig) validate() []error {
 // batcher groups concurrent deliveries into shared transactions.
 //
 // There is no goroutine of its own: the first delivery to arrive when no
-// batch is collecting becomes the leader; it waits until MaxMessages
-// deliveries are pending or MaxWait has passed, takes them, hands the
+// batch is collecting becomes the leader; it waits until the batch is
+// complete (see complete) or MaxWait has passed, takes them, hands the
 // collecting over to the next pending delivery (so the next batch fills
 // while this one runs) and runs the batch on its own goroutine (the
 // router's, for its message). Every
