@@ -5,6 +5,7 @@
 //	go run ./bench                 # default: 2,000 messages per run, concurrency 1, 4, 16
 //	go run ./bench -n 20000        # a larger run
 //	go run ./bench -soak           # 1,000,000 messages through B with the janitor running
+//	go run ./bench -rtt 500us      # every database round trip costs 500 µs more, as across a network
 //
 // Every message goes through a Watermill router (GoChannel). Scenarios:
 //
@@ -16,7 +17,8 @@
 //
 // A, B, C and N run on database/sql (backend "postgres") and on pgx/v5
 // natively (backend "pgx"). Round trips are counted on the wire for every
-// PostgreSQL and MariaDB run (the rt/msg column; see roundtrips.go).
+// PostgreSQL and MariaDB run (the rt/msg column; see roundtrips.go), and
+// -rtt delays each of them, Redis's and pgbench's too (through a proxy).
 //
 //	W  watermill-sql v3's subscriber, the handler writing through its transaction
 //	D  Watermill's Deduplicator (in-memory) around A's handler
@@ -81,6 +83,7 @@ type options struct {
 	janitorPause time.Duration
 	batchMax     int
 	batchWait    time.Duration
+	rtt          time.Duration
 }
 
 func main() {
@@ -102,6 +105,7 @@ func main() {
 	flag.DurationVar(&o.janitorPause, "soak-janitor-pause", 0, "soak: janitor Pause (0: the janitor's default)")
 	flag.IntVar(&o.batchMax, "batch-max", 0, "G: Batch.MaxMessages (0: half the concurrency c, at least 1)")
 	flag.DurationVar(&o.batchWait, "batch-wait", middleware.DefaultBatchMaxWait, "G: Batch.MaxWait")
+	flag.DurationVar(&o.rtt, "rtt", 0, "network round-trip time added to every round trip to PostgreSQL, MariaDB and Redis (pgbench through a proxy); 0: loopback as it is")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(s))
@@ -118,6 +122,9 @@ func main() {
 	}
 	if o.n < 1 || o.repeat < 1 {
 		fatalf("-n and -repeat must be positive")
+	}
+	if o.rtt < 0 {
+		fatalf("-rtt must not be negative")
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -187,6 +194,15 @@ func openMySQL(dsn string, rt *roundTrips) (*sql.DB, error) {
 	return ping(sql.OpenDB(conn))
 }
 
+// pgHostPort is the host and port a PostgreSQL connection string names.
+func pgHostPort(dsn string) (string, string) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return "127.0.0.1", "5432"
+	}
+	return cfg.Host, strconv.Itoa(int(cfg.Port))
+}
+
 func ping(db *sql.DB) (*sql.DB, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -209,9 +225,12 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	want := func(id string) bool { return o.only == nil || o.only[id] }
 	fmt.Fprintf(w, "bench: %d messages per run, concurrency %v, median of %d runs, GOMAXPROCS %d, %d CPUs, load average %s\n",
 		o.n, o.concurrency, o.repeat, runtime.GOMAXPROCS(0), runtime.NumCPU(), loadAverage())
+	if o.rtt > 0 {
+		fmt.Fprintf(w, "bench: -rtt %s added to every round trip to PostgreSQL, MariaDB and Redis (SQLite runs in process: none)\n", o.rtt)
+	}
 
 	pgDSN := testenv.PostgresDSN()
-	pgRT := &roundTrips{}
+	pgRT := &roundTrips{rtt: o.rtt}
 	pgConn, err := openPostgres(pgDSN, pgRT)
 	if err != nil {
 		return fmt.Errorf("PostgreSQL (%s=%s) is required: %w", testenv.PostgresEnv, pgDSN, err)
@@ -219,7 +238,7 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	defer pgConn.Close()
 	configurePool(pgConn, o.concurrency)
 	pg := postgresDB(pgConn, pgRT)
-	pgxRT := &roundTrips{}
+	pgxRT := &roundTrips{rtt: o.rtt}
 	pool, err := openPgxPool(ctx, pgDSN, slices.Max(o.concurrency)+4, pgxRT)
 	if err != nil {
 		return fmt.Errorf("PostgreSQL through pgxpool (%s=%s): %w", testenv.PostgresEnv, pgDSN, err)
@@ -229,8 +248,9 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 
 	var notes []string
 	var my *database
+	var myRT *roundTrips
 	if want("E") {
-		myRT := &roundTrips{}
+		myRT = &roundTrips{rtt: o.rtt}
 		if db, err := openMySQL(testenv.MySQLDSN(), myRT); err != nil {
 			notes = append(notes, fmt.Sprintf("MariaDB skipped (%s=%s): %v", testenv.MySQLEnv, testenv.MySQLDSN(), err))
 		} else {
@@ -250,8 +270,10 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		lite = sqliteDB(db)
 	}
 	var rdb *goredis.Client
+	var redisRT *roundTrips
 	if want("E") {
-		rdb = goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(), PoolSize: slices.Max(o.concurrency) + 4})
+		redisRT = &roundTrips{rtt: o.rtt}
+		rdb = goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(), PoolSize: slices.Max(o.concurrency) + 4, Dialer: redisRT.dial})
 		defer rdb.Close()
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if err := rdb.Ping(pctx).Err(); err != nil {
@@ -260,13 +282,28 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		}
 		cancel()
 	}
-	pgbench := ""
+	pgbench, pgbenchDSN := "", pgDSN
+	var pgbenchRT *roundTrips
 	if want("F") {
 		if _, err := os.Stat(o.pgbench); err != nil {
 			notes = append(notes, fmt.Sprintf("F skipped: pgbench not found at %s", o.pgbench))
 		} else {
 			pgbench = o.pgbench
 		}
+	}
+	if pgbench != "" && o.rtt > 0 {
+		// pgbench dials PostgreSQL itself: it goes through a proxy that
+		// counts and delays its round trips like the harness's own.
+		pgbenchRT = &roundTrips{rtt: o.rtt}
+		proxy, err := startProxy(pgbenchRT, net.JoinHostPort(pgHostPort(pgDSN)))
+		if err != nil {
+			return err
+		}
+		defer proxy.close()
+		if pgbenchDSN, err = dsnWithAddr(pgDSN, proxy.addr()); err != nil {
+			return err
+		}
+		notes = append(notes, "F: pgbench connects through a proxy that adds -rtt per round trip, and a loopback hop of its own")
 	}
 
 	var dupBoth = map[int]result{}
@@ -331,13 +368,19 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	if pgbench != "" {
 		scenarios = append(scenarios,
 			scenario{"F", "F pgbench INSERT", "postgres", func(c int) (result, error) {
-				return scenarioPgbench(ctx, pgbench, pgDSN, pg, o.n, c, pgbenchInsert)
+				return countRoundTrips(pgbenchRT, func() (result, error) {
+					return scenarioPgbench(ctx, pgbench, pgbenchDSN, pg, o.n, c, pgbenchInsert)
+				})
 			}},
 			scenario{"F", "F pgbench A's SQL", "postgres", func(c int) (result, error) {
-				return scenarioPgbench(ctx, pgbench, pgDSN, pg, o.n, c, pgbenchBare)
+				return countRoundTrips(pgbenchRT, func() (result, error) {
+					return scenarioPgbench(ctx, pgbench, pgbenchDSN, pg, o.n, c, pgbenchBare)
+				})
 			}},
 			scenario{"F", "F pgbench B's SQL", "postgres", func(c int) (result, error) {
-				return scenarioPgbench(ctx, pgbench, pgDSN, pg, o.n, c, pgbenchInbox)
+				return countRoundTrips(pgbenchRT, func() (result, error) {
+					return scenarioPgbench(ctx, pgbench, pgbenchDSN, pg, o.n, c, pgbenchInbox)
+				})
 			}})
 	}
 
@@ -391,6 +434,10 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	printBatchLatency(w, rows, o.concurrency, o.batchWait)
 	fmt.Fprintf(w, "\npeak RSS (getrusage maxrss) of the bench process: %.1f MiB\n", mib(peakRSS()))
 	fmt.Fprintf(w, "took %s; load average at the end %s\n", took.Round(time.Second), loadAverage())
+	if o.rtt > 0 {
+		fmt.Fprintf(w, "-rtt %s: mean delay a round trip actually got: %s\n", o.rtt, meanDelays(map[string]*roundTrips{
+			"postgres": pgRT, "pgx": pgxRT, "mariadb": myRT, "redis": redisRT, "pgbench": pgbenchRT}))
+	}
 	for _, n := range notes {
 		fmt.Fprintln(w, "note:", n)
 	}
