@@ -9,9 +9,10 @@
 // Billing charges an order in the inbox transaction, so the charge, the
 // "processed" marker and the PaymentCompleted event (in the outbox) commit
 // together; the relay publishes the event; receipts records one receipt
-// per payment. demo.go places orders, re-sending every third one with the
-// same UUID as a producer does when a publish confirmation is lost, and
-// prints a ledger showing every order charged once.
+// per payment. The demo driver (examples/internal/demo), which a service
+// does not need, places orders, re-sending every third one with the same
+// UUID as a producer does when a publish confirmation is lost, and prints
+// a ledger showing every order charged once.
 //
 // Competing instances, crashes before the offset commit, poison messages
 // and the other brokers are exercised by examples/internal/e2e.
@@ -35,6 +36,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
+	"github.com/idemkit/watermill-idempotent/examples/internal/demo"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -133,7 +135,7 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	// output goes to the outbox inside the inbox transaction, not to the
 	// publisher; the relay publishes it. seen counts the outcomes for the
 	// demo (a service would use the metrics package).
-	seen := &deliveries{counts: map[string]int{}}
+	seen := &demo.Deliveries{}
 	inbox, err := middleware.NewInbox(middleware.Config{
 		DB: db, Repository: repo, Outputs: ob.Outputs(payments), Observer: seen, Logger: logger,
 	})
@@ -164,7 +166,7 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	wg.Go(func() { _ = relay.Run(ctx) })
 	wg.Go(func() { _ = router.Run(ctx) })
 	<-router.Running()
-	return demo(ctx, w, db, pub, orders, seen)
+	return demo.Run(ctx, w, db, pub, orders, seen)
 }
 
 // bill charges an order in the inbox transaction and returns the payment,

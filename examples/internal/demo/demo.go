@@ -1,4 +1,9 @@
-package main
+// Package demo is the demonstration around the rabbitmq and kafka example
+// services, which a real service does not need: a producer that re-sends
+// orders with the same UUID, a wait for every delivery, and the ledger
+// read back from the database. The services themselves are in
+// examples/rabbitmq/main.go and examples/kafka/main.go.
+package demo
 
 import (
 	"context"
@@ -15,20 +20,26 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
-// The demonstration around the service, which your service does not need:
-// a producer that re-sends, a wait for every delivery, and the ledger.
+// OrdersPerRun is how many orders Run places.
+const OrdersPerRun = 12
 
-const ordersPerRun = 12
+// order is the payload the example services decode.
+type order struct {
+	ID    string `json:"id"`
+	Cents int64  `json:"cents"`
+}
 
-// demo publishes ordersPerRun orders, every third one twice with the same
-// UUID, waits until the inbox has seen every delivery and prints the
-// ledger from the database.
-func demo(ctx context.Context, w io.Writer, db *sql.DB, pub message.Publisher, topic string,
-	seen *deliveries,
+// Run publishes OrdersPerRun orders to topic, every third one twice with
+// the same UUID, as a producer does when a publish confirmation is lost;
+// waits until seen has counted every delivery to billing and a receipt
+// per order; and prints the ledger from the charges and receipts tables.
+// It fails unless every order was charged once and got one receipt.
+func Run(ctx context.Context, w io.Writer, db *sql.DB, pub message.Publisher, topic string,
+	seen *Deliveries,
 ) error {
 	runID := watermill.NewShortUUID()[:8] // in every order ID: the ledger reads this run's rows
 	published := 0
-	for i := range ordersPerRun {
+	for i := range OrdersPerRun {
 		o := order{ID: fmt.Sprintf("%s-%03d", runID, i+1), Cents: int64(100 + i*250)}
 		payload, _ := json.Marshal(o)
 		msg := message.NewMessage(watermill.NewUUID(), payload)
@@ -39,7 +50,7 @@ func demo(ctx context.Context, w io.Writer, db *sql.DB, pub message.Publisher, t
 			published++
 		}
 	}
-	for seen.count("billing") < published || seen.count("receipts") < ordersPerRun {
+	for seen.count("billing") < published || seen.count("receipts") < OrdersPerRun {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for the deliveries: %w", ctx.Err())
@@ -59,33 +70,38 @@ func demo(ctx context.Context, w io.Writer, db *sql.DB, pub message.Publisher, t
 		return err
 	}
 	fmt.Fprintf(w, "run %s: %d orders published as %d messages (%d re-sent with the same UUID)\n",
-		runID, ordersPerRun, published, published-ordersPerRun)
+		runID, OrdersPerRun, published, published-OrdersPerRun)
 	fmt.Fprintf(w, "billing:  %d charges for %d orders, $%d.%02d; ", charges, charged, cents/100, cents%100)
 	fmt.Fprintf(w, "%d duplicates acknowledged without charging\n", seen.count("billing/duplicate"))
 	fmt.Fprintf(w, "receipts: %d payments relayed from the outbox, %d receipts\n",
 		seen.count("receipts"), receipts)
-	if charges != ordersPerRun || charged != ordersPerRun || receipts != ordersPerRun {
-		return fmt.Errorf("%d charges and %d receipts for %d orders", charges, receipts, ordersPerRun)
+	if charges != OrdersPerRun || charged != OrdersPerRun || receipts != OrdersPerRun {
+		return fmt.Errorf("%d charges and %d receipts for %d orders", charges, receipts, OrdersPerRun)
 	}
 	_, err = fmt.Fprintln(w, "every order charged exactly once, one receipt per payment")
 	return err
 }
 
-// deliveries is a middleware.Observer counting the inbox's outcomes per
+// Deliveries is a middleware.Observer counting the inbox's outcomes per
 // handler ("billing") and per handler and outcome ("billing/duplicate").
-type deliveries struct {
+// The zero value is ready to use.
+type Deliveries struct {
 	mu     sync.Mutex
 	counts map[string]int
 }
 
-func (d *deliveries) ObserveDelivery(_ context.Context, x middleware.Delivery) {
+// ObserveDelivery implements middleware.Observer.
+func (d *Deliveries) ObserveDelivery(_ context.Context, x middleware.Delivery) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.counts == nil {
+		d.counts = map[string]int{}
+	}
 	d.counts[x.Consumer]++
 	d.counts[x.Consumer+"/"+string(x.Outcome)]++
 }
 
-func (d *deliveries) count(key string) int {
+func (d *Deliveries) count(key string) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.counts[key]
