@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -53,6 +54,9 @@ type store struct {
 	repo   any                     // the backend's repository
 	table  string                  // inbox table (SQL)
 	outbox outbox.Config           // on PostgreSQL and MySQL
+	// partitioned: the inbox is postgres.PartitionedRepository (--layout).
+	partitioned                bool
+	outboxTable, versionsTable string
 }
 
 func (s *store) Close() error {
@@ -111,6 +115,9 @@ func open(ctx context.Context, g *Globals) (*store, error) {
 }
 
 func openRedis(ctx context.Context, g *Globals) (*store, error) {
+	if g.Layout == layoutPartitioned {
+		return nil, usagef("--layout partitioned is PostgreSQL's (postgres.NewPartitionedRepository); redis has one layout")
+	}
 	u, err := url.Parse(g.Redis)
 	if err != nil {
 		return nil, usagef("--redis is not a valid URL (want redis://[:password@]host:port/db)")
@@ -196,16 +203,24 @@ func openSQL(ctx context.Context, g *Globals) (*store, error) {
 			return nil, fmt.Errorf("%s database %s does not answer: %w", k, redactDSN(dsn), err)
 		}
 	}
-	s := &store{kind: k, db: db, table: g.Table}
+	s := &store{kind: k, db: db, table: g.Table, outboxTable: g.OutboxTable, versionsTable: g.VersionsTable}
+	if g.Layout == layoutPartitioned && k != kindPostgres {
+		_ = db.Close()
+		return nil, usagef("--layout partitioned is PostgreSQL's (postgres.NewPartitionedRepository); %s has one layout", k)
+	}
 	var err error
-	switch k {
-	case kindPostgres:
+	switch {
+	case k == kindPostgres && g.Layout == layoutPartitioned:
+		s.partitioned = true
+		s.repo, err = postgres.NewPartitionedRepository(db, postgres.PartitionedConfig{Table: g.Table, Interval: g.PartitionInterval, Ahead: g.PartitionAhead})
+		s.outbox = outbox.Config{Dialect: outbox.PostgreSQL, Table: g.OutboxTable}
+	case k == kindPostgres:
 		s.repo, err = postgres.NewRepository(db, postgres.Config{Table: g.Table})
 		s.outbox = outbox.Config{Dialect: outbox.PostgreSQL, Table: g.OutboxTable}
-	case kindMySQL:
+	case k == kindMySQL:
 		s.repo, err = mysqlrepo.NewRepository(db, mysqlrepo.Config{Table: g.Table})
 		s.outbox = outbox.Config{Dialect: outbox.MySQL, Table: g.OutboxTable}
-	case kindSQLite:
+	case k == kindSQLite:
 		s.repo, err = sqlite.NewRepository(db, sqlite.Config{Table: g.Table})
 	}
 	if err != nil {
@@ -371,18 +386,119 @@ func (s *store) countExpired(ctx context.Context, before time.Time) (int, error)
 	return n, nil
 }
 
-// migrationFiles lists the inbox migrations the backend ships.
-func (s *store) migrationFiles() ([]sqlstore.Migration, error) {
-	var fsys fs.FS
+// migrationLine is one table's numbered migrations: the files a package
+// ships and the subject ("<line>:<table name>") under which
+// sqlstore.MigrationsTable records the applied ones.
+type migrationLine struct {
+	label string // what the table is, for output: inbox, outbox, versions
+	line  string // the subject's prefix and, for the stores, the folder
+	table string
+	fsys  fs.FS
+	dir   string
+	// up applies the pending migrations and returns those it applied.
+	up func(context.Context) ([]sqlstore.Migration, error)
+}
+
+// inboxLine is the inbox table's line: migrations/inbox, or on the
+// partitioned layout migrations/partitioned_inbox.
+func (s *store) inboxLine() (migrationLine, error) {
+	l := migrationLine{label: "inbox", line: "inbox", table: s.table}
 	switch s.kind {
 	case kindPostgres:
-		fsys = postgres.Migrations
+		l.fsys = postgres.Migrations
 	case kindMySQL:
-		fsys = mysqlrepo.Migrations
+		l.fsys = mysqlrepo.Migrations
 	case kindSQLite:
-		fsys = sqlite.Migrations
+		l.fsys = sqlite.Migrations
 	}
-	entries, err := fs.ReadDir(fsys, "migrations/inbox")
+	if s.partitioned {
+		l.line = "partitioned_inbox"
+	}
+	l.dir = "migrations/" + l.line
+	m, ok := s.repo.(interface {
+		Migrations(context.Context) ([]sqlstore.Migration, error)
+	})
+	if !ok {
+		return l, fmt.Errorf("%s has no migrations", s.kind)
+	}
+	l.up = m.Migrations
+	return l, nil
+}
+
+// outboxLine is the outbox table's line (outbox.Migrations); outbox.Migrate
+// does not return what it applied, so up reads the difference.
+func (s *store) outboxLine() (migrationLine, error) {
+	cfg := s.outbox
+	if s.kind == kindSQLite {
+		cfg = outbox.Config{Dialect: outbox.SQLite, Table: s.outboxTable}
+	}
+	ob, err := outbox.New(cfg)
+	if err != nil {
+		return migrationLine{}, usagef("%v", err)
+	}
+	l := migrationLine{label: "outbox", line: "outbox", table: cfg.Table, fsys: outbox.Migrations, dir: "migrations/" + string(cfg.Dialect)}
+	l.up = func(ctx context.Context) ([]sqlstore.Migration, error) {
+		before, err := s.appliedMigrations(ctx, l)
+		if err != nil {
+			return nil, err
+		}
+		if err := ob.Migrate(ctx, s.db); err != nil {
+			return nil, err
+		}
+		return s.newlyApplied(ctx, l, before)
+	}
+	return l, nil
+}
+
+// versionsLine is the version guard's table's line (migrations/versions).
+func (s *store) versionsLine() (migrationLine, error) {
+	l := migrationLine{label: "versions", line: "versions", table: s.versionsTable, dir: "migrations/versions"}
+	var (
+		v   *postgres.VersionStore
+		err error
+	)
+	switch s.kind {
+	case kindPostgres:
+		l.fsys = postgres.Migrations
+		v, err = postgres.NewVersionStore(s.db, postgres.VersionConfig{Table: s.versionsTable})
+	case kindMySQL:
+		l.fsys = mysqlrepo.Migrations
+		v, err = mysqlrepo.NewVersionStore(s.db, mysqlrepo.VersionConfig{Table: s.versionsTable})
+	case kindSQLite:
+		l.fsys = sqlite.Migrations
+		v, err = sqlite.NewVersionStore(s.db, sqlite.VersionConfig{Table: s.versionsTable})
+	}
+	if err != nil {
+		return l, usagef("%v", err)
+	}
+	l.up = v.Migrations
+	return l, nil
+}
+
+// newlyApplied returns the migrations of l recorded now but not in before.
+func (s *store) newlyApplied(ctx context.Context, l migrationLine, before map[int]time.Time) ([]sqlstore.Migration, error) {
+	after, err := s.appliedMigrations(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	files, err := migrationFiles(l)
+	if err != nil {
+		return nil, err
+	}
+	var out []sqlstore.Migration
+	for _, f := range files {
+		if _, was := before[f.Version]; !was {
+			if _, is := after[f.Version]; is {
+				out = append(out, f)
+			}
+		}
+	}
+	return out, nil
+}
+
+// migrationFiles lists the migrations of l, in version order.
+func migrationFiles(l migrationLine) ([]sqlstore.Migration, error) {
+	entries, err := fs.ReadDir(l.fsys, l.dir)
 	if err != nil {
 		return nil, err
 	}
@@ -395,14 +511,15 @@ func (s *store) migrationFiles() ([]sqlstore.Migration, error) {
 		v, _ := strconv.Atoi(m[1])
 		out = append(out, sqlstore.Migration{Version: v, Name: m[2]})
 	}
+	slices.SortFunc(out, func(a, b sqlstore.Migration) int { return a.Version - b.Version })
 	return out, nil
 }
 
 var migrationFile = regexp.MustCompile(`^(\d+)_(\w+)\.up\.sql$`)
 
-// appliedMigrations reads the versions recorded for the inbox table in
+// appliedMigrations reads the versions of l recorded for its table in
 // sqlstore.MigrationsTable (none when that table does not exist yet).
-func (s *store) appliedMigrations(ctx context.Context) (map[int]time.Time, error) {
+func (s *store) appliedMigrations(ctx context.Context, l migrationLine) (map[int]time.Time, error) {
 	quote, ph := `"`, "?"
 	switch s.kind {
 	case kindMySQL:
@@ -410,15 +527,15 @@ func (s *store) appliedMigrations(ctx context.Context) (map[int]time.Time, error
 	case kindPostgres:
 		ph = "$1"
 	}
-	if _, err := repository.QuoteTableName(s.table, quote); err != nil {
+	quoted, err := repository.QuoteTableName(l.table, quote)
+	if err != nil {
 		return nil, usagef("%v", err)
 	}
-	schema, name := "", s.table
-	if i := strings.LastIndexByte(s.table, '.'); i >= 0 {
-		schema, name = s.table[:i], s.table[i+1:]
+	schema, name := "", l.table
+	if i := strings.LastIndexByte(l.table, '.'); i >= 0 {
+		schema, name = l.table[:i], l.table[i+1:]
 	}
 	// Records of a table dropped since are void: Migrate applies it afresh.
-	quoted, _ := repository.QuoteTableName(s.table, quote)
 	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+quoted+" WHERE 1 = 0").Scan(new(int)); err != nil {
 		if isMissingTable(err) {
 			return map[int]time.Time{}, nil
@@ -429,7 +546,7 @@ func (s *store) appliedMigrations(ctx context.Context) (map[int]time.Time, error
 	if schema != "" {
 		tbl = quote + schema + quote + "." + tbl
 	}
-	rows, err := s.db.QueryContext(ctx, "SELECT version, applied_at FROM "+tbl+" WHERE subject = "+ph, "inbox:"+name)
+	rows, err := s.db.QueryContext(ctx, "SELECT version, applied_at FROM "+tbl+" WHERE subject = "+ph, l.line+":"+name)
 	if err != nil {
 		if isMissingTable(err) {
 			return map[int]time.Time{}, nil

@@ -15,7 +15,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/mattn/go-isatty"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -372,6 +371,9 @@ func (c *PurgeCmd) Run(ctx context.Context, g *Globals) error {
 			return err
 		}
 		fmt.Fprintf(g.stderr, "table %s: %d records expired before %s\n", s.table, total, stamp(before))
+		if s.partitioned {
+			return c.dropPartitions(ctx, g, s, cl, before, total)
+		}
 		if total == 0 {
 			return c.report(g, 0, 0, time.Duration(0))
 		}
@@ -405,6 +407,22 @@ func (c *PurgeCmd) Run(ctx context.Context, g *Globals) error {
 			}
 		}
 	})
+}
+
+// dropPartitions purges the partitioned layout: one DeleteExpired drops
+// every partition whose whole range ended before before; the expired
+// records of the partition holding before stay until it has passed too.
+func (c *PurgeCmd) dropPartitions(ctx context.Context, g *Globals, s *store, cl repository.Cleaner, before time.Time, total int) error {
+	fmt.Fprintf(g.stderr, "partitioned layout: drops the partitions that ended before %s; expired records of the partition holding that time stay until it ends\n", stamp(before))
+	if err := confirm(g, "drop the expired partitions of "+s.table); err != nil {
+		return err
+	}
+	start := time.Now()
+	n, err := cl.DeleteExpired(ctx, before, c.BatchSize)
+	if err != nil {
+		return fmt.Errorf("purge stopped after %d records: %w", n, err)
+	}
+	return c.report(g, n, total, time.Since(start))
 }
 
 func (c *PurgeCmd) report(g *Globals, deleted, total int, took time.Duration) error {
@@ -579,13 +597,45 @@ func (c *DLRequeueCmd) Run(ctx context.Context, g *Globals) error {
 
 // MigrateCmd groups the migration commands.
 type MigrateCmd struct {
-	Up     MigrateUpCmd     `cmd:"" help:"Apply the inbox table's pending migrations (and, with --outbox, create the outbox tables)."`
-	Status MigrateStatusCmd `cmd:"" help:"List the inbox table's migrations, applied and pending."`
+	Up     MigrateUpCmd     `cmd:"" help:"Apply the pending migrations of the inbox table (and, with --outbox/--versions, of the outbox and version guard tables)."`
+	Status MigrateStatusCmd `cmd:"" help:"List the migrations of the inbox table (and, with --outbox/--versions, the outbox and version guard tables), applied and pending."`
+}
+
+// migrationLines names the tables migrate works on.
+type migrationLines struct {
+	Inbox    bool `help:"The inbox table (--table; --no-inbox to leave it out)." default:"true" negatable:""`
+	Outbox   bool `help:"Also the outbox table and its dead-letter table (--outbox-table)."`
+	Versions bool `help:"Also the version guard's table (--versions-table)."`
+}
+
+// lines returns the migration lines asked for, inbox first.
+func (m migrationLines) lines(s *store) ([]migrationLine, error) {
+	if s.db == nil {
+		return nil, nil
+	}
+	var out []migrationLine
+	for _, want := range []struct {
+		on   bool
+		line func() (migrationLine, error)
+	}{{m.Inbox, s.inboxLine}, {m.Outbox, s.outboxLine}, {m.Versions, s.versionsLine}} {
+		if !want.on {
+			continue
+		}
+		l, err := want.line()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	if len(out) == 0 {
+		return nil, usagef("--no-inbox without --outbox or --versions: nothing to migrate")
+	}
+	return out, nil
 }
 
 // MigrateUpCmd migrates.
 type MigrateUpCmd struct {
-	Outbox bool `help:"Also create the outbox and its dead-letter table (PostgreSQL, MySQL)."`
+	migrationLines
 }
 
 type migrationJSON struct {
@@ -599,89 +649,130 @@ type migrationJSON struct {
 func (c *MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
 	g.createSQLite = true
 	return withStore(ctx, g, func(s *store) error {
-		m, ok := s.repo.(interface {
-			Migrations(context.Context) ([]sqlstore.Migration, error)
-		})
-		if !ok {
-			fmt.Fprintf(g.stdout, "%s needs no migration\n", s.kind)
-			return nil
-		}
-		applied, err := m.Migrations(ctx)
+		lines, err := c.lines(s)
 		if err != nil {
 			return err
 		}
-		out := struct {
-			Inbox   string          `json:"inbox"`
-			Applied []migrationJSON `json:"applied"`
-			Outbox  string          `json:"outbox,omitempty"`
-		}{Inbox: s.table, Applied: []migrationJSON{}}
-		for _, a := range applied {
-			out.Applied = append(out.Applied, migrationJSON{Version: a.Version, Name: a.Name, Seconds: a.Duration.Seconds()})
+		if lines == nil {
+			fmt.Fprintf(g.stdout, "%s needs no migration\n", s.kind)
+			return nil
 		}
-		if c.Outbox {
-			if s.outbox.Dialect == "" {
-				return usagef("the outbox lives in PostgreSQL or MySQL; %s has none", s.kind)
-			}
-			ob, err := outbox.New(s.outbox)
+		// JSON: {"inbox": table, "applied": [...], "outbox": table,
+		// "outbox_applied": [...], "versions": ..., "versions_applied": ...}.
+		out := map[string]any{}
+		for _, l := range lines {
+			start := time.Now()
+			applied, err := l.up(ctx)
 			if err != nil {
-				return err
+				return fmt.Errorf("%s table %s: %w", l.label, l.table, err)
 			}
-			if err := ob.Migrate(ctx, s.db); err != nil {
-				return err
+			took := time.Since(start)
+			js := []migrationJSON{}
+			for _, a := range applied {
+				js = append(js, migrationJSON{Version: a.Version, Name: a.Name, Seconds: a.Duration.Seconds()})
 			}
-			out.Outbox = s.outbox.Table
+			key := l.label + "_applied"
+			if l.label == "inbox" {
+				key = "applied"
+			}
+			out[l.label], out[key] = l.table, js
+			if g.JSON {
+				continue
+			}
+			for _, a := range applied {
+				d := a.Duration
+				if d == 0 { // the outbox reports no time per migration
+					d = took
+				}
+				fmt.Fprintf(g.stdout, "applied %04d_%s to %s in %s\n", a.Version, a.Name, l.table, d.Round(time.Millisecond))
+			}
+			layout := ""
+			if l.line == "partitioned_inbox" {
+				layout = " (partitioned)"
+			}
+			fmt.Fprintf(g.stdout, "%s table %s%s: up to date\n", l.label, l.table, layout)
 		}
 		if g.JSON {
 			return printJSON(g.stdout, out)
-		}
-		for _, a := range applied {
-			fmt.Fprintf(g.stdout, "applied %04d_%s to %s in %s\n", a.Version, a.Name, s.table, a.Duration.Round(time.Millisecond))
-		}
-		fmt.Fprintf(g.stdout, "inbox table %s: up to date\n", s.table)
-		if c.Outbox {
-			fmt.Fprintf(g.stdout, "outbox table %s: up to date\n", s.outbox.Table)
 		}
 		return nil
 	})
 }
 
 // MigrateStatusCmd reports the schema.
-type MigrateStatusCmd struct{}
+type MigrateStatusCmd struct {
+	migrationLines
+}
+
+type lineStatusJSON struct {
+	Table      string          `json:"table"`
+	Migrations []migrationJSON `json:"migrations"`
+	Pending    int             `json:"pending"`
+}
 
 // Run implements the command.
 func (c *MigrateStatusCmd) Run(ctx context.Context, g *Globals) error {
 	return withStore(ctx, g, func(s *store) error {
-		if s.db == nil {
+		lines, err := c.lines(s)
+		if err != nil {
+			return err
+		}
+		if lines == nil {
 			fmt.Fprintf(g.stdout, "%s needs no migration\n", s.kind)
 			return nil
 		}
-		files, err := s.migrationFiles()
-		if err != nil {
-			return err
-		}
-		applied, err := s.appliedMigrations(ctx)
-		if err != nil {
-			return err
-		}
-		out := []migrationJSON{}
-		rows := [][]string{}
-		pending := 0
-		for _, f := range files {
-			m := migrationJSON{Version: f.Version, Name: f.Name}
-			state := "pending"
-			if at, ok := applied[f.Version]; ok {
-				at := at.UTC()
-				m.AppliedAt, state = &at, "applied "+stamp(at)
-			} else {
-				pending++
+		// JSON: the inbox's fields at the top ("inbox", "migrations",
+		// "pending"), the others' under their label.
+		out := map[string]any{}
+		for i, l := range lines {
+			files, err := migrationFiles(l)
+			if err != nil {
+				return err
 			}
-			out = append(out, m)
-			rows = append(rows, []string{fmt.Sprintf("%04d", f.Version), f.Name, state})
+			applied, err := s.appliedMigrations(ctx, l)
+			if err != nil {
+				return err
+			}
+			st := lineStatusJSON{Table: l.table, Migrations: []migrationJSON{}}
+			rows := [][]string{}
+			for _, f := range files {
+				m := migrationJSON{Version: f.Version, Name: f.Name}
+				state := "pending"
+				if at, ok := applied[f.Version]; ok {
+					at := at.UTC()
+					m.AppliedAt, state = &at, "applied "+stamp(at)
+				} else {
+					st.Pending++
+				}
+				st.Migrations = append(st.Migrations, m)
+				rows = append(rows, []string{fmt.Sprintf("%04d", f.Version), f.Name, state})
+			}
+			if l.label == "inbox" {
+				out["inbox"], out["migrations"], out["pending"] = l.table, st.Migrations, st.Pending
+				if s.partitioned {
+					out["layout"] = layoutPartitioned
+				}
+			} else {
+				out[l.label] = st
+			}
+			if g.JSON {
+				continue
+			}
+			if i > 0 {
+				fmt.Fprintln(g.stdout)
+			}
+			layout := ""
+			if l.line != l.label {
+				layout = " (" + l.line + ")"
+			}
+			fmt.Fprintf(g.stdout, "%s table %s%s: %d pending\n", l.label, l.table, layout, st.Pending)
+			if err := table(g.stdout, "VERSION\tNAME\tSTATUS", rows); err != nil {
+				return err
+			}
 		}
 		if g.JSON {
-			return printJSON(g.stdout, map[string]any{"inbox": s.table, "migrations": out, "pending": pending})
+			return printJSON(g.stdout, out)
 		}
-		fmt.Fprintf(g.stdout, "inbox table %s: %d pending\n", s.table, pending)
-		return table(g.stdout, "VERSION\tNAME\tSTATUS", rows)
+		return nil
 	})
 }

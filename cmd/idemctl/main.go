@@ -33,14 +33,19 @@ import (
 
 // Globals are the flags every command takes.
 type Globals struct {
-	DSN            string        `help:"SQL store: postgres://…, mysql://user:pass@host:3306/db, sqlite:///path/to.db or file:path." env:"IDEMCTL_DSN" placeholder:"URL"`
-	Redis          string        `help:"Redis store: redis://[:password@]host:6379/0." env:"IDEMCTL_REDIS" placeholder:"URL"`
-	RedisPrefix    string        `help:"Key prefix of the Redis inbox (default: the backend's)." placeholder:"PREFIX"`
-	Table          string        `help:"Inbox table." default:"${inbox_table}"`
-	OutboxTable    string        `help:"Outbox table." default:"${outbox_table}"`
-	JSON           bool          `help:"Print JSON for scripts instead of tables."`
-	Yes            bool          `short:"y" help:"Do not ask for confirmation (required without a terminal)."`
-	ConnectTimeout time.Duration `help:"How long to wait for the store to answer." default:"10s"`
+	DSN           string `help:"SQL store: postgres://…, mysql://user:pass@host:3306/db, sqlite:///path/to.db or file:path." env:"IDEMCTL_DSN" placeholder:"URL"`
+	Redis         string `help:"Redis store: redis://[:password@]host:6379/0." env:"IDEMCTL_REDIS" placeholder:"URL"`
+	RedisPrefix   string `help:"Key prefix of the Redis inbox (default: the backend's)." placeholder:"PREFIX"`
+	Table         string `help:"Inbox table." default:"${inbox_table}"`
+	OutboxTable   string `help:"Outbox table." default:"${outbox_table}"`
+	VersionsTable string `help:"Version guard's table (migrate --versions)." default:"${versions_table}"`
+	Layout        string `help:"Inbox layout: plain, or partitioned (PostgreSQL: postgres.NewPartitionedRepository, see docs/partitioning.md)." enum:"plain,partitioned" default:"plain"`
+	// The partitioned layout's settings must be the application's.
+	PartitionInterval time.Duration `help:"With --layout partitioned: the application's PartitionedConfig.Interval (default: the library's, 24h)."`
+	PartitionAhead    time.Duration `help:"With --layout partitioned: the application's PartitionedConfig.Ahead (default: the library's, 8 days)."`
+	JSON              bool          `help:"Print JSON for scripts instead of tables."`
+	Yes               bool          `short:"y" help:"Do not ask for confirmation (required without a terminal)."`
+	ConnectTimeout    time.Duration `help:"How long to wait for the store to answer." default:"10s"`
 
 	stdout, stderr io.Writer
 	stdin          *os.File
@@ -56,8 +61,14 @@ type CLI struct {
 	Stuck       StuckCmd       `cmd:"" help:"Two-phase records whose lease expired mid-effect."`
 	Purge       PurgeCmd       `cmd:"" help:"Delete expired records in batches, with progress."`
 	Deadletters DeadlettersCmd `cmd:"" aliases:"dl" help:"Messages the outbox relay gave up on."`
-	Migrate     MigrateCmd     `cmd:"" help:"Create or upgrade the inbox (and outbox) tables."`
+	Migrate     MigrateCmd     `cmd:"" help:"Create or upgrade the inbox (and outbox, version guard) tables."`
 }
+
+// The inbox layouts of --layout.
+const (
+	layoutPlain       = "plain"
+	layoutPartitioned = "partitioned"
+)
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
@@ -73,7 +84,7 @@ func run(args []string, stdin *os.File, stdout, stderr io.Writer) int {
 		kong.Description("Operate watermill-idempotent stores: stats, stuck two-phase records, cleanup, outbox dead letters, migrations."),
 		kong.UsageOnError(),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		kong.Vars{"inbox_table": repository.DefaultTableName, "outbox_table": outbox.DefaultTableName},
+		kong.Vars{"inbox_table": repository.DefaultTableName, "outbox_table": outbox.DefaultTableName, "versions_table": repository.DefaultVersionsTableName},
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { exit = code }),
 	)
