@@ -176,6 +176,9 @@ func openSQL(ctx context.Context, g *Globals) (*store, error) {
 	default:
 		return nil, usagef("--dsn must start with postgres://, postgresql://, mysql://, sqlite:// or file:")
 	}
+	if g.Layout == layoutPartitioned && k != kindPostgres {
+		return nil, usagef("--layout partitioned is PostgreSQL's (postgres.NewPartitionedRepository); %s has one layout", k)
+	}
 	var db *sql.DB
 	if k == kindSQLite {
 		if i := strings.IndexByte(sqlitePath, '?'); i >= 0 {
@@ -204,10 +207,6 @@ func openSQL(ctx context.Context, g *Globals) (*store, error) {
 		}
 	}
 	s := &store{kind: k, db: db, table: g.Table, outboxTable: g.OutboxTable, versionsTable: g.VersionsTable}
-	if g.Layout == layoutPartitioned && k != kindPostgres {
-		_ = db.Close()
-		return nil, usagef("--layout partitioned is PostgreSQL's (postgres.NewPartitionedRepository); %s has one layout", k)
-	}
 	var err error
 	switch {
 	case k == kindPostgres && g.Layout == layoutPartitioned:
@@ -227,7 +226,42 @@ func openSQL(ctx context.Context, g *Globals) (*store, error) {
 		_ = db.Close()
 		return nil, usagef("%v", err)
 	}
+	if err := s.checkLayout(ctx, g); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
 	return s, nil
+}
+
+// checkLayout refuses a PostgreSQL inbox table whose layout is not the
+// one --layout names: the plain repository would purge a partitioned
+// table row by row, the partitioned one cannot create partitions of a
+// plain table. A table that does not exist yet passes.
+func (s *store) checkLayout(ctx context.Context, g *Globals) error {
+	if g.Layout == layoutPlain && (g.PartitionInterval != 0 || g.PartitionAhead != 0) {
+		return usagef("--partition-interval and --partition-ahead go with --layout partitioned")
+	}
+	if s.kind != kindPostgres {
+		return nil
+	}
+	quoted, err := repository.QuoteTableName(s.table, `"`)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	var relkind sql.NullString
+	if err := s.db.QueryRowContext(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, quoted).Scan(&relkind); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		return fmt.Errorf("reading the layout of %s: %w", s.table, err)
+	}
+	switch partitioned := relkind.String == "p"; {
+	case partitioned && !s.partitioned:
+		return usagef("inbox table %s is partitioned (postgres.NewPartitionedRepository): pass --layout partitioned", s.table)
+	case !partitioned && s.partitioned:
+		return usagef("inbox table %s is not partitioned: drop --layout partitioned (it is the plain postgres.NewRepository layout)", s.table)
+	}
+	return nil
 }
 
 // mysqlConfig turns mysql://user:pass@host:port/db?params into the
