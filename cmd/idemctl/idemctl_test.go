@@ -469,14 +469,9 @@ func TestSQLite(t *testing.T) {
 }
 
 func TestMariaDBStats(t *testing.T) {
-	db := testenv.MySQL(t)
+	db, dsn := mysqlURL(t)
 	table := "idemctl_inbox_" + suffix()
 	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + table) })
-	// testenv's DSN is the driver's format; idemctl takes a URL.
-	dsn := "mysql://root@127.0.0.1:3306/test"
-	if v := os.Getenv("IDEMCTL_TEST_MYSQL_URL"); v != "" {
-		dsn = v
-	}
 	env := []string{"IDEMCTL_DSN=" + dsn}
 	r := idemctl(t, env, "", "--table", table, "migrate", "up")
 	require.Equal(t, 0, r.code, r.stderr)

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"database/sql"
+	"encoding/json"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+)
+
+// mysqlURL is the MariaDB of testenv as the URL idemctl takes (testenv's
+// DSN is the driver's format).
+func mysqlURL(t *testing.T) (*sql.DB, string) {
+	db := testenv.MySQL(t) // skips (or fails under CI) without MariaDB
+	dsn := "mysql://root@127.0.0.1:3306/test"
+	if v := os.Getenv("IDEMCTL_TEST_MYSQL_URL"); v != "" {
+		dsn = v
+	}
+	return db, dsn
+}
+
+type lineStatus struct {
+	Table      string          `json:"table"`
+	Migrations []migrationJSON `json:"migrations"`
+	Pending    int             `json:"pending"`
+}
+
+type statusOutput struct {
+	Inbox      string          `json:"inbox"`
+	Layout     string          `json:"layout"`
+	Migrations []migrationJSON `json:"migrations"`
+	Pending    int             `json:"pending"`
+	Outbox     *lineStatus     `json:"outbox"`
+	Versions   *lineStatus     `json:"versions"`
+}
+
+func status(t *testing.T, env []string, args ...string) statusOutput {
+	t.Helper()
+	r := idemctl(t, env, "", append(append([]string{"--json"}, args...), "migrate", "status", "--outbox", "--versions")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	var out statusOutput
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	require.NotNil(t, out.Outbox, r.stdout)
+	require.NotNil(t, out.Versions, r.stdout)
+	return out
+}
+
+// countFiles counts the up migrations in dir of fsys.
+func countFiles(t *testing.T, fsys fs.FS, dir string) int {
+	t.Helper()
+	ups, err := fs.Glob(fsys, dir+"/*.up.sql")
+	require.NoError(t, err)
+	require.NotEmpty(t, ups, dir)
+	return len(ups)
+}
+
+// migrate up --outbox --versions creates the three tables on every SQL
+// store, says which numbered migrations it applied to which table, applies
+// nothing the second time, and migrate status lists every line's versions
+// as applied; before, it lists all of them as pending.
+func TestMigrateOutboxAndVersions(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		dialect outbox.Dialect
+		open    func(t *testing.T) (db *sql.DB, dsn string)
+	}{
+		{"postgres", outbox.PostgreSQL, func(t *testing.T) (*sql.DB, string) { return testenv.Postgres(t), pgDSN(t) }},
+		{"mariadb", outbox.MySQL, mysqlURL},
+		{"sqlite", outbox.SQLite, func(t *testing.T) (*sql.DB, string) {
+			return nil, "sqlite://" + filepath.Join(t.TempDir(), "store.db")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, dsn := tc.open(t)
+			sfx := suffix()
+			inbox, ob, versions := "idemctl_inbox_"+sfx, "idemctl_outbox_"+sfx, "idemctl_versions_"+sfx
+			if db != nil {
+				t.Cleanup(func() {
+					for _, tbl := range []string{inbox, ob, outbox.DeadLetterTableName(ob), versions} {
+						_, _ = db.Exec("DROP TABLE IF EXISTS " + tbl)
+					}
+				})
+			}
+			env := []string{"IDEMCTL_DSN=" + dsn}
+			tables := []string{"--table", inbox, "--outbox-table", ob, "--versions-table", versions}
+			outboxFiles := countFiles(t, outbox.Migrations, "migrations/"+string(tc.dialect))
+
+			if db != nil { // SQLite: status needs the file migrate up creates
+				before := status(t, env, tables...)
+				require.Equal(t, len(before.Migrations), before.Pending)
+				require.Equal(t, outboxFiles, before.Outbox.Pending)
+				require.Equal(t, 1, before.Versions.Pending)
+			}
+
+			r := idemctl(t, env, "", append(tables, "migrate", "up", "--outbox", "--versions")...)
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Regexp(t, `applied 0001_create_inbox to `+inbox+` in \S+\n`, r.stdout)
+			require.Regexp(t, `applied 0001_create_outbox to `+ob+` in \S+\n`, r.stdout)
+			require.Regexp(t, `applied 0001_create_versions to `+versions+` in \S+\n`, r.stdout)
+			require.Contains(t, r.stdout, "outbox table "+ob+": up to date")
+			require.Contains(t, r.stdout, "versions table "+versions+": up to date")
+			if outboxFiles > 1 {
+				require.Regexp(t, `applied 0002_\w+ to `+ob, r.stdout)
+			}
+
+			r = idemctl(t, env, "", append(tables, "migrate", "up", "--outbox", "--versions")...)
+			require.Equal(t, 0, r.code, r.stderr)
+			require.NotContains(t, r.stdout, "applied")
+			require.Contains(t, r.stdout, "inbox table "+inbox+": up to date")
+			require.Contains(t, r.stdout, "outbox table "+ob+": up to date")
+
+			after := status(t, env, tables...)
+			require.Equal(t, 0, after.Pending)
+			require.Equal(t, lineStatus{Table: ob, Migrations: after.Outbox.Migrations}, *after.Outbox)
+			require.Len(t, after.Outbox.Migrations, outboxFiles)
+			require.Equal(t, "create_outbox", after.Outbox.Migrations[0].Name)
+			require.Equal(t, 0, after.Versions.Pending)
+			require.Equal(t, versions, after.Versions.Table)
+			for _, m := range append(after.Outbox.Migrations, after.Versions.Migrations...) {
+				require.NotNil(t, m.AppliedAt, "%+v", m)
+			}
+
+			r = idemctl(t, env, "", append(tables, "migrate", "status", "--no-inbox", "--outbox")...)
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Contains(t, r.stdout, "outbox table "+ob+": 0 pending")
+			require.NotContains(t, r.stdout, "inbox table")
+			require.Regexp(t, `0001\s+create_outbox\s+applied \d{4}-`, r.stdout)
+			r = idemctl(t, env, "", append(tables, "migrate", "up", "--no-inbox")...)
+			require.Equal(t, 2, r.code)
+			require.Contains(t, r.stderr, "nothing to migrate")
+		})
+	}
+}
+
+// The partitioned PostgreSQL inbox under --layout partitioned: migrate
+// applies its own line, purge drops whole expired partitions (not rows),
+// stuck list and resolve work on it, and a layout that does not match the
+// table is refused before anything changes.
+func TestPartitionedLayout(t *testing.T) {
+	dsn := pgDSN(t)
+	db := testenv.Postgres(t)
+	table := "idemctl_part_" + suffix()
+	plain := "idemctl_inbox_" + suffix()
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table + `, ` + plain + ` CASCADE`) })
+	env := []string{"IDEMCTL_DSN=" + dsn}
+	part := []string{"--table", table, "--layout", "partitioned", "--partition-interval", "1h"}
+
+	r := idemctl(t, env, "", append(part, "migrate", "up")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `applied 0001_create_partitioned_inbox to `+table+` in \S+\n`, r.stdout)
+	require.Contains(t, r.stdout, "inbox table "+table+" (partitioned): up to date")
+	r = idemctl(t, env, "", append(part, "--json", "migrate", "status")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusOutput
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
+	require.Equal(t, "partitioned", st.Layout)
+	require.Equal(t, 0, st.Pending)
+	require.Equal(t, "create_partitioned_inbox", st.Migrations[0].Name)
+
+	repo, err := postgres.NewPartitionedRepository(db, postgres.PartitionedConfig{Table: table, Interval: time.Hour})
+	require.NoError(t, err)
+	now := time.Now()
+	hash := repository.HashPayload([]byte("p"))
+	for _, key := range []string{"old-1", "old-2"} { // in a partition that ended hours ago
+		_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: key, PayloadHash: hash, Owner: "o",
+			Now: now.Add(-5 * time.Hour), LeaseUntil: now.Add(-5 * time.Hour).Add(time.Second), ExpiresAt: now.Add(-3 * time.Hour)})
+		require.NoError(t, err)
+	}
+	_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: "k1", PayloadHash: hash, Owner: "dead-owner",
+		Now: now.Add(-time.Minute), LeaseUntil: now.Add(-30 * time.Second), ExpiresAt: now.Add(time.Hour)})
+	require.NoError(t, err)
+
+	// The plain layout on this table, or the partitioned one on a plain
+	// table, changes nothing.
+	r = idemctl(t, env, "", "--table", table, "purge", "--expired", "--yes")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "is partitioned (postgres.NewPartitionedRepository): pass --layout partitioned")
+	r = idemctl(t, env, "", "--table", plain, "migrate", "up")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = idemctl(t, env, "", "--table", plain, "--layout", "partitioned", "migrate", "up")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "is not partitioned")
+	r = idemctl(t, env, "", "--table", plain, "--partition-interval", "1h", "stats")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "go with --layout partitioned")
+	r = idemctl(t, []string{"IDEMCTL_DSN=sqlite://" + filepath.Join(t.TempDir(), "x.db")}, "", "--layout", "partitioned", "migrate", "up")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "--layout partitioned is PostgreSQL's")
+
+	r = idemctl(t, env, "", append(part, "--json", "stuck", "list")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, `"lease_owner": "dead-owner"`)
+
+	r = idemctl(t, env, "", append(part, "purge", "--expired")...)
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "2 records expired before")
+	require.Contains(t, r.stderr, "refusing to drop the expired partitions of "+table)
+	partitions := func() (n int) {
+		require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM pg_inherits WHERE inhparent = to_regclass($1)`, table).Scan(&n))
+		return n
+	}
+	before := partitions()
+	r = idemctl(t, env, "", append(part, "purge", "--expired", "--yes")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stderr, "partitioned layout: drops the partitions that ended before")
+	require.Contains(t, r.stdout, "deleted 2 expired records")
+	require.Less(t, partitions(), before, "whole partitions are dropped")
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM `+table).Scan(&n))
+	require.Equal(t, 1, n, "the live record stays")
+
+	r = idemctl(t, env, "", append(part, "stuck", "resolve", "--consumer", "billing", "--key", "k1", "--release", "--yes")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "resolved billing/k1: release")
+	_, err = repo.Get(t.Context(), "billing", "k1")
+	require.ErrorIs(t, err, repository.ErrNotFound)
+}
