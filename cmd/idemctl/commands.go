@@ -251,7 +251,15 @@ func (c *StuckResolveCmd) Run(ctx context.Context, g *Globals) error {
 		if err := s.checkConsumer(ctx, c.Consumer); err != nil {
 			return err
 		}
+		// --key is the stored key stuck list prints or the original key;
+		// Get hashes a long original key, Resolve takes the stored one.
+		stored := repository.StorageKey(c.Key)
 		rec, err := reader.Get(ctx, c.Consumer, c.Key)
+		if errors.Is(err, repository.ErrNotFound) && stored != c.Key {
+			// A hashed stored key ("sha256:…"): Get would hash it again.
+			stored = c.Key
+			rec, err = findStuck(ctx, op, c.Consumer, c.Key)
+		}
 		if errors.Is(err, repository.ErrNotFound) {
 			return usagef("consumer %q has no record with key %q (pass the key as stuck list prints it)", c.Consumer, c.Key)
 		}
@@ -291,7 +299,7 @@ func (c *StuckResolveCmd) Run(ctx context.Context, g *Globals) error {
 		if err := confirm(g, action.String()+" record "+c.Consumer+"/"+c.Key); err != nil {
 			return err
 		}
-		err = op.Resolve(ctx, repository.ResolveParams{Consumer: c.Consumer, Key: c.Key, ExpectedOwner: owner, Action: action, Result: result, Now: time.Now()})
+		err = op.Resolve(ctx, repository.ResolveParams{Consumer: c.Consumer, Key: stored, ExpectedOwner: owner, Action: action, Result: result, Now: time.Now()})
 		switch {
 		case errors.Is(err, repository.ErrLeaseLost):
 			return fmt.Errorf("not resolved: the record changed since it was read (reclaimed, completed or its lease renewed): %w", err)
@@ -307,6 +315,24 @@ func (c *StuckResolveCmd) Run(ctx context.Context, g *Globals) error {
 		return nil
 	})
 }
+
+// findStuck finds the stuck record of consumer whose stored key is
+// stored (the hashed form of a long key, which Reader.Get cannot look up).
+func findStuck(ctx context.Context, op repository.Operator, consumer, stored string) (repository.Record, error) {
+	recs, err := op.ListStuck(ctx, repository.ListStuckParams{Consumer: consumer, Now: time.Now(), Limit: maxStuckScan})
+	if err != nil {
+		return repository.Record{}, err
+	}
+	for _, r := range recs {
+		if r.Key == stored {
+			return r, nil
+		}
+	}
+	return repository.Record{}, repository.ErrNotFound
+}
+
+// maxStuckScan bounds the stuck records findStuck reads.
+const maxStuckScan = 1 << 20
 
 // readResult reads the output messages of --result; none without a file.
 func readResult(path string) ([]*message.Message, error) {

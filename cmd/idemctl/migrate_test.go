@@ -3,9 +3,11 @@ package main
 import (
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	redisrepo "github.com/idemkit/watermill-idempotent/repository/redis"
 )
 
 // mysqlURL is the MariaDB of testenv as the URL idemctl takes (testenv's
@@ -223,4 +226,88 @@ func TestPartitionedLayout(t *testing.T) {
 	require.Contains(t, r.stdout, "resolved billing/k1: release")
 	_, err = repo.Get(t.Context(), "billing", "k1")
 	require.ErrorIs(t, err, repository.ErrNotFound)
+}
+
+// stuck list and resolve on the Redis inbox: the record a dead attempt
+// left is listed, refused while its owner does not match, and completed;
+// a long key, stored hashed, is resolved by the form list prints and by
+// the original key (both failed before: Get hashed the printed form
+// again, Resolve refused the original).
+func TestRedisResolve(t *testing.T) {
+	client := testenv.Redis(t) // skips (or fails under CI) without Redis
+	prefix := testenv.RedisPrefix(t, client)
+	repo, err := redisrepo.NewRepository(client, redisrepo.Config{KeyPrefix: prefix})
+	require.NoError(t, err)
+	now := time.Now()
+	long, long2 := strings.Repeat("order-", 100), strings.Repeat("invoice-", 100)
+	for _, key := range []string{"k1", long, long2} {
+		_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: key, PayloadHash: repository.HashPayload([]byte("p")),
+			Owner: "dead-owner", Now: now.Add(-time.Minute), LeaseUntil: now.Add(-30 * time.Second), ExpiresAt: now.Add(time.Hour)})
+		require.NoError(t, err)
+	}
+	args := []string{"--redis", "redis://" + testenv.RedisAddr() + "/0", "--redis-prefix", prefix}
+
+	r := idemctl(t, nil, "", append(args, "--json", "stuck", "list")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	var stuck []stuckRecord
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &stuck), r.stdout)
+	require.Len(t, stuck, 3)
+	r = idemctl(t, nil, "", append(args, "stuck", "resolve", "--consumer", "billing", "--key", "k1", "--owner", "someone-else", "--release", "--yes")...)
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, `is leased by "dead-owner", not "someone-else"`)
+	r = idemctl(t, nil, "", append(args, "stuck", "resolve", "--consumer", "billing", "--key", "k1", "--complete", "--yes")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "resolved billing/k1: complete")
+	rec, err := repo.Get(t.Context(), "billing", "k1")
+	require.NoError(t, err)
+	require.Equal(t, repository.StateCompleted, rec.State)
+
+	r = idemctl(t, nil, "", append(args, "stuck", "resolve", "--consumer", "billing", "--key", repository.StorageKey(long), "--release", "--yes")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	_, err = repo.Get(t.Context(), "billing", long)
+	require.ErrorIs(t, err, repository.ErrNotFound)
+	// The original long key works too.
+	r = idemctl(t, nil, "", append(args, "stuck", "resolve", "--consumer", "billing", "--key", long2, "--release", "--yes")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	_, err = repo.Get(t.Context(), "billing", long2)
+	require.ErrorIs(t, err, repository.ErrNotFound)
+}
+
+// deadletters list, show and requeue on MariaDB.
+func TestMariaDBDeadLetters(t *testing.T) {
+	db, dsn := mysqlURL(t)
+	table := "idemctl_outbox_" + suffix()
+	t.Cleanup(func() {
+		_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + outbox.DeadLetterTableName(table))
+	})
+	env := []string{"IDEMCTL_DSN=" + dsn}
+	r := idemctl(t, env, "", "--outbox-table", table, "migrate", "up", "--no-inbox", "--outbox")
+	require.Equal(t, 0, r.code, r.stderr)
+	_, err := db.Exec("INSERT INTO " + outbox.DeadLetterTableName(table) + ` (outbox_id, topic, uuid, payload, metadata, attempts, last_error, created_at)
+		VALUES (7, 'payments', 'u-1', '{"amount":42}', '{"k":"v"}', 10, 'broker said no', NOW(6))`)
+	require.NoError(t, err)
+
+	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "list")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `\d+\s+payments\s+u-1\s+10\s+.*broker said no`, r.stdout)
+	var list []deadLetterJSON
+	r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "list", "--topic", "payments")
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &list), r.stdout)
+	require.Len(t, list, 1)
+	id := fmt.Sprint(list[0].ID)
+
+	r = idemctl(t, env, "", "--outbox-table", table, "--json", "deadletters", "show", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	var shown deadLetterJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &shown))
+	require.Equal(t, `{"amount":42}`, shown.Payload)
+	require.JSONEq(t, `{"k":"v"}`, string(shown.Metadata))
+
+	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "requeue", id, "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "requeued 1 of 1 dead letters")
+	var waiting, dead int
+	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM "+table+" WHERE topic = 'payments'").Scan(&waiting))
+	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM "+outbox.DeadLetterTableName(table)).Scan(&dead))
+	require.Equal(t, []int{1, 0}, []int{waiting, dead})
 }
