@@ -705,18 +705,23 @@ func (c *MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
 			if g.JSON {
 				continue
 			}
+			untimed := false
 			for _, a := range applied {
-				d := a.Duration
-				if d == 0 { // the outbox reports no time per migration
-					d = took
+				if a.Duration == 0 { // outbox.Migrate reports no time per migration
+					untimed = true
+					fmt.Fprintf(g.stdout, "applied %04d_%s to %s\n", a.Version, a.Name, l.table)
+					continue
 				}
-				fmt.Fprintf(g.stdout, "applied %04d_%s to %s in %s\n", a.Version, a.Name, l.table, d.Round(time.Millisecond))
+				fmt.Fprintf(g.stdout, "applied %04d_%s to %s in %s\n", a.Version, a.Name, l.table, a.Duration.Round(time.Millisecond))
 			}
-			layout := ""
+			layout, total := "", ""
 			if l.line == "partitioned_inbox" {
 				layout = " (partitioned)"
 			}
-			fmt.Fprintf(g.stdout, "%s table %s%s: up to date\n", l.label, l.table, layout)
+			if untimed {
+				total = " (migrated in " + took.Round(time.Millisecond).String() + ")"
+			}
+			fmt.Fprintf(g.stdout, "%s table %s%s: up to date%s\n", l.label, l.table, layout, total)
 		}
 		if g.JSON {
 			return printJSON(g.stdout, out)
