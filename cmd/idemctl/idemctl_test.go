@@ -350,22 +350,7 @@ func TestDeadLetters(t *testing.T) {
 		t.Skipf("dead-letter table layout differs: %v", err)
 	}
 
-	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "list")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `ID\s+TOPIC\s+UUID\s+ATTEMPTS\s+DEAD_LETTERED\s+LAST_ERROR`, r.stdout)
-	require.Regexp(t, `\d+\s+payments\s+u-1\s+10\s+.*broker said no`, r.stdout)
-	var list []deadLetterJSON
-	r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "list")
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &list), r.stdout)
-	require.Len(t, list, 1)
-	id := fmt.Sprint(list[0].ID)
-
-	r = idemctl(t, env, "", "--outbox-table", table, "--json", "deadletters", "show", id)
-	require.Equal(t, 0, r.code, r.stderr)
-	var shown deadLetterJSON
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &shown))
-	require.Equal(t, `{"amount":42}`, shown.Payload)
-	require.JSONEq(t, `{"k":"v"}`, string(shown.Metadata))
+	id := listAndShowDeadLetter(t, env, table)
 	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "show", "999999")
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "no dead letter with id 999999")
@@ -381,6 +366,30 @@ func TestDeadLetters(t *testing.T) {
 	r = idemctl(t, env, "", "--outbox-table", table, "--table", inbox, "stats")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Regexp(t, `outbox `+table+`: 1 messages waiting, oldest .* old, 0 dead letters`, r.stdout)
+}
+
+// listAndShowDeadLetter checks that deadletters list (table and JSON,
+// listArgs added) and show print the one dead letter the tests insert
+// (topic payments, uuid u-1, 10 attempts); it returns its id.
+func listAndShowDeadLetter(t *testing.T, env []string, table string, listArgs ...string) string {
+	t.Helper()
+	r := idemctl(t, env, "", append([]string{"--outbox-table", table, "deadletters", "list"}, listArgs...)...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `ID\s+TOPIC\s+UUID\s+ATTEMPTS\s+DEAD_LETTERED\s+LAST_ERROR`, r.stdout)
+	require.Regexp(t, `\d+\s+payments\s+u-1\s+10\s+.*broker said no`, r.stdout)
+	var list []deadLetterJSON
+	r = idemctl(t, env, "", append([]string{"--outbox-table", table, "--json", "dl", "list"}, listArgs...)...)
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &list), r.stdout)
+	require.Len(t, list, 1)
+	id := fmt.Sprint(list[0].ID)
+
+	r = idemctl(t, env, "", "--outbox-table", table, "--json", "deadletters", "show", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	var shown deadLetterJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &shown))
+	require.Equal(t, `{"amount":42}`, shown.Payload)
+	require.JSONEq(t, `{"k":"v"}`, string(shown.Metadata))
+	return id
 }
 
 // A password in a DSN never appears in idemctl's output, whatever fails.

@@ -9,7 +9,10 @@
 //	idemctl stuck resolve --consumer billing --key order-7 --complete
 //
 // --dsn (or IDEMCTL_DSN) selects the store by scheme: postgres://,
-// mysql://, sqlite:// or file:; --redis (or IDEMCTL_REDIS) a Redis inbox.
+// mysql://, sqlite:// or file:; --redis (or IDEMCTL_REDIS) a Redis inbox;
+// --layout partitioned the partitioned PostgreSQL inbox. migrate up and
+// migrate status take --outbox and --versions for the outbox's and the
+// version guard's tables.
 // Passwords in DSNs are never printed. resolve, purge and requeue show
 // what they will change and ask for confirmation; without a terminal they
 // refuse unless --yes is given. Exit status: 0 on success, 1 on failure,

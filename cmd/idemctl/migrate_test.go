@@ -3,7 +3,6 @@ package main
 import (
 	"database/sql"
 	"encoding/json"
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -287,21 +286,7 @@ func TestMariaDBDeadLetters(t *testing.T) {
 		VALUES (7, 'payments', 'u-1', '{"amount":42}', '{"k":"v"}', 10, 'broker said no', NOW(6))`)
 	require.NoError(t, err)
 
-	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "list")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `\d+\s+payments\s+u-1\s+10\s+.*broker said no`, r.stdout)
-	var list []deadLetterJSON
-	r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "list", "--topic", "payments")
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &list), r.stdout)
-	require.Len(t, list, 1)
-	id := fmt.Sprint(list[0].ID)
-
-	r = idemctl(t, env, "", "--outbox-table", table, "--json", "deadletters", "show", id)
-	require.Equal(t, 0, r.code, r.stderr)
-	var shown deadLetterJSON
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &shown))
-	require.Equal(t, `{"amount":42}`, shown.Payload)
-	require.JSONEq(t, `{"k":"v"}`, string(shown.Metadata))
+	id := listAndShowDeadLetter(t, env, table, "--topic", "payments")
 
 	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "requeue", id, "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
