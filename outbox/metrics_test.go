@@ -12,10 +12,50 @@ import (
 	"github.com/idemkit/watermill-idempotent/outbox"
 )
 
-// clockSlack absorbs the rounding of database timestamps to microseconds
-// when a database-measured age is compared with the test's own clock (the
-// test databases run on this host, on the same clock).
-const clockSlack = 5 * time.Millisecond
+// dbResolution absorbs the databases' whole microseconds: an age the
+// database computes has two ends, each rounded to a microsecond, and is
+// compared below with windows on the test's own clock (the test databases
+// run on this host, on the same clock). It is a resolution, not a timing
+// allowance: every bound below is a window measured around the operation.
+const dbResolution = 2 * time.Microsecond
+
+// window is an interval on the test's clock measured around an operation:
+// whatever the operation stamped happened inside it.
+type window struct{ start, end time.Time }
+
+// during runs op and returns the window around it.
+func during(op func()) window {
+	w := window{start: time.Now()}
+	op()
+	w.end = time.Now()
+	return w
+}
+
+// publishTimes records, per topic, when the last Publish call to it
+// returned.
+type publishTimes struct {
+	message.Publisher
+	mu       sync.Mutex
+	returned map[string]time.Time
+}
+
+func (p *publishTimes) Publish(topic string, msgs ...*message.Message) error {
+	err := p.Publisher.Publish(topic, msgs...)
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.returned[topic] = now
+	return err
+}
+
+func (p *publishTimes) returnedAt(t *testing.T, topic string) time.Time {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	at, ok := p.returned[topic]
+	require.True(t, ok, "no Publish to %s", topic)
+	return at
+}
 
 // backdate moves the created_at of topic's rows an hour into the past, as
 // if they had waited that long.
@@ -32,38 +72,47 @@ func (b backend) backdate(t *testing.T, topic string) {
 	require.NoError(t, err)
 }
 
-// Lag is reported per published message, in publish order, from the
-// row's created_at: an hour for rows that waited an hour, at most the
-// test's duration for fresh ones.
+// Lag is reported per published message, in publish order, and is the
+// time from the row's created_at until its Publish returned: at least the
+// time from the end of the row's write to the moment the test saw that
+// Publish return (plus the hour the old rows were backdated), at most the
+// time from the start of the row's write to the end of ForwardBatch. The
+// relay may count the claim's own round trips twice (the ages are taken by
+// the database at the fetch statement, the rest from a moment before the
+// claim on the relay's clock), so the upper bound also allows the batch's
+// duration once more; it is never under.
 func TestBatchLag(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		m := countingMetrics{forwarded: make(chan any, 10), failed: make(chan any, 10)}
-		s := newSink(t, nil, "old", "new")
-		start := time.Now()
-		b.write(t, "old", newMessages("old", 2)...)
+		p := &publishTimes{Publisher: newSink(t, nil, "old", "new"), returned: map[string]time.Time{}}
+		wrote := map[string]window{
+			"old": during(func() { b.write(t, "old", newMessages("old", 2)...) }),
+		}
 		b.backdate(t, "old")
-		b.write(t, "new", newMessages("new", 3)...)
+		wrote["new"] = during(func() { b.write(t, "new", newMessages("new", 3)...) })
 		cfg := b.relayConfig()
 		cfg.Metrics = m
-		relay, err := b.newRelay(s, cfg, nil)
+		relay, err := b.newRelay(p, cfg, nil)
 		require.NoError(t, err)
 
-		n, err := relay.ForwardBatch(context.Background())
+		var n int
+		forward := during(func() { n, err = relay.ForwardBatch(context.Background()) })
 		require.NoError(t, err)
-		elapsed := time.Since(start)
 		require.Equal(t, 5, n)
 		stats := (<-m.forwarded).(outbox.BatchStats)
 		require.Equal(t, 5, stats.Published)
 		require.Len(t, stats.Lag, 5, "one lag per published message")
 		for i, lag := range stats.Lag {
-			base := time.Duration(0)
-			if i < 2 {
-				base = time.Hour
+			topic, backdated := "new", time.Duration(0)
+			if i < 2 { // the old rows have the lower ids: published first
+				topic, backdated = "old", time.Hour
 			}
-			require.GreaterOrEqual(t, lag, base, "message %d", i)
-			require.LessOrEqual(t, lag, base+elapsed+clockSlack, "message %d", i)
+			w := wrote[topic]
+			least := backdated + p.returnedAt(t, topic).Sub(w.end) - dbResolution
+			most := backdated + forward.end.Sub(w.start) + forward.end.Sub(forward.start) + dbResolution
+			require.GreaterOrEqual(t, lag, least, "message %d (%s)", i, topic)
+			require.LessOrEqual(t, lag, most, "message %d (%s)", i, topic)
 		}
-		require.LessOrEqual(t, stats.Lag[2], stats.Lag[0]-time.Hour+clockSlack, "a row written later has not waited longer")
 	})
 }
 
@@ -87,6 +136,10 @@ func TestBatchLagOnlyForPublished(t *testing.T) {
 	})
 }
 
+// Backlog counts the rows and reports the oldest one's age: at least the
+// time from the end of its write to the start of the Backlog call (plus the
+// hour the old rows were backdated), at most the time from the start of its
+// write to the end of the call.
 func TestBacklog(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
@@ -100,23 +153,30 @@ func TestBacklog(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, outbox.Backlog{}, backlog, "empty outbox")
 
-		start := time.Now()
-		b.write(t, "old", newMessages("old", 4)...)
+		sample := func() window {
+			return during(func() { backlog, err = relay.Backlog(ctx) })
+		}
+		requireAge := func(wrote, sampled window, backdated time.Duration, msg string) {
+			t.Helper()
+			require.GreaterOrEqual(t, backlog.OldestAge, backdated+sampled.start.Sub(wrote.end)-dbResolution, msg)
+			require.LessOrEqual(t, backlog.OldestAge, backdated+sampled.end.Sub(wrote.start)+dbResolution, msg)
+		}
+
+		old := during(func() { b.write(t, "old", newMessages("old", 4)...) })
 		b.backdate(t, "old")
-		b.write(t, "new", newMessages("new", 3)...)
-		backlog, err = relay.Backlog(ctx)
+		fresh := during(func() { b.write(t, "new", newMessages("new", 3)...) })
+		sampled := sample()
 		require.NoError(t, err)
 		require.Equal(t, 7, backlog.Messages)
-		require.GreaterOrEqual(t, backlog.OldestAge, time.Hour)
-		require.LessOrEqual(t, backlog.OldestAge, time.Hour+time.Since(start)+clockSlack)
+		requireAge(old, sampled, time.Hour, "the backdated rows are the oldest")
 
 		n, err := relay.ForwardBatch(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 5, n)
-		backlog, err = relay.Backlog(ctx)
+		sampled = sample()
 		require.NoError(t, err)
 		require.Equal(t, 2, backlog.Messages)
-		require.Less(t, backlog.OldestAge, time.Since(start)+clockSlack, "the backdated rows are gone")
+		requireAge(fresh, sampled, 0, "the backdated rows are gone")
 
 		n, err = relay.ForwardBatch(ctx)
 		require.NoError(t, err)
