@@ -176,9 +176,9 @@ watermill_idempotent_outbox_oldest_message_age_seconds{relay="orders"} 0
 			require.EqualValues(t, 25, lag.GetSampleCount(), "one lag sample per published message")
 			require.GreaterOrEqual(t, lag.GetSampleSum(), 10*3600.0)
 			// Each lag is at most the window from the first write to the
-			// end (elapsed) plus its batch's duration, which the relay may
-			// count twice (the claim's round trips; see BatchStats.Lag),
-			// plus the databases' whole microseconds.
+			// end (elapsed) plus the part of a round trip between the
+			// relay's clock reading and the fetch statement's start (bounded
+			// here by elapsed again), plus the databases' whole microseconds.
 			require.LessOrEqual(t, lag.GetSampleSum(), 10*3600+25*(2*elapsed+2*time.Microsecond).Seconds())
 			var within1h uint64
 			for _, b := range lag.GetBucket() {

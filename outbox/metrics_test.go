@@ -76,11 +76,11 @@ func (b backend) backdate(t *testing.T, topic string) {
 // time from the row's created_at until its Publish returned: at least the
 // time from the end of the row's write to the moment the test saw that
 // Publish return (plus the hour the old rows were backdated), at most the
-// time from the start of the row's write to the end of ForwardBatch. The
-// relay may count the claim's own round trips twice (the ages are taken by
-// the database at the fetch statement, the rest from a moment before the
-// claim on the relay's clock), so the upper bound also allows the batch's
-// duration once more; it is never under.
+// time from the start of the row's write to the end of ForwardBatch, plus
+// the time from the relay's clock reading to the fetch statement's start at
+// the database (the age is taken there, the rest on the relay's clock), a
+// part of one round trip that the upper bound allows for with the batch's
+// duration; it is never under.
 func TestBatchLag(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		m := countingMetrics{forwarded: make(chan any, 10), failed: make(chan any, 10)}

@@ -233,10 +233,11 @@ type BatchStats struct {
 	Duration time.Duration
 	// Lag holds, for each of the Published messages in publish order,
 	// the time from its row's created_at until its Publish call
-	// returned. The part up to the claim is measured by the database's
-	// clock (created_at is the writing transaction's start on
-	// PostgreSQL and the INSERT on MySQL, in the session time zone, so
-	// writers and relay must share one), the rest by the relay's
+	// returned. The part up to the statement that reads the row is
+	// measured by the database's clock (created_at is the writing
+	// transaction's start on PostgreSQL and the INSERT on MySQL, in the
+	// session time zone, so writers and relay must share one), the rest
+	// by the relay's
 	// monotonic clock, so skew between the two clocks does not enter.
 	// A negative age (the database clock stepped back) counts as 0.
 	Lag []time.Duration
@@ -522,7 +523,10 @@ type claimedRow struct {
 	topic    string
 	msg      *message.Message
 	attempts int
-	age      time.Duration // at the start of the fetch query, by the database's clock
+	// created is when the row was written, on the relay's clock: the
+	// start of the fetch query less the row's age at it, by the
+	// database's clock.
+	created time.Time
 	// undecodable is set when the row's metadata is not a JSON object
 	// of strings: publishing it can never succeed.
 	undecodable error
@@ -595,15 +599,14 @@ const (
 // batchPublish publishes the rows of one batch and records each row's
 // fate.
 type batchPublish struct {
-	r          *Relay
-	rows       []claimedRow
-	claimStart time.Time
-	state      []int
-	errs       []error // per failed row, the error of its own Publish
-	order      []int   // published rows in publish order
-	lag        []time.Duration
-	accepted   int
-	stopped    bool // isolating found no accepted message in two rows: an outage
+	r        *Relay
+	rows     []claimedRow
+	state    []int
+	errs     []error // per failed row, the error of its own Publish
+	order    []int   // published rows in publish order
+	lag      []time.Duration
+	accepted int
+	stopped  bool // isolating found no accepted message in two rows: an outage
 }
 
 // publish sends the rows idx, all of one topic, in one Publish call.
@@ -615,11 +618,11 @@ func (p *batchPublish) publish(idx []int) error {
 	if err := p.r.pub.Publish(p.rows[idx[0]].topic, msgs...); err != nil {
 		return err
 	}
-	sinceClaim := time.Since(p.claimStart)
+	now := time.Now()
 	for _, i := range idx {
 		p.state[i] = rowPublished
 		p.order = append(p.order, i)
-		p.lag = append(p.lag, p.rows[i].age+sinceClaim)
+		p.lag = append(p.lag, now.Sub(p.rows[i].created))
 	}
 	p.accepted += len(idx)
 	return nil
@@ -779,10 +782,7 @@ func (r *Relay) forward(ctx context.Context) (res batchResult, err error) {
 // when there is nothing to write, and a database error (without pubErr)
 // that rolls the batch back.
 func (r *Relay) batch(ctx context.Context, tx sqlstore.Executor, res *batchResult) (p *batchPublish, dead, charged []deadLetter, pubErr, err error) {
-	// The rows' ages are taken at the fetch statement's start;
-	// claimStart is a moment on the relay's clock before it.
-	claimStart := time.Now()
-	batch, err := r.claim(ctx, tx, claimStart)
+	batch, err := r.claim(ctx, tx)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -791,7 +791,7 @@ func (r *Relay) batch(ctx context.Context, tx sqlstore.Executor, res *batchResul
 		return nil, nil, nil, nil, errNoCommit
 	}
 
-	p = &batchPublish{r: r, rows: batch, claimStart: claimStart, state: make([]int, len(batch)), errs: make([]error, len(batch))}
+	p = &batchPublish{r: r, rows: batch, state: make([]int, len(batch)), errs: make([]error, len(batch))}
 	var charge []int
 	if r.isolating.Load() {
 		p.isolate()
@@ -880,14 +880,14 @@ const claimWindows = 4
 // within MaxBatchBytes (at least one row) and reads those rows, sorted by
 // id. On PostgreSQL, rows locked beyond the prefix stay in the table and
 // are skipped by other relays until this batch ends.
-func (r *Relay) claim(ctx context.Context, tx sqlstore.Executor, claimStart time.Time) ([]claimedRow, error) {
+func (r *Relay) claim(ctx context.Context, tx sqlstore.Executor) ([]claimedRow, error) {
 	after := int64(math.MinInt64)
 	for range claimWindows {
 		ids, err := r.claimWindow(ctx, tx, after)
 		if err != nil || len(ids) == 0 {
 			return nil, err
 		}
-		batch, err := r.fetch(ctx, tx, ids, claimStart)
+		batch, err := r.fetch(ctx, tx, ids)
 		if err != nil || len(batch) > 0 || r.d.f.claimLocks {
 			return batch, err
 		}
@@ -931,8 +931,12 @@ func (r *Relay) claimWindow(ctx context.Context, tx sqlstore.Executor, after int
 
 // fetch reads the rows ids; on MySQL it also locks them, skipping rows
 // locked by others.
-func (r *Relay) fetch(ctx context.Context, tx sqlstore.Executor, ids []int64, claimStart time.Time) ([]claimedRow, error) {
-	rows, err := tx.Query(ctx, r.d.fetch.SQL(), r.d.fetch.Args(r.d.f.ids(ids), claimStart.UnixMicro())...)
+func (r *Relay) fetch(ctx context.Context, tx sqlstore.Executor, ids []int64) ([]claimedRow, error) {
+	// The rows' ages are taken at the statement's start, and start is a
+	// moment on the relay's clock just before it: a row's lag counts no
+	// part of the claim twice.
+	start := time.Now()
+	rows, err := tx.Query(ctx, r.d.fetch.SQL(), r.d.fetch.Args(r.d.f.ids(ids), start.UnixMicro())...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: read claimed rows: %w", err)
 	}
@@ -948,7 +952,7 @@ func (r *Relay) fetch(ctx context.Context, tx sqlstore.Executor, ids []int64, cl
 		if err := rows.Scan(&row.id, &row.topic, &uuid, &payload, &mdJSON, &row.attempts, &ageMicros); err != nil {
 			return nil, fmt.Errorf("outbox: relay: scan: %w", err)
 		}
-		row.age = microseconds(ageMicros)
+		row.created = start.Add(-microseconds(ageMicros))
 		row.msg = message.NewMessage(uuid, payload)
 		// A publisher that honours the message's context gives up when
 		// the batch is abandoned (ctx ends, Close times out).
