@@ -38,14 +38,10 @@ func (s *Inbox) ClaimBatchOn(ctx context.Context, ex Executor, params []reposito
 	rows := make([]row, len(params))
 	seen := make(map[[2]string]bool, len(params))
 	for i, p := range params {
-		if err := repository.ValidateClaim(p); err != nil {
-			return nil, fmt.Errorf("%s: claim batch: row %d: %w", s.d.Name, i, err)
+		key, err := batchRow(s.d, seen, i, p)
+		if err != nil {
+			return nil, err
 		}
-		key := repository.StorageKey(p.Key)
-		if seen[[2]string{p.Consumer, key}] {
-			return nil, fmt.Errorf("%s: claim batch: %w: (%q, %q) twice in one batch", s.d.Name, repository.ErrInvalidParams, p.Consumer, p.Key)
-		}
-		seen[[2]string{p.Consumer, key}] = true
 		args, err := s.args(p.PayloadHash, p.Consumer, key, p.PayloadHash, p.Now, p.ExpiresAt)
 		if err != nil {
 			return nil, fmt.Errorf("%s: claim batch: row %d: %w", s.d.Name, i, err)
@@ -87,6 +83,21 @@ func (s *Inbox) ClaimBatchOn(ctx context.Context, ex Executor, params []reposito
 		}
 	}
 	return claims, nil
+}
+
+// batchRow validates row i of a batch and returns its stored key. seen
+// holds the (consumer, stored key) pairs of the rows before it: a pair
+// given twice is refused with repository.ErrInvalidParams.
+func batchRow(d *Dialect, seen map[[2]string]bool, i int, p repository.ClaimParams) (string, error) {
+	if err := repository.ValidateClaim(p); err != nil {
+		return "", fmt.Errorf("%s: claim batch: row %d: %w", d.Name, i, err)
+	}
+	key := repository.StorageKey(p.Key)
+	if seen[[2]string{p.Consumer, key}] {
+		return "", fmt.Errorf("%s: claim batch: %w: (%q, %q) twice in one batch", d.Name, repository.ErrInvalidParams, p.Consumer, p.Key)
+	}
+	seen[[2]string{p.Consumer, key}] = true
+	return key, nil
 }
 
 // insertBatch inserts n claim rows of args (5 each) and returns the

@@ -483,14 +483,10 @@ func (s *PartitionedInbox) ClaimBatchOn(ctx context.Context, ex Executor, params
 	keys := make([]int64, len(params))
 	seen := make(map[[2]string]bool, len(params))
 	for i, p := range params {
-		if err := repository.ValidateClaim(p); err != nil {
-			return nil, fmt.Errorf("%s: claim batch: row %d: %w", s.in.d.Name, i, err)
+		key, err := batchRow(s.in.d, seen, i, p)
+		if err != nil {
+			return nil, err
 		}
-		key := repository.StorageKey(p.Key)
-		if seen[[2]string{p.Consumer, key}] {
-			return nil, fmt.Errorf("%s: claim batch: %w: (%q, %q) twice in one batch", s.in.d.Name, repository.ErrInvalidParams, p.Consumer, p.Key)
-		}
-		seen[[2]string{p.Consumer, key}] = true
 		order[i] = i
 		keys[i] = advisoryKey(s.in.t.quoted, p.Consumer, key)
 	}
