@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -490,15 +491,7 @@ func (s *PartitionedInbox) ClaimBatchOn(ctx context.Context, ex Executor, params
 		order[i] = i
 		keys[i] = advisoryKey(s.in.t.quoted, p.Consumer, key)
 	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		switch {
-		case keys[a] < keys[b]:
-			return -1
-		case keys[a] > keys[b]:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(keys[a], keys[b]) })
 	claims := make([]repository.Claim, len(params))
 	for _, i := range order {
 		var err error
