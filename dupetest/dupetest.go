@@ -110,12 +110,11 @@ type Stats struct {
 type Injector struct {
 	config Config
 
-	mu     sync.Mutex
-	rnd    *rand.Rand
-	seen   map[string]bool // UUIDs whose first delivery was seen
-	failed map[string]bool // UUIDs whose first attempt was failed
-	stats  Stats
-	late   sync.WaitGroup
+	mu    sync.Mutex
+	rnd   *rand.Rand
+	seen  map[string]bool // UUIDs whose first delivery was seen
+	stats Stats
+	late  sync.WaitGroup
 }
 
 // New returns an Injector; it panics on an invalid config (a test
@@ -129,7 +128,6 @@ func New(config Config) *Injector {
 		config: config,
 		rnd:    rand.New(rand.NewPCG(config.Seed, 0x6475706574657374)),
 		seen:   map[string]bool{},
-		failed: map[string]bool{},
 	}
 }
 

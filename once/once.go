@@ -1,6 +1,7 @@
 package once
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -63,9 +64,18 @@ func checkScope(field, scope string) error {
 	return nil
 }
 
-// mismatch is the error for a reused key with other input.
-func mismatch(scope, key string, rec repository.Record) error {
-	return fmt.Errorf("%w: scope %q, key %q (first claimed at %s)", middleware.ErrPayloadMismatch, scope, key, rec.CreatedAt.Format(time.RFC3339))
+// replay answers a call that found its key already claimed, as
+// middleware's replay does for a duplicate: the stored output when the
+// input matches and the record is completed, middleware.ErrPayloadMismatch
+// when the input differs, *BusyError when the record is in progress.
+func replay(scope, key string, hash []byte, rec repository.Record) (Result, error) {
+	switch {
+	case !bytes.Equal(rec.PayloadHash, hash):
+		return Result{}, fmt.Errorf("%w: scope %q, key %q (first claimed at %s)", middleware.ErrPayloadMismatch, scope, key, rec.CreatedAt.Format(time.RFC3339))
+	case rec.State != repository.StateCompleted:
+		return Result{}, &BusyError{Scope: scope, Key: key, Owner: rec.LeaseOwner, LeaseUntil: rec.LeaseUntil}
+	}
+	return Result{Value: rec.Result, Replayed: true}, nil
 }
 
 // validateRetention checks the settings both configs share.

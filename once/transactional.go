@@ -1,7 +1,6 @@
 package once
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -145,14 +144,7 @@ func (o *Transactional) DoInput(ctx context.Context, key string, input []byte, f
 		return Result{}, fmt.Errorf("once: claim key %q: %w", key, err)
 	}
 	if !claim.Claimed {
-		rec := claim.Existing
-		switch {
-		case !bytes.Equal(rec.PayloadHash, hash):
-			return Result{}, mismatch(scope, key, rec)
-		case rec.State != repository.StateCompleted:
-			return Result{}, &BusyError{Scope: scope, Key: key, Owner: rec.LeaseOwner, LeaseUntil: rec.LeaseUntil}
-		}
-		return Result{Value: rec.Result, Replayed: true}, nil
+		return replay(scope, key, hash, claim.Existing)
 	}
 	out, err := fn(withCall(ctx, scope, key), tx)
 	if err != nil {

@@ -168,10 +168,8 @@ func (o *TwoPhase) DoInput(ctx context.Context, key string, input []byte, fn Fun
 	if !acq.Acquired {
 		rec := acq.Existing
 		switch {
-		case !bytes.Equal(rec.PayloadHash, hash):
-			return Result{}, mismatch(scope, key, rec)
-		case rec.State == repository.StateCompleted:
-			return Result{Value: rec.Result, Replayed: true}, nil
+		case !bytes.Equal(rec.PayloadHash, hash), rec.State == repository.StateCompleted:
+			return replay(scope, key, hash, rec)
 		case rec.LeaseUntil.After(now):
 			return Result{}, &BusyError{Scope: scope, Key: key, Owner: rec.LeaseOwner, LeaseUntil: rec.LeaseUntil}
 		case c.OnExpiredLease == middleware.Intervene:

@@ -151,6 +151,16 @@ func pgDSN(t *testing.T) string {
 	return testenv.PostgresDSN()
 }
 
+// leaveStuck leaves what a killed consumer leaves: billing/key in progress
+// under dead-owner's lease, expired 30 s ago, input "p".
+func leaveStuck(t *testing.T, repo repository.TwoPhase, key string) {
+	t.Helper()
+	now := time.Now()
+	_, err := repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: key, PayloadHash: repository.HashPayload([]byte("p")),
+		Owner: "dead-owner", Now: now.Add(-time.Minute), LeaseUntil: now.Add(-30 * time.Second), ExpiresAt: now.Add(time.Hour)})
+	require.NoError(t, err)
+}
+
 func TestStuckRecordOfAKilledConsumer(t *testing.T) {
 	dsn := pgDSN(t)
 	db := testenv.Postgres(t)
@@ -257,10 +267,7 @@ func TestCompleteWithResultReplaysIt(t *testing.T) {
 	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
 	require.NoError(t, err)
 	require.NoError(t, repo.Migrate(t.Context()))
-	now := time.Now()
-	_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: "k1", PayloadHash: repository.HashPayload([]byte("p")),
-		Owner: "dead-owner", Now: now.Add(-time.Minute), LeaseUntil: now.Add(-30 * time.Second), ExpiresAt: now.Add(time.Hour)})
-	require.NoError(t, err)
+	leaveStuck(t, repo, "k1")
 	file := filepath.Join(t.TempDir(), "result.json")
 	require.NoError(t, os.WriteFile(file, []byte(`[{"uuid":"pay-1","metadata":{"k":"v"},"payload":"{\"paid\":42}"}]`), 0o600))
 	env := []string{"IDEMCTL_DSN=" + dsn}
@@ -285,10 +292,7 @@ func TestReleaseDeletesTheRecord(t *testing.T) {
 	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
 	require.NoError(t, err)
 	require.NoError(t, repo.Migrate(t.Context()))
-	now := time.Now()
-	_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: "k1", PayloadHash: repository.HashPayload([]byte("p")),
-		Owner: "dead-owner", Now: now.Add(-time.Minute), LeaseUntil: now.Add(-30 * time.Second), ExpiresAt: now.Add(time.Hour)})
-	require.NoError(t, err)
+	leaveStuck(t, repo, "k1")
 	env := []string{"IDEMCTL_DSN=" + dsn}
 	r := idemctl(t, env, "", "--table", table, "--json", "stuck", "resolve", "--consumer", "billing", "--key", "k1", "--release", "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -450,10 +454,8 @@ func TestSQLite(t *testing.T) {
 	require.NoError(t, err)
 	repo, err := sqlite.NewRepository(db, sqlite.Config{})
 	require.NoError(t, err)
+	leaveStuck(t, repo, "k1")
 	now := time.Now()
-	_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: "k1", PayloadHash: repository.HashPayload([]byte("p")),
-		Owner: "dead-owner", Now: now.Add(-time.Minute), LeaseUntil: now.Add(-30 * time.Second), ExpiresAt: now.Add(time.Hour)})
-	require.NoError(t, err)
 	_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: "old", PayloadHash: repository.HashPayload([]byte("p")),
 		Owner: "o", Now: now.Add(-2 * time.Hour), LeaseUntil: now.Add(-2 * time.Hour).Add(time.Second), ExpiresAt: now.Add(-time.Hour)})
 	require.NoError(t, err)

@@ -177,9 +177,7 @@ func TestPartitionedLayout(t *testing.T) {
 			Now: now.Add(-5 * time.Hour), LeaseUntil: now.Add(-5 * time.Hour).Add(time.Second), ExpiresAt: now.Add(-3 * time.Hour)})
 		require.NoError(t, err)
 	}
-	_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: "k1", PayloadHash: hash, Owner: "dead-owner",
-		Now: now.Add(-time.Minute), LeaseUntil: now.Add(-30 * time.Second), ExpiresAt: now.Add(time.Hour)})
-	require.NoError(t, err)
+	leaveStuck(t, repo, "k1")
 
 	// The plain layout on this table, or the partitioned one on a plain
 	// table, changes nothing.
@@ -237,12 +235,9 @@ func TestRedisResolve(t *testing.T) {
 	prefix := testenv.RedisPrefix(t, client)
 	repo, err := redisrepo.NewRepository(client, redisrepo.Config{KeyPrefix: prefix})
 	require.NoError(t, err)
-	now := time.Now()
 	long, long2 := strings.Repeat("order-", 100), strings.Repeat("invoice-", 100)
 	for _, key := range []string{"k1", long, long2} {
-		_, err = repo.Acquire(t.Context(), repository.AcquireParams{Consumer: "billing", Key: key, PayloadHash: repository.HashPayload([]byte("p")),
-			Owner: "dead-owner", Now: now.Add(-time.Minute), LeaseUntil: now.Add(-30 * time.Second), ExpiresAt: now.Add(time.Hour)})
-		require.NoError(t, err)
+		leaveStuck(t, repo, key)
 	}
 	args := []string{"--redis", "redis://" + testenv.RedisAddr() + "/0", "--redis-prefix", prefix}
 
