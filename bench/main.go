@@ -54,6 +54,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
@@ -224,7 +225,7 @@ func configurePool(db *sql.DB, conc []int) {
 func runComparison(ctx context.Context, o options, w io.Writer) error {
 	want := func(id string) bool { return o.only == nil || o.only[id] }
 	fmt.Fprintf(w, "bench: %d messages per run, concurrency %v, median of %d runs, GOMAXPROCS %d, %d CPUs, load average %s\n",
-		o.n, o.concurrency, o.repeat, runtime.GOMAXPROCS(0), runtime.NumCPU(), loadAverage())
+		o.n, o.concurrency, o.repeat, runtime.GOMAXPROCS(0), runtime.NumCPU(), proc.LoadAverage())
 	if o.rtt > 0 {
 		fmt.Fprintf(w, "bench: -rtt %s added to every round trip to PostgreSQL, MariaDB and Redis (SQLite runs in process: none)\n", o.rtt)
 	}
@@ -433,7 +434,7 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	printRatios(w, rows, o.concurrency, ratios)
 	printBatchLatency(w, rows, o.concurrency, o.batchWait)
 	fmt.Fprintf(w, "\npeak RSS (getrusage maxrss) of the bench process: %.1f MiB\n", mib(peakRSS()))
-	fmt.Fprintf(w, "took %s; load average at the end %s\n", took.Round(time.Second), loadAverage())
+	fmt.Fprintf(w, "took %s; load average at the end %s\n", took.Round(time.Second), proc.LoadAverage())
 	if o.rtt > 0 {
 		fmt.Fprintf(w, "-rtt %s: mean delay a round trip actually got: %s\n", o.rtt, meanDelays(map[string]*roundTrips{
 			"postgres": pgRT, "pgx": pgxRT, "mariadb": myRT, "redis": redisRT, "pgbench": pgbenchRT}))

@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
@@ -77,7 +78,7 @@ func (o *claimObserver) takeInterval() []time.Duration {
 // claim p99, Go heap, RSS and goroutines.
 func runSoak(ctx context.Context, o options, w io.Writer) error {
 	fmt.Fprintf(w, "soak: %d messages through B at concurrency %d, %d expired records for the janitor (batch %d, pause %s; 0 = default), GOMAXPROCS %d, load average %s\n",
-		o.soakN, o.soakC, o.soakExpired, o.janitorBatch, o.janitorPause, runtime.GOMAXPROCS(0), loadAverage())
+		o.soakN, o.soakC, o.soakExpired, o.janitorBatch, o.janitorPause, runtime.GOMAXPROCS(0), proc.LoadAverage())
 	db, err := openPostgres(testenv.PostgresDSN(), &roundTrips{})
 	if err != nil {
 		return fmt.Errorf("PostgreSQL (%s=%s) is required: %w", testenv.PostgresEnv, testenv.PostgresDSN(), err)
@@ -288,7 +289,7 @@ loop:
 		fmt.Fprintf(w, "cleanup raises claim p99 by %.2f× against before, %.2f× against after (target < 2×)\n",
 			float64(dp99)/float64(bp99), float64(dp99)/float64(ap99))
 	}
-	fmt.Fprintf(w, "peak RSS (getrusage maxrss): %.1f MiB; load average at the end %s\n", mib(peakRSS()), loadAverage())
+	fmt.Fprintf(w, "peak RSS (getrusage maxrss): %.1f MiB; load average at the end %s\n", mib(peakRSS()), proc.LoadAverage())
 	return nil
 }
 

@@ -51,16 +51,3 @@ func currentRSS() int64 {
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
-
-// loadAverage returns /proc/loadavg's first three fields.
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}

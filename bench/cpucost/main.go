@@ -33,6 +33,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 
+	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -139,7 +140,7 @@ func run(n, c, repeat int) error {
 		h    message.HandlerFunc
 	}{{"A bare", bare}, {"B inbox", plain}, {fmt.Sprintf("G batch %d", c), grouped}, {fmt.Sprintf("G batch %d", max(c/2, 2)), halves}}
 
-	fmt.Printf("cpucost: %d deliveries per run, %d in flight, load average %s\n", n, c, loadAverage())
+	fmt.Printf("cpucost: %d deliveries per run, %d in flight, load average %s\n", n, c, proc.LoadAverage())
 	if _, err := measure(monitor, app, "warm-up", bare, n/4, c); err != nil {
 		return err
 	}
@@ -152,7 +153,7 @@ func run(n, c, repeat int) error {
 			fmt.Println(line)
 		}
 	}
-	fmt.Printf("load average at the end %s\n", loadAverage())
+	fmt.Printf("load average at the end %s\n", proc.LoadAverage())
 	return nil
 }
 
@@ -219,13 +220,4 @@ func processCPU() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:3], " ")
 }

@@ -60,6 +60,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 
+	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 )
 
@@ -151,7 +152,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	var syncCommit string
 	_ = db.QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&syncCommit)
 	fmt.Fprintf(w, "scaling: %d messages per run, %d CPUs, GOMAXPROCS %d per process, synchronous_commit=%s, load average at start %s\n",
-		o.n, runtime.NumCPU(), runtime.GOMAXPROCS(0), syncCommit, loadAverage())
+		o.n, runtime.NumCPU(), runtime.GOMAXPROCS(0), syncCommit, proc.LoadAverage())
 
 	if len(o.consumers) > 0 {
 		if o.broker == "kafka" {
@@ -187,7 +188,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 		}
 		_ = tw.Flush()
 	}
-	fmt.Fprintf(w, "\nload average at the end %s; CPU columns are cores used (CPU seconds / wall seconds)\n", loadAverage())
+	fmt.Fprintf(w, "\nload average at the end %s; CPU columns are cores used (CPU seconds / wall seconds)\n", proc.LoadAverage())
 	return nil
 }
 
@@ -286,7 +287,7 @@ func (cs *children) finish(ctx context.Context, db *sql.DB, app string, probe *c
 		return cpuUse{}, "", nil, err
 	}
 	cpu := probe.finish(ours)
-	load := loadAverage()
+	load := proc.LoadAverage()
 	for _, p := range cs.procs {
 		_ = p.stdin.Close()
 	}
@@ -372,19 +373,6 @@ func ourBackends(ctx context.Context, db *sql.DB, app string) ([]int, error) {
 		pids = append(pids, pid)
 	}
 	return pids, rows.Err()
-}
-
-// loadAverage returns /proc/loadavg's first three fields (as bench's).
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 func sortDurations(d []time.Duration) []time.Duration {
