@@ -191,29 +191,19 @@ func measure(monitor *sql.DB, app, name string, h message.HandlerFunc, n, c int)
 // backendCPU sums the user and system time of the PostgreSQL backends
 // whose application_name is app.
 func backendCPU(monitor *sql.DB, app string) (time.Duration, error) {
-	rows, err := monitor.Query(`SELECT pid FROM pg_stat_activity WHERE application_name = $1`, app)
+	pids, err := proc.Backends(context.Background(), monitor, app)
 	if err != nil {
 		return 0, err
 	}
-	defer rows.Close()
 	var ticks int64
-	for rows.Next() {
-		var pid int
-		if err := rows.Scan(&pid); err != nil {
-			return 0, err
-		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	for _, pid := range pids {
+		t, err := proc.Ticks(pid)
 		if err != nil {
 			return 0, fmt.Errorf("PostgreSQL must run on this machine: %w", err)
 		}
-		// Fields after the command name: state is the first, utime and
-		// stime the 12th and 13th.
-		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		s, _ := strconv.ParseInt(f[12], 10, 64)
-		ticks += u + s
+		ticks += t
 	}
-	return time.Duration(ticks) * 10 * time.Millisecond, rows.Err() // USER_HZ = 100
+	return time.Duration(ticks) * time.Second / proc.ClockTicks, nil
 }
 
 func processCPU() time.Duration {

@@ -8,28 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 )
-
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's utime and stime
-// (100 on every Linux this runs on).
-const clockTicks = 100
-
-// procTicks returns utime+stime of pid, or -1 if it is gone.
-func procTicks(pid int) int64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return -1
-	}
-	// The command name (field 2) may hold spaces: fields after its ')'.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return -1
-	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return u + st
-}
 
 // procsNamed returns the pids whose command name (comm) is one of names.
 func procsNamed(names ...string) []int {
@@ -61,7 +42,7 @@ func takeSnapshot(pids ...[]int) snapshot {
 	s := snapshot{at: time.Now(), ticks: map[int]int64{}}
 	for _, ps := range pids {
 		for _, p := range ps {
-			if t := procTicks(p); t >= 0 {
+			if t, err := proc.Ticks(p); err == nil {
 				s.ticks[p] = t
 			}
 		}
@@ -79,7 +60,7 @@ func cores(before, after snapshot, pids []int) float64 {
 			ticks += a - before.ticks[p]
 		}
 	}
-	return float64(ticks) / clockTicks / after.at.Sub(before.at).Seconds()
+	return float64(ticks) / proc.ClockTicks / after.at.Sub(before.at).Seconds()
 }
 
 // cpuUse is a run's CPU, in cores.

@@ -282,7 +282,7 @@ func (cs *children) signal(line string) error {
 // average, then closes the children's stdin (their signal to stop),
 // decodes the report each writes, and waits for them.
 func (cs *children) finish(ctx context.Context, db *sql.DB, app string, probe *cpuProbe) (cpuUse, string, []report, error) {
-	ours, err := ourBackends(ctx, db, app)
+	ours, err := proc.Backends(ctx, db, app)
 	if err != nil {
 		return cpuUse{}, "", nil, err
 	}
@@ -355,24 +355,6 @@ func appDSN(dsn, app string) string {
 		sep = "&"
 	}
 	return dsn + sep + "application_name=" + app
-}
-
-// ourBackends returns the pids of the backends named app.
-func ourBackends(ctx context.Context, db *sql.DB, app string) ([]int, error) {
-	rows, err := db.QueryContext(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, app)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var pids []int
-	for rows.Next() {
-		var pid int
-		if err := rows.Scan(&pid); err != nil {
-			return nil, err
-		}
-		pids = append(pids, pid)
-	}
-	return pids, rows.Err()
 }
 
 func sortDurations(d []time.Duration) []time.Duration {
