@@ -10,7 +10,7 @@ import (
 )
 
 // kafkaVersion is the newest protocol version Sarama can speak to kfake
-// (see examples/internal/broker/kafka.go).
+// (see examples/internal/e2e/broker/kafka.go).
 var kafkaVersion = sarama.V2_3_0_0
 
 // startKfake starts an in-process Kafka-protocol broker on a free port
