@@ -69,11 +69,7 @@ func run(n, c, repeat int) error {
 	suffix := hex.EncodeToString(b[:])
 	app := "cpucost_" + suffix
 	dsn := testenv.PostgresDSN()
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	db, err := sql.Open("pgx", dsn+sep+"application_name="+app)
+	db, err := sql.Open("pgx", proc.AppDSN(dsn, app))
 	if err != nil {
 		return err
 	}

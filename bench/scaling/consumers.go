@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
@@ -189,7 +190,7 @@ func deleteQueue(url, queue string) {
 // its database connections are open, starts on "go", and stops when
 // stdin closes, printing its report.
 func runConsumerChild(c childArgs) error {
-	db, err := sql.Open("pgx", appDSN(c.pgDSN, c.app))
+	db, err := sql.Open("pgx", proc.AppDSN(c.pgDSN, c.app))
 	if err != nil {
 		return err
 	}

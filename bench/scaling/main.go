@@ -347,16 +347,6 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-// appDSN returns dsn with application_name set, so the run's backends
-// can be found in pg_stat_activity.
-func appDSN(dsn, app string) string {
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	return dsn + sep + "application_name=" + app
-}
-
 func sortDurations(d []time.Duration) []time.Duration {
 	slices.Sort(d)
 	return d

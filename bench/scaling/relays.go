@@ -17,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/outbox"
 )
 
@@ -117,7 +118,7 @@ func (p *recordingPublisher) Close() error { return nil }
 // runRelayChild is a relay process: it prints "ready", runs the relay on
 // "go", and stops when stdin closes, printing what it published.
 func runRelayChild(c childArgs) error {
-	db, err := sql.Open("pgx", appDSN(c.pgDSN, c.app))
+	db, err := sql.Open("pgx", proc.AppDSN(c.pgDSN, c.app))
 	if err != nil {
 		return err
 	}

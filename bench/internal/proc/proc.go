@@ -48,6 +48,16 @@ func Ticks(pid int) (int64, error) {
 	return u + st, nil
 }
 
+// AppDSN returns dsn with application_name set, so the run's backends
+// can be found in pg_stat_activity (Backends).
+func AppDSN(dsn, app string) string {
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + "application_name=" + app
+}
+
 // Backends returns the pids of the PostgreSQL backends whose
 // application_name is app.
 func Backends(ctx context.Context, db *sql.DB, app string) ([]int, error) {
