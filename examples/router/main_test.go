@@ -3,9 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"net/url"
+	"database/sql"
 	"os"
 	"testing"
 	"time"
@@ -41,18 +39,10 @@ func TestREADMEQuotesMain(t *testing.T) {
 // own (the DSN's search_path), and feeds it what a broker delivers: two
 // orders, a redelivered copy of one, a malformed order and a reused key.
 func TestRun(t *testing.T) {
-	db := testenv.Postgres(t)
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	schema := "router_example_" + hex.EncodeToString(b[:])
-	_, err := db.ExecContext(t.Context(), `CREATE SCHEMA `+schema)
+	dsn := testenv.PostgresSchemaDSN(t, "router_example_")
+	db, err := sql.Open("pgx", dsn)
 	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP SCHEMA `+schema+` CASCADE`) })
-	dsn, err := url.Parse(testenv.PostgresDSN())
-	require.NoError(t, err)
-	q := dsn.Query()
-	q.Set("search_path", schema)
-	dsn.RawQuery = q.Encode()
+	defer db.Close()
 
 	logger := watermill.NopLogger{}
 	// Persistent: messages published before the router subscribes wait.
@@ -68,7 +58,7 @@ func TestRun(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan error, 1)
-	go func() { done <- run(runCtx, dsn.String(), pubSub, pubSub, logger) }()
+	go func() { done <- run(runCtx, dsn, pubSub, pubSub, logger) }()
 
 	next := func(ch <-chan *message.Message) *message.Message {
 		t.Helper()
@@ -109,7 +99,7 @@ func TestRun(t *testing.T) {
 		t.Fatal("run did not return after its context ended")
 	}
 
-	rows, err := db.QueryContext(ctx, `SELECT order_id, cents FROM `+schema+`.charges ORDER BY order_id`)
+	rows, err := db.QueryContext(ctx, `SELECT order_id, cents FROM charges ORDER BY order_id`)
 	require.NoError(t, err)
 	defer rows.Close()
 	charges := map[string]int64{}
