@@ -141,12 +141,7 @@ func newRelayPipeline(b *testing.B, d benchDB) pipeline {
 	ob, err := outbox.New(outbox.Config{Dialect: d.dialect, Table: table})
 	require.NoError(b, err)
 	require.NoError(b, ob.Migrate(context.Background(), db))
-	b.Cleanup(func() {
-		_, _ = db.Exec(`DROP TABLE ` + table)
-		if d.dialect == outbox.PostgreSQL {
-			_, _ = db.Exec(`DROP FUNCTION IF EXISTS ` + table + `_notify()`)
-		}
-	})
+	b.Cleanup(backend{db: db, dialect: d.dialect, table: table}.drop)
 	cfg := outbox.RelayConfig{Dialect: d.dialect, Table: table}
 	if d.dialect == outbox.PostgreSQL {
 		cfg.Notifier = pgxoutbox.Notifier(db)

@@ -125,15 +125,19 @@ func forEachBackendMode(t *testing.T, parallel bool, fn func(t *testing.T, b bac
 				require.NoError(t, ob.Migrate(context.Background(), b.db))
 			}
 			b.outbox = ob
-			t.Cleanup(func() {
-				_, _ = b.db.Exec(`DROP TABLE ` + b.table)
-				_, _ = b.db.Exec(`DROP TABLE IF EXISTS ` + outbox.DeadLetterTableName(b.table))
-				if b.dialect == outbox.PostgreSQL {
-					_, _ = b.db.Exec(`DROP FUNCTION IF EXISTS ` + b.table + `_notify()`)
-				}
-			})
+			t.Cleanup(b.drop)
 			fn(t, b)
 		})
+	}
+}
+
+// drop drops what Migrate created for b's table: the outbox and
+// dead-letter tables and, on PostgreSQL, the NOTIFY trigger's function.
+func (b backend) drop() {
+	_, _ = b.db.Exec(`DROP TABLE IF EXISTS ` + b.table)
+	_, _ = b.db.Exec(`DROP TABLE IF EXISTS ` + outbox.DeadLetterTableName(b.table))
+	if b.dialect == outbox.PostgreSQL {
+		_, _ = b.db.Exec(`DROP FUNCTION IF EXISTS ` + b.table + `_notify()`)
 	}
 }
 

@@ -216,13 +216,7 @@ func TestMigrateUpgradesPreReleaseTable(t *testing.T) {
 			} else {
 				b.db = testenv.Postgres(t)
 			}
-			t.Cleanup(func() {
-				_, _ = b.db.Exec(`DROP TABLE IF EXISTS ` + b.table)
-				_, _ = b.db.Exec(`DROP TABLE IF EXISTS ` + outbox.DeadLetterTableName(b.table))
-				if b.dialect == outbox.PostgreSQL {
-					_, _ = b.db.Exec(`DROP FUNCTION IF EXISTS ` + b.table + `_notify()`)
-				}
-			})
+			t.Cleanup(b.drop)
 			_, err := b.db.ExecContext(ctx, strings.ReplaceAll(tc.ddl, "{T}", b.table))
 			require.NoError(t, err)
 			_, err = b.db.ExecContext(ctx, `INSERT INTO `+b.table+` (topic, uuid, payload, metadata) VALUES (`+b.ph(1)+`, `+b.ph(2)+`, `+b.ph(3)+`, `+b.ph(4)+`)`,

@@ -111,13 +111,7 @@ func startSuiteRelay(t *testing.T, db *sql.DB, dialect outbox.Dialect, broker me
 	ob, err := outbox.New(outbox.Config{Dialect: dialect, Table: table})
 	require.NoError(t, err)
 	require.NoError(t, ob.Migrate(context.Background(), db))
-	t.Cleanup(func() {
-		_, _ = db.Exec(`DROP TABLE ` + table)
-		_, _ = db.Exec(`DROP TABLE IF EXISTS ` + outbox.DeadLetterTableName(table))
-		if dialect == outbox.PostgreSQL {
-			_, _ = db.Exec(`DROP FUNCTION IF EXISTS ` + table + `_notify()`)
-		}
-	})
+	t.Cleanup(backend{db: db, dialect: dialect, table: table}.drop)
 	cfg.Dialect, cfg.Table = dialect, table
 	relay, err := outbox.NewRelay(db, broker, cfg, testLogger(t))
 	require.NoError(t, err)
