@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -117,14 +118,11 @@ func TestGolangMigrate(t *testing.T) {
 	for _, name := range []string{"postgres", "postgres-pgx"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			admin := testenv.Postgres(t)
-			schema := "outbox_gm_" + randomSuffix()
-			_, err := admin.ExecContext(t.Context(), `CREATE SCHEMA `+schema)
+			dsn := testenv.PostgresSchemaDSN(t, "outbox_gm_")
+			u, err := url.Parse(dsn)
 			require.NoError(t, err)
-			t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), `DROP SCHEMA `+schema+` CASCADE`) })
-			dsn := testenv.PostgresDSN()
-			sep := map[bool]string{true: "&", false: "?"}[strings.Contains(dsn, "?")]
-			dsn += sep + "search_path=" + schema
+			schema := u.Query().Get("search_path")
+			require.NotEmpty(t, schema)
 			gmdb, err := sql.Open("pgx", dsn)
 			require.NoError(t, err)
 			drv, err := gmpgx.WithInstance(gmdb, &gmpgx.Config{SchemaName: schema})
