@@ -405,29 +405,9 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	// delivery is being cancelled, rather than throw that work away.
 	finish := context.WithoutCancel(ctx)
 	produced := len(out)
-	if c.Outputs != nil && produced > 0 {
-		for pos, m := range out {
-			m.UUID = OutputUUID(scope, key, pos)
-		}
-		var sqlTx *sql.Tx
-		if s, ok := tx.(stdTx); ok {
-			sqlTx = s.tx
-		}
-		if err := c.Outputs.WriteOutputs(tx.WithTx(finish), sqlTx, out); err != nil {
-			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: write %d outputs of key %q: %w", produced, key, err), nil)
-		}
-		// They commit with the marker and the relay publishes them: nothing
-		// for the router to publish, nothing to replay.
-		out = nil
-	}
-	result, err := encodeResult(out, c.MaxResultBytes)
+	out, err = i.storeOutput(finish, tx, scope, key, out)
 	if err != nil {
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: key %q: %w", key, err), nil)
-	}
-	if result != nil {
-		if err := tx.SaveResult(finish, repository.SaveResultParams{Consumer: scope, Key: key, Result: result}); err != nil {
-			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: store result of key %q: %w", key, err), nil)
-		}
+		return nil, obs.end(ctx, OutcomeFailed, err, nil)
 	}
 	if err := tx.Commit(finish); err != nil {
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: commit key %q: %w", key, err), nil)
@@ -439,6 +419,39 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		return out, obs.end(ctx, OutcomeStaleVersion, nil, nil)
 	}
 	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": produced})
+}
+
+// storeOutput stores a handler's output messages in tx: through
+// Config.Outputs when it is set (the relay publishes them, so nothing is
+// left to return or replay), otherwise as the key's result for replay.
+// It returns the messages for the router to publish now.
+func (i *Inbox) storeOutput(ctx context.Context, tx InboxTx, scope, key string, out []*message.Message) ([]*message.Message, error) {
+	c := i.config
+	if c.Outputs != nil && len(out) > 0 {
+		for pos, m := range out {
+			m.UUID = OutputUUID(scope, key, pos)
+		}
+		var sqlTx *sql.Tx
+		if s, ok := tx.(stdTx); ok {
+			sqlTx = s.tx
+		}
+		if err := c.Outputs.WriteOutputs(tx.WithTx(ctx), sqlTx, out); err != nil {
+			return nil, fmt.Errorf("inbox: write %d outputs of key %q: %w", len(out), key, err)
+		}
+		// They commit with the marker and the relay publishes them: nothing
+		// for the router to publish, nothing to replay.
+		out = nil
+	}
+	result, err := encodeResult(out, c.MaxResultBytes)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: key %q: %w", key, err)
+	}
+	if result != nil {
+		if err := tx.SaveResult(ctx, repository.SaveResultParams{Consumer: scope, Key: key, Result: result}); err != nil {
+			return nil, fmt.Errorf("inbox: store result of key %q: %w", key, err)
+		}
+	}
+	return out, nil
 }
 
 // beginClaim begins the delivery's transaction and claims its key: in
