@@ -525,7 +525,7 @@ func replay(ctx context.Context, obs *observation, rec repository.Record, hash [
 		err := fmt.Errorf("%w: scope %q, key %q is %s", ErrInProgress, scope, key, rec.State)
 		return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
 	}
-	out, err := decodeResult(rec.Result)
+	out, err := DecodeResult(rec.Result)
 	if err != nil {
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: replay key %q: %w", key, err), nil)
 	}
