@@ -121,17 +121,10 @@ type delivery struct {
 // handleBatched is handle in batch mode: the delivery joins the next
 // batch and returns once the batch's commit (or its own failure) decided.
 func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	scope, err := i.scope.resolve(msg.Context())
+	obs, ctx, scope, key, err := beginDelivery(i.obs, i.scope, i.config.Key, msg)
 	if err != nil {
-		obs, ctx := i.obs.begin(msg, i.scope.fallback())
-		return nil, obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+		return nil, err
 	}
-	obs, ctx := i.obs.begin(msg, scope)
-	key, err := extractKey(i.config.Key, scope, msg)
-	if err != nil {
-		return nil, obs.end(ctx, OutcomeNoKey, err, nil)
-	}
-	obs.setKey(key)
 	now := i.config.Now()
 	d := &delivery{
 		h: h, msg: msg, ctx: ctx, obs: obs, scope: scope, key: key,

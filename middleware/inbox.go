@@ -337,18 +337,10 @@ func (i *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
 	c := i.config
-	scope, err := i.scope.resolve(msg.Context())
+	obs, ctx, scope, key, err := beginDelivery(i.obs, i.scope, c.Key, msg)
 	if err != nil {
-		obs, ctx := i.obs.begin(msg, i.scope.fallback())
-		return nil, obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+		return nil, err
 	}
-	obs, ctx := i.obs.begin(msg, scope)
-
-	key, err := extractKey(c.Key, scope, msg)
-	if err != nil {
-		return nil, obs.end(ctx, OutcomeNoKey, err, nil)
-	}
-	obs.setKey(key)
 
 	now := c.Now()
 	hash := repository.HashPayload(msg.Payload)
@@ -498,6 +490,24 @@ func (i *Inbox) begin(ctx context.Context) (InboxTx, error) {
 		return nil, err
 	}
 	return stdTx{tx, i.config.Repository}, nil
+}
+
+// beginDelivery starts observing msg and resolves its scope and key. A
+// delivery without either has ended (observed, logged) when err is
+// returned: the handler returns err as it is.
+func beginDelivery(o observability, s scoping, keyFunc KeyFunc, msg *message.Message) (_ *observation, _ context.Context, scope, key string, err error) {
+	scope, err = s.resolve(msg.Context())
+	if err != nil {
+		obs, ctx := o.begin(msg, s.fallback())
+		return nil, nil, "", "", obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+	}
+	obs, ctx := o.begin(msg, scope)
+	key, err = extractKey(keyFunc, scope, msg)
+	if err != nil {
+		return nil, nil, "", "", obs.end(ctx, OutcomeNoKey, err, nil)
+	}
+	obs.setKey(key)
+	return obs, ctx, scope, key, nil
 }
 
 // extractKey runs the key function; no key is ErrNoKey.

@@ -222,17 +222,10 @@ func (i *TwoPhaseInbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
 	c := i.config
-	scope, err := i.scope.resolve(msg.Context())
+	obs, ctx, scope, key, err := beginDelivery(i.obs, i.scope, c.Key, msg)
 	if err != nil {
-		obs, ctx := i.obs.begin(msg, i.scope.fallback())
-		return nil, obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+		return nil, err
 	}
-	obs, ctx := i.obs.begin(msg, scope)
-	key, err := extractKey(c.Key, scope, msg)
-	if err != nil {
-		return nil, obs.end(ctx, OutcomeNoKey, err, nil)
-	}
-	obs.setKey(key)
 
 	hash := repository.HashPayload(msg.Payload)
 	owner := watermill.NewUUID()
