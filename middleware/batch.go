@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -122,17 +121,10 @@ type delivery struct {
 // handleBatched is handle in batch mode: the delivery joins the next
 // batch and returns once the batch's commit (or its own failure) decided.
 func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	scope, err := i.scope.resolve(msg.Context())
+	obs, ctx, scope, key, err := beginDelivery(i.obs, i.scope, i.config.Key, msg)
 	if err != nil {
-		obs, ctx := i.obs.begin(msg, i.scope.fallback())
-		return nil, obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+		return nil, err
 	}
-	obs, ctx := i.obs.begin(msg, scope)
-	key, err := extractKey(i.config.Key, scope, msg)
-	if err != nil {
-		return nil, obs.end(ctx, OutcomeNoKey, err, nil)
-	}
-	obs.setKey(key)
 	now := i.config.Now()
 	d := &delivery{
 		h: h, msg: msg, ctx: ctx, obs: obs, scope: scope, key: key,
@@ -361,7 +353,6 @@ func (b *batcher) claim(ctx context.Context, tx InboxTx, live []*delivery) ([]re
 // runOne runs d's handler on the shared transaction and stores its result
 // there, as handle does for a delivery of its own.
 func (b *batcher) runOne(tx InboxTx, d *delivery, size int) (err error) {
-	c := b.inbox.config
 	msg := d.msg
 	original := msg.Context()
 	msg.SetContext(withScope(withKey(tx.WithTx(withInboxTx(d.ctx)), d.key), d.scope))
@@ -381,27 +372,8 @@ func (b *batcher) runOne(tx InboxTx, d *delivery, size int) (err error) {
 	b.inbox.obs.inject(d.ctx, out)
 	finish := context.WithoutCancel(d.ctx)
 	produced := len(out)
-	if c.Outputs != nil && produced > 0 {
-		for pos, m := range out {
-			m.UUID = OutputUUID(d.scope, d.key, pos)
-		}
-		var sqlTx *sql.Tx
-		if std, ok := tx.(stdTx); ok {
-			sqlTx = std.tx
-		}
-		if err := c.Outputs.WriteOutputs(tx.WithTx(finish), sqlTx, out); err != nil {
-			return fmt.Errorf("inbox: write %d outputs of key %q: %w", produced, d.key, err)
-		}
-		out = nil
-	}
-	result, err := encodeResult(out, c.MaxResultBytes)
-	if err != nil {
-		return fmt.Errorf("inbox: key %q: %w", d.key, err)
-	}
-	if result != nil {
-		if err := tx.SaveResult(finish, repository.SaveResultParams{Consumer: d.scope, Key: d.key, Result: result}); err != nil {
-			return fmt.Errorf("inbox: store result of key %q: %w", d.key, err)
-		}
+	if out, err = b.inbox.storeOutput(finish, tx, d.scope, d.key, out); err != nil {
+		return err
 	}
 	d.out, d.outcome, d.err = out, OutcomeProcessed, nil
 	d.fields = watermill.LogFields{"produced": produced, "batch": size}

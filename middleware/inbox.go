@@ -337,18 +337,10 @@ func (i *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
 	c := i.config
-	scope, err := i.scope.resolve(msg.Context())
+	obs, ctx, scope, key, err := beginDelivery(i.obs, i.scope, c.Key, msg)
 	if err != nil {
-		obs, ctx := i.obs.begin(msg, i.scope.fallback())
-		return nil, obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+		return nil, err
 	}
-	obs, ctx := i.obs.begin(msg, scope)
-
-	key, err := extractKey(c.Key, scope, msg)
-	if err != nil {
-		return nil, obs.end(ctx, OutcomeNoKey, err, nil)
-	}
-	obs.setKey(key)
 
 	now := c.Now()
 	hash := repository.HashPayload(msg.Payload)
@@ -405,29 +397,9 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 	// delivery is being cancelled, rather than throw that work away.
 	finish := context.WithoutCancel(ctx)
 	produced := len(out)
-	if c.Outputs != nil && produced > 0 {
-		for pos, m := range out {
-			m.UUID = OutputUUID(scope, key, pos)
-		}
-		var sqlTx *sql.Tx
-		if s, ok := tx.(stdTx); ok {
-			sqlTx = s.tx
-		}
-		if err := c.Outputs.WriteOutputs(tx.WithTx(finish), sqlTx, out); err != nil {
-			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: write %d outputs of key %q: %w", produced, key, err), nil)
-		}
-		// They commit with the marker and the relay publishes them: nothing
-		// for the router to publish, nothing to replay.
-		out = nil
-	}
-	result, err := encodeResult(out, c.MaxResultBytes)
+	out, err = i.storeOutput(finish, tx, scope, key, out)
 	if err != nil {
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: key %q: %w", key, err), nil)
-	}
-	if result != nil {
-		if err := tx.SaveResult(finish, repository.SaveResultParams{Consumer: scope, Key: key, Result: result}); err != nil {
-			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: store result of key %q: %w", key, err), nil)
-		}
+		return nil, obs.end(ctx, OutcomeFailed, err, nil)
 	}
 	if err := tx.Commit(finish); err != nil {
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: commit key %q: %w", key, err), nil)
@@ -439,6 +411,39 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		return out, obs.end(ctx, OutcomeStaleVersion, nil, nil)
 	}
 	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": produced})
+}
+
+// storeOutput stores a handler's output messages in tx: through
+// Config.Outputs when it is set (the relay publishes them, so nothing is
+// left to return or replay), otherwise as the key's result for replay.
+// It returns the messages for the router to publish now.
+func (i *Inbox) storeOutput(ctx context.Context, tx InboxTx, scope, key string, out []*message.Message) ([]*message.Message, error) {
+	c := i.config
+	if c.Outputs != nil && len(out) > 0 {
+		for pos, m := range out {
+			m.UUID = OutputUUID(scope, key, pos)
+		}
+		var sqlTx *sql.Tx
+		if s, ok := tx.(stdTx); ok {
+			sqlTx = s.tx
+		}
+		if err := c.Outputs.WriteOutputs(tx.WithTx(ctx), sqlTx, out); err != nil {
+			return nil, fmt.Errorf("inbox: write %d outputs of key %q: %w", len(out), key, err)
+		}
+		// They commit with the marker and the relay publishes them: nothing
+		// for the router to publish, nothing to replay.
+		out = nil
+	}
+	result, err := encodeResult(out, c.MaxResultBytes)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: key %q: %w", key, err)
+	}
+	if result != nil {
+		if err := tx.SaveResult(ctx, repository.SaveResultParams{Consumer: scope, Key: key, Result: result}); err != nil {
+			return nil, fmt.Errorf("inbox: store result of key %q: %w", key, err)
+		}
+	}
+	return out, nil
 }
 
 // beginClaim begins the delivery's transaction and claims its key: in
@@ -487,6 +492,24 @@ func (i *Inbox) begin(ctx context.Context) (InboxTx, error) {
 	return stdTx{tx, i.config.Repository}, nil
 }
 
+// beginDelivery starts observing msg and resolves its scope and key. A
+// delivery without either has ended (observed, logged) when err is
+// returned: the handler returns err as it is.
+func beginDelivery(o observability, s scoping, keyFunc KeyFunc, msg *message.Message) (_ *observation, _ context.Context, scope, key string, err error) {
+	scope, err = s.resolve(msg.Context())
+	if err != nil {
+		obs, ctx := o.begin(msg, s.fallback())
+		return nil, nil, "", "", obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+	}
+	obs, ctx := o.begin(msg, scope)
+	key, err = extractKey(keyFunc, scope, msg)
+	if err != nil {
+		return nil, nil, "", "", obs.end(ctx, OutcomeNoKey, err, nil)
+	}
+	obs.setKey(key)
+	return obs, ctx, scope, key, nil
+}
+
 // extractKey runs the key function; no key is ErrNoKey.
 func extractKey(keyFunc KeyFunc, scope string, msg *message.Message) (string, error) {
 	key, err := keyFunc(msg)
@@ -512,7 +535,7 @@ func replay(ctx context.Context, obs *observation, rec repository.Record, hash [
 		err := fmt.Errorf("%w: scope %q, key %q is %s", ErrInProgress, scope, key, rec.State)
 		return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
 	}
-	out, err := decodeResult(rec.Result)
+	out, err := DecodeResult(rec.Result)
 	if err != nil {
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: replay key %q: %w", key, err), nil)
 	}

@@ -82,5 +82,3 @@ func encodeResult(msgs []*message.Message, maxBytes int) ([]byte, error) {
 	}
 	return b, nil
 }
-
-func decodeResult(b []byte) ([]*message.Message, error) { return DecodeResult(b) }

@@ -222,22 +222,16 @@ func (i *TwoPhaseInbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
 	c := i.config
-	scope, err := i.scope.resolve(msg.Context())
+	obs, ctx, scope, key, err := beginDelivery(i.obs, i.scope, c.Key, msg)
 	if err != nil {
-		obs, ctx := i.obs.begin(msg, i.scope.fallback())
-		return nil, obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+		return nil, err
 	}
-	obs, ctx := i.obs.begin(msg, scope)
-	key, err := extractKey(c.Key, scope, msg)
-	if err != nil {
-		return nil, obs.end(ctx, OutcomeNoKey, err, nil)
-	}
-	obs.setKey(key)
 
 	hash := repository.HashPayload(msg.Payload)
 	owner := watermill.NewUUID()
 	now := c.Now()
 	obs.fields["owner"] = owner
+	lease := repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}
 
 	claimStart := time.Now()
 	acq, err := c.Repository.Acquire(ctx, repository.AcquireParams{
@@ -251,7 +245,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 	})
 	obs.d.Claim = time.Since(claimStart)
 	if err != nil {
-		i.releaseUnanswered(ctx, repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}, err, obs.fields)
+		i.releaseUnanswered(ctx, lease, err, obs.fields)
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: acquire key %q: %w", key, err), nil)
 	}
 	if !acq.Acquired {
@@ -274,13 +268,12 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 			err = fmt.Errorf("%w: scope %q, key %q was reclaimed by another delivery: %w", ErrInProgress, scope, key, err)
 			return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
 		} else if err != nil {
-			i.releaseUnanswered(ctx, repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}, err, obs.fields)
+			i.releaseUnanswered(ctx, lease, err, obs.fields)
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: reclaim key %q: %w", key, err), nil)
 		}
 		c.Logger.Info("Inbox: reclaimed an expired lease, running the handler again", obs.fields.Add(watermill.LogFields{"previous_owner": rec.LeaseOwner}))
 	}
 
-	lease := repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}
 	out, panicked, err := i.runLeased(h, msg, ctx, lease, obs.fields)
 	stale := errors.Is(err, ErrStaleVersion)
 	if (err != nil && !stale) || panicked != nil {
