@@ -128,7 +128,7 @@ func (s *Inbox) insertBatch(ctx context.Context, ex Executor, n int, args []any)
 
 // batchStmts caches the multi-row claims by dialect, table and rows:
 // binding one costs more than the claim's own work in Go.
-var batchStmts sync.Map // batchStmtKey → stmt
+var batchStmts sync.Map // batchStmtKey → Stmt
 
 type batchStmtKey struct {
 	d     *Dialect
@@ -138,10 +138,10 @@ type batchStmtKey struct {
 
 // batchInsert is the claim of n rows: a plain multi-row INSERT, with
 // IgnoreConflict and RETURNING where the dialect ignores conflicts.
-func (s *Inbox) batchInsert(n int) stmt {
+func (s *Inbox) batchInsert(n int) Stmt {
 	k := batchStmtKey{s.d, s.t.quoted, n}
 	if st, ok := batchStmts.Load(k); ok {
-		return st.(stmt)
+		return st.(Stmt)
 	}
 	var b strings.Builder
 	b.WriteString(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at) VALUES `)
@@ -155,7 +155,7 @@ func (s *Inbox) batchInsert(n int) stmt {
 	if s.d.IgnoreConflict != "" {
 		b.WriteString(s.d.IgnoreConflict + ` RETURNING consumer, dedup_key`)
 	}
-	st := s.d.bind(s.t.quoted, b.String())
+	st := s.d.Statement(s.t.quoted, b.String())
 	batchStmts.Store(k, st)
 	return st
 }

@@ -104,9 +104,10 @@ type Config struct {
 // Validate reports whether the configuration is usable.
 func (c Config) Validate() error { return repository.ValidateTableName(c.Table) }
 
-// stmt is a bound statement: order maps each placeholder to its argument
-// (Question), max is the highest $n, so extra arguments are not sent.
-type stmt struct {
+// Stmt is a statement bound for a dialect's placeholders: order maps each
+// placeholder to its argument (Question), max is the highest $n, so extra
+// arguments are not sent.
+type Stmt struct {
 	text  string
 	order []int
 	max   int
@@ -116,35 +117,39 @@ type stmt struct {
 
 var dollarRe = regexp.MustCompile(`\$(\d+)`)
 
-func (d *Dialect) bind(table, query string) stmt {
-	var s stmt
-	s.text = dollarRe.ReplaceAllStringFunc(strings.ReplaceAll(query, "{T}", table), func(m string) string {
+// Statement binds query, written with {T} for the quoted table and $n for
+// the n-th argument, to d's placeholders.
+func (d *Dialect) Statement(quotedTable, query string) Stmt {
+	var s Stmt
+	s.text = dollarRe.ReplaceAllStringFunc(strings.ReplaceAll(query, "{T}", quotedTable), func(m string) string {
 		n, _ := strconv.Atoi(m[1:])
 		s.max = max(s.max, n)
-		switch d.Bind {
-		case QuestionNumbered:
-			return "?" + m[1:]
-		case Question:
+		if d.Bind == Question {
 			s.order = append(s.order, n-1)
-			return "?"
 		}
-		return m
+		return d.Placeholder(n)
 	})
 	return s
 }
 
-func (s stmt) exec(ctx context.Context, ex Executor, args ...any) (int64, error) {
-	text, vals := s.send(args)
-	return ex.Exec(ctx, text, vals...)
+// Placeholder is the n-th (1-based) placeholder of d, for statements
+// built argument by argument in order.
+func (d *Dialect) Placeholder(n int) string {
+	switch d.Bind {
+	case QuestionNumbered:
+		return "?" + strconv.Itoa(n)
+	case Question:
+		return "?"
+	}
+	return "$" + strconv.Itoa(n)
 }
 
-func (s stmt) row(ctx context.Context, ex Executor, args ...any) Row {
-	text, vals := s.send(args)
-	return ex.QueryRow(ctx, text, vals...)
-}
+// SQL is the statement's text.
+func (s Stmt) SQL() string { return s.text }
 
-// values returns args in the order the statement's placeholders take them.
-func (s stmt) values(args []any) []any {
+// Args returns args in the order the statement's placeholders take them,
+// without those it does not use.
+func (s Stmt) Args(args ...any) []any {
 	if s.order == nil {
 		return args[:min(len(args), s.max)]
 	}
@@ -153,6 +158,16 @@ func (s stmt) values(args []any) []any {
 		out[i] = args[a]
 	}
 	return out
+}
+
+func (s Stmt) exec(ctx context.Context, ex Executor, args ...any) (int64, error) {
+	text, vals := s.send(args)
+	return ex.Exec(ctx, text, vals...)
+}
+
+func (s Stmt) row(ctx context.Context, ex Executor, args ...any) Row {
+	text, vals := s.send(args)
+	return ex.QueryRow(ctx, text, vals...)
 }
 
 // tableName is a validated table name in its parts.

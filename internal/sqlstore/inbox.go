@@ -28,9 +28,9 @@ const (
 type Inbox struct {
 	migrator
 	q struct {
-		claim, get, lockedGet, save, exists, deleteExpired, pickExpired stmt
-		acquire, reclaim, extend, extendCheck, complete, release        stmt
-		list, resolveComplete, resolveRelease, live, count              stmt
+		claim, get, lockedGet, save, exists, deleteExpired, pickExpired Stmt
+		acquire, reclaim, extend, extendCheck, complete, release        Stmt
+		list, resolveComplete, resolveRelease, live, count              Stmt
 	}
 	prepared preparedStmts // SQLite: see txExec
 }
@@ -38,14 +38,14 @@ type Inbox struct {
 // NewInbox returns the inbox store of dialect d over db. It does not
 // create the table: call Migrate, or apply the dialect's migration files.
 func NewInbox(d *Dialect, db DB, config Config) (*Inbox, error) {
-	m, err := newMigrator(d, db, "inbox", repository.DefaultTableName, config.Table)
+	m, err := d.line("inbox", repository.DefaultTableName).migrator(db, config.Table)
 	if err != nil {
 		return nil, err
 	}
 	s := &Inbox{migrator: m}
-	b := func(q string) stmt {
-		st := d.bind(m.t.quoted, q)
-		st.inline = d.Bind == Question // MySQL: see stmt.send
+	b := func(q string) Stmt {
+		st := d.Statement(m.t.quoted, q)
+		st.inline = d.Bind == Question // MySQL: see Stmt.send
 		return st
 	}
 	ins := `INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, `
@@ -113,7 +113,7 @@ func (s *Inbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimPara
 }
 
 // insert runs a conditional insert; if the key is taken, it reads it.
-func (s *Inbox) insert(ctx context.Context, ex Executor, insert, read stmt, args []any) (bool, repository.Record, error) {
+func (s *Inbox) insert(ctx context.Context, ex Executor, insert, read Stmt, args []any) (bool, repository.Record, error) {
 	n, err := insert.exec(ctx, ex, args...)
 	if s.d.IsUniqueViolation(err) {
 		n, err = 0, nil
@@ -187,7 +187,7 @@ func (s *Inbox) DeleteExpired(ctx context.Context, before time.Time, limit int) 
 				keys = append(keys, pk[0], pk[1])
 			}
 			var n int64
-			n, err = tx.Exec(ctx, s.d.bind(s.t.quoted, s.d.DeleteByKeys(len(chunk))).text, keys...)
+			n, err = tx.Exec(ctx, s.d.Statement(s.t.quoted, s.d.DeleteByKeys(len(chunk))).text, keys...)
 			deleted += int(n)
 		}
 		return err
@@ -215,7 +215,7 @@ func (s *Inbox) args(hash []byte, vals ...any) ([]any, error) {
 }
 
 // write runs st on the pool, again while it is a deadlock victim.
-func (s *Inbox) write(ctx context.Context, st stmt, args ...any) (n int64, err error) {
+func (s *Inbox) write(ctx context.Context, st Stmt, args ...any) (n int64, err error) {
 	err = s.retry(func() error {
 		n, err = st.exec(ctx, s.db, args...)
 		return err
@@ -235,13 +235,13 @@ func (s *Inbox) retry(fn func() error) error {
 	return err
 }
 
-func (s *Inbox) count(ctx context.Context, ex Executor, st stmt, args ...any) (n int64, err error) {
+func (s *Inbox) count(ctx context.Context, ex Executor, st Stmt, args ...any) (n int64, err error) {
 	err = st.row(ctx, ex, args...).Scan(&n)
 	return
 }
 
 // get reads one record, ErrNotFound if there is none.
-func (s *Inbox) get(ctx context.Context, ex Executor, st stmt, args ...any) (repository.Record, error) {
+func (s *Inbox) get(ctx context.Context, ex Executor, st Stmt, args ...any) (repository.Record, error) {
 	rec, err := s.scan(st.row(ctx, ex, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return rec, repository.ErrNotFound
@@ -283,8 +283,8 @@ func (c *timeColumn) Scan(v any) (err error) {
 }
 
 // collect reads every row of a query with scan.
-func collect[T any](ctx context.Context, ex Executor, st stmt, scan func(Row) (T, error), args ...any) ([]T, error) {
-	rows, err := ex.Query(ctx, st.text, st.values(args)...)
+func collect[T any](ctx context.Context, ex Executor, st Stmt, scan func(Row) (T, error), args ...any) ([]T, error) {
+	rows, err := ex.Query(ctx, st.text, st.Args(args...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -1,20 +1,20 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"io/fs"
-	"strconv"
 	"strings"
 )
 
-// Line is a migration line whose files live outside the dialect's own
-// Migrations: the outbox ships its files in its own package, so that
-// importing it pulls in no driver. Migrate applies them with the
-// dialect's lock and records them in the same MigrationsTable as the
-// store's lines, under the subject "<Name>:<table>".
+// Line is a migration line: the stores' inbox and versions lines are in
+// their dialect's Migrations, the outbox ships its files in its own
+// package, so that importing it pulls in no driver. Migrate applies a
+// line with the dialect's lock and records it in MigrationsTable under
+// the subject "<Name>:<table>".
 type Line struct {
-	// Dialect supplies the quoting, the placeholders and the lock; its
-	// Migrations are not read.
+	// Dialect supplies the quoting, the placeholders and the lock.
 	Dialect *Dialect
 	// FS holds the files NNNN_name.up.sql in Dir, written for the table
 	// name Default.
@@ -29,18 +29,23 @@ type Line struct {
 	Extra func(table string) []string
 }
 
+// line is the store's migration line name in d.Migrations.
+func (d *Dialect) line(name, def string) Line {
+	return Line{Dialect: d, FS: d.Migrations, Dir: "migrations/" + name, Name: name, Default: def}
+}
+
 func (l Line) migrator(db DB, table string) (migrator, error) {
-	d := *l.Dialect
-	d.Migrations = l.FS
-	m, err := newMigrator(&d, db, l.Name, l.Default, table)
-	if err != nil {
-		return m, err
+	if db == nil {
+		return migrator{}, fmt.Errorf("%s: db is nil", l.Dialect.Name)
 	}
-	m.dir = l.Dir
+	table = cmp.Or(table, l.Default)
+	m := migrator{l: l, d: l.Dialect.withDefaults(), db: db}
 	if l.Extra != nil {
 		m.extra = l.Extra(table)
 	}
-	return m, nil
+	var err error
+	m.t, err = l.Dialect.table(table)
+	return m, err
 }
 
 // Migrate applies the line's pending migrations to table; see
@@ -60,13 +65,13 @@ func (l Line) DDL(table string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	files, err := m.files()
+	files, err := l.files()
 	if err != nil {
 		return "", err
 	}
 	var b strings.Builder
 	for _, f := range files {
-		b.WriteString(m.d.render(f.sql, m.def, m.t, m.extra...))
+		b.WriteString(m.d.render(f.sql, l.Default, m.t, m.extra...))
 	}
 	return b.String(), nil
 }
@@ -90,37 +95,3 @@ const (
 
 // nilDB lets DDL build a migrator without a database; it is never used.
 type nilDB struct{ DB }
-
-// Stmt is a statement bound for a dialect, for SQL kept outside this
-// package (the outbox's).
-type Stmt struct{ s stmt }
-
-// Statement binds query, written with {T} for the quoted table and $n for
-// the n-th argument, to d's placeholders.
-func (d *Dialect) Statement(quotedTable, query string) Stmt {
-	return Stmt{d.bind(quotedTable, query)}
-}
-
-// SQL is the statement's text.
-func (s Stmt) SQL() string { return s.s.text }
-
-// Args returns args in the order the statement's placeholders take them,
-// without those it does not use (none when it has no placeholder).
-func (s Stmt) Args(args ...any) []any {
-	if s.s.max == 0 {
-		return nil
-	}
-	return s.s.values(args)
-}
-
-// Placeholder is the n-th (1-based) placeholder of d, for statements
-// built argument by argument in order.
-func (d *Dialect) Placeholder(n int) string {
-	switch d.Bind {
-	case QuestionNumbered:
-		return "?" + strconv.Itoa(n)
-	case Question:
-		return "?"
-	}
-	return "$" + strconv.Itoa(n)
-}

@@ -34,28 +34,13 @@ type Migration struct {
 	Duration time.Duration // how long applying it took
 }
 
-// migrator applies the migration line (inbox, versions) of one table.
+// migrator applies a migration line to one table.
 type migrator struct {
-	d    *Dialect
-	db   DB
-	t    tableName
-	line string // folder in Dialect.Migrations and subject prefix
-	def  string // the table name the files are written for
-	// dir overrides the folder (default migrations/<line>); extra are
-	// replacement pairs render applies first (see Line).
-	dir   string
-	extra []string
-}
-
-func newMigrator(d *Dialect, db DB, line, def, table string) (migrator, error) {
-	if db == nil {
-		return migrator{}, fmt.Errorf("%s: db is nil", d.Name)
-	}
-	if table == "" {
-		table = def
-	}
-	t, err := d.table(table)
-	return migrator{d: d.withDefaults(), db: db, t: t, line: line, def: def}, err
+	l     Line
+	d     *Dialect // l.Dialect with its defaults
+	db    DB
+	t     tableName
+	extra []string // l.Extra(table)
 }
 
 // wrap prefixes err with the dialect and operation, and tells a deadlock
@@ -90,15 +75,15 @@ func (m *migrator) Migrate(ctx context.Context) error {
 // package is adopted; a table dropped after it was migrated is migrated
 // again.
 func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
-	files, err := m.files()
+	files, err := m.l.files()
 	if err != nil {
 		return nil, m.wrap("migrate", err)
 	}
-	probe := m.d.bind(m.t.quoted, `SELECT COUNT(*) FROM {T} WHERE 1 = 0`).text
+	probe := m.d.Statement(m.t.quoted, `SELECT COUNT(*) FROM {T} WHERE 1 = 0`).text
 	missing := m.db.QueryRow(ctx, probe).Scan(new(int)) != nil
-	table, subject := m.d.sibling(m.t, MigrationsTable), m.line+":"+m.t.name
+	table, subject := m.d.sibling(m.t, MigrationsTable), m.l.Name+":"+m.t.name
 	exec := func(ex Executor, q string, args ...any) error {
-		_, err := m.d.bind(table, q).exec(ctx, ex, args...)
+		_, err := m.d.Statement(table, q).exec(ctx, ex, args...)
 		return err
 	}
 	var applied []Migration
@@ -124,7 +109,7 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 				return err
 			}
 		}
-		done, err := collect(ctx, ex, m.d.bind(table, `SELECT version FROM {T} WHERE subject = $1`), func(r Row) (v int, err error) {
+		done, err := collect(ctx, ex, m.d.Statement(table, `SELECT version FROM {T} WHERE subject = $1`), func(r Row) (v int, err error) {
 			err = r.Scan(&v)
 			return
 		}, subject)
@@ -136,7 +121,7 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 				continue
 			}
 			start := time.Now()
-			for _, st := range statements(m.d.render(f.sql, m.def, m.t, m.extra...)) {
+			for _, st := range statements(m.d.render(f.sql, m.l.Default, m.t, m.extra...)) {
 				if _, err := ex.Exec(ctx, st); err != nil && (m.d.IsApplied == nil || !m.d.IsApplied(err)) {
 					return fmt.Errorf("%04d_%s: %w", f.Version, f.Name, err)
 				}
@@ -168,15 +153,14 @@ type migrationFile struct {
 var fileRe = regexp.MustCompile(`(\d+)_(\w+)\.up\.sql$`)
 
 // files reads the line's up migrations in version order.
-func (m *migrator) files() ([]migrationFile, error) {
-	dir := cmp.Or(m.dir, path.Join("migrations", m.line))
-	names, err := fs.Glob(m.d.Migrations, path.Join(dir, "*.up.sql"))
+func (l Line) files() ([]migrationFile, error) {
+	names, err := fs.Glob(l.FS, path.Join(l.Dir, "*.up.sql"))
 	if err == nil && len(names) == 0 {
-		err = errors.New("no migrations in " + dir)
+		err = errors.New("no migrations in " + l.Dir)
 	}
 	var out []migrationFile
 	for _, name := range names {
-		b, rerr := fs.ReadFile(m.d.Migrations, name)
+		b, rerr := fs.ReadFile(l.FS, name)
 		match := fileRe.FindStringSubmatch(name)
 		v, _ := strconv.Atoi(match[1])
 		out, err = append(out, migrationFile{Migration{Version: v, Name: match[2]}, string(b)}), cmp.Or(err, rerr)

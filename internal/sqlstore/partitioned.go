@@ -85,7 +85,7 @@ type PartitionedInbox struct {
 	in              *Inbox
 	interval, ahead time.Duration
 	lockKey         int64 // the advisory lock of partition maintenance
-	insert, acquire stmt
+	insert, acquire Stmt
 	lockClaim       string
 
 	create sync.Mutex // one maintenance creator per process
@@ -108,12 +108,12 @@ func NewPartitionedInbox(d *Dialect, db DB, config PartitionConfig) (*Partitione
 	if err != nil {
 		return nil, err
 	}
-	if in.migrator, err = newMigrator(d, db, "partitioned_inbox", repository.DefaultTableName, config.Table); err != nil {
+	if in.migrator, err = d.line("partitioned_inbox", repository.DefaultTableName).migrator(db, config.Table); err != nil {
 		return nil, err
 	}
 	s := &PartitionedInbox{in: in, interval: config.Interval, ahead: config.Ahead, known: map[int64]bool{}, pending: map[int64]bool{}}
 	s.lockKey = advisoryKey(in.t.quoted, "partitions")
-	b := func(q string) stmt { return d.bind(in.t.quoted, q) }
+	b := func(q string) Stmt { return d.Statement(in.t.quoted, q) }
 	// One statement takes the key's lock and reports the isolation level:
 	// only under READ COMMITTED does the next statement see a row that
 	// the transaction we waited for committed.
@@ -315,7 +315,7 @@ type partition struct {
 // read back from the catalog in the session's time zone, the one they are
 // printed in.
 func (s *PartitionedInbox) partitions(ctx context.Context, ex Executor) ([]partition, error) {
-	out, err := collect(ctx, ex, s.in.d.bind(s.in.t.quoted, `SELECT c.oid::regclass::text, i.inhdetachpending,
+	out, err := collect(ctx, ex, s.in.d.Statement(s.in.t.quoted, `SELECT c.oid::regclass::text, i.inhdetachpending,
 	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
 	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid

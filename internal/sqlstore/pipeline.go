@@ -50,12 +50,12 @@ func (s *Inbox) ClaimExecute(name string, p repository.ClaimParams) (string, err
 	if s.d.Bind != Dollar || !identRe.MatchString(name) {
 		return "", fmt.Errorf("%s: claim execute: %w: PostgreSQL and a plain statement name only", s.d.Name, repository.ErrInvalidParams)
 	}
-	return s.claimInlined("claim execute", stmt{text: `EXECUTE ` + name + `($1, $2, $3, $4, $5)`, max: 5}, p)
+	return s.claimInlined("claim execute", Stmt{text: `EXECUTE ` + name + `($1, $2, $3, $4, $5)`, max: 5}, p)
 }
 
 // claimInlined is st, a statement of the claim's arguments, with p's
 // values written in.
-func (s *Inbox) claimInlined(what string, st stmt, p repository.ClaimParams) (string, error) {
+func (s *Inbox) claimInlined(what string, st Stmt, p repository.ClaimParams) (string, error) {
 	if err := repository.ValidateClaim(p); err != nil {
 		return "", err
 	}
@@ -85,7 +85,7 @@ func (s *Inbox) claimArgs(p repository.ClaimParams) ([]any, error) {
 // The values cannot inject SQL: bytes travel as hexadecimal digits, text
 // as hexadecimal digits (MySQL) or an escape string (PostgreSQL), times
 // and numbers as digits and separators.
-func inlined(b Bind, st stmt, args []any) (text string, ok bool) {
+func inlined(b Bind, st Stmt, args []any) (text string, ok bool) {
 	var ph *regexp.Regexp
 	switch b {
 	case Dollar:
@@ -95,7 +95,7 @@ func inlined(b Bind, st stmt, args []any) (text string, ok bool) {
 	default:
 		return "", false
 	}
-	vals := st.values(args)
+	vals := st.Args(args...)
 	lits := make([]string, len(vals))
 	for i, v := range vals {
 		if lits[i], ok = literal(b, v); !ok {
@@ -172,13 +172,13 @@ var plainText = regexp.MustCompile(`^[0-9A-Za-z :._-]*$`)
 // written in when st.inline (the inbox's statements on MySQL, see
 // inlined), so the statement costs one round trip whatever the DSN says;
 // otherwise as they are.
-func (s stmt) send(args []any) (string, []any) {
+func (s Stmt) send(args []any) (string, []any) {
 	if s.inline {
 		if text, ok := inlined(Question, s, args); ok {
 			return text, nil
 		}
 	}
-	return s.text, s.values(args)
+	return s.text, s.Args(args...)
 }
 
 // GetOn is Get on any driver's connection or transaction.

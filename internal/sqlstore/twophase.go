@@ -115,7 +115,7 @@ func (s *Inbox) Release(ctx context.Context, p repository.LeaseParams) error {
 
 // fenced runs a write guarded by state and owner, reporting
 // repository.ErrLeaseLost when it matched no row.
-func (s *Inbox) fenced(ctx context.Context, op string, st stmt, args ...any) error {
+func (s *Inbox) fenced(ctx context.Context, op string, st Stmt, args ...any) error {
 	n, err := s.write(ctx, st, args...)
 	if err == nil && n == 0 {
 		err = repository.ErrLeaseLost

@@ -15,24 +15,24 @@ import (
 // entity itself is deleted.
 type Versions struct {
 	migrator
-	advance []stmt
-	last    stmt
+	advance []Stmt
+	last    Stmt
 }
 
 // NewVersions returns the version store of dialect d over db. It does not
 // create the table: call Migrate, or apply the dialect's migration files.
 func NewVersions(d *Dialect, db DB, config Config) (*Versions, error) {
-	m, err := newMigrator(d, db, "versions", repository.DefaultVersionsTableName, config.Table)
+	m, err := d.line("versions", repository.DefaultVersionsTableName).migrator(db, config.Table)
 	if err != nil {
 		return nil, err
 	}
 	s := &Versions{migrator: m}
 	for _, q := range m.d.Advance {
-		s.advance = append(s.advance, d.bind(m.t.quoted, q))
+		s.advance = append(s.advance, d.Statement(m.t.quoted, q))
 	}
 	// math.MinInt64 (refused by PrepareAdvance) marks a row locked before
 	// any version applied (MySQL).
-	s.last = d.bind(m.t.quoted, `SELECT version FROM {T} WHERE consumer = $1 AND entity = $2 AND version > -9223372036854775808`)
+	s.last = d.Statement(m.t.quoted, `SELECT version FROM {T} WHERE consumer = $1 AND entity = $2 AND version > -9223372036854775808`)
 	return s, nil
 }
 
