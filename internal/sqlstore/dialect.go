@@ -74,6 +74,7 @@ type Dialect struct {
 
 	// EncodeTime converts a time into an argument, failing for times the
 	// column cannot hold; DecodeTime converts a scanned non-NULL value.
+	// Both nil: the driver's own time.Time, sent in UTC (PostgreSQL).
 	EncodeTime func(time.Time) (any, error)
 	DecodeTime func(any) (time.Time, error)
 	// IsUniqueViolation (default repository.IsUniqueViolation) and
@@ -86,6 +87,9 @@ func (d Dialect) withDefaults() *Dialect {
 	if d.Advance == nil {
 		d.Advance = []string{`INSERT INTO {T} AS v (consumer, entity, version) VALUES ($1, $2, $3)
 ON CONFLICT (consumer, entity) DO UPDATE SET version = excluded.version WHERE v.version < excluded.version`}
+	}
+	if d.EncodeTime == nil {
+		d.EncodeTime = func(t time.Time) (any, error) { return t.UTC(), nil }
 	}
 	if d.IsUniqueViolation == nil {
 		d.IsUniqueViolation = repository.IsUniqueViolation

@@ -254,11 +254,8 @@ func (s *Inbox) scan(r Row) (repository.Record, error) {
 	var (
 		rec   repository.Record
 		owner sql.NullString
-		times [4]timeColumn
+		times = [4]timeColumn{{d: s.d}, {d: s.d}, {d: s.d}, {d: s.d}}
 	)
-	for i := range times {
-		times[i].d = s.d
-	}
 	if err := r.Scan(&rec.Consumer, &rec.Key, &rec.State, &rec.PayloadHash, &rec.Result, &rec.Attempts,
 		&owner, &times[0], &times[1], &times[2], &times[3]); err != nil {
 		return repository.Record{}, err
@@ -276,8 +273,14 @@ type timeColumn struct {
 
 func (c *timeColumn) Scan(v any) (err error) {
 	c.t = time.Time{}
-	if v != nil {
+	switch t, ok := v.(time.Time); {
+	case v == nil:
+	case c.d.DecodeTime != nil:
 		c.t, err = c.d.DecodeTime(v)
+	case ok:
+		c.t = t
+	default:
+		err = fmt.Errorf("cannot scan %T into a timestamp", v)
 	}
 	return err
 }

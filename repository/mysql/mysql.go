@@ -122,17 +122,12 @@ func hasNumber(err error, numbers ...uint16) bool {
 // DATETIME(6), so strings compare like the times they spell.
 const datetimeLayout = "2006-01-02 15:04:05.000000"
 
-var (
-	minDatetime = time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC)
-	endDatetime = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
-)
-
 // encodeTime formats t in UTC for a DATETIME(6) column, truncated to the
 // microsecond. Sending the text ourselves (the driver would send text too,
 // in the DSN's loc) keeps stored values UTC whatever the DSN says.
 func encodeTime(t time.Time) (any, error) {
 	u := t.UTC()
-	if u.Before(minDatetime) || !u.Before(endDatetime) {
+	if u.Year() < 1000 || u.Year() > 9999 {
 		return "", fmt.Errorf("%w: %s is outside the DATETIME range (years 1000 to 9999)", repository.ErrInvalidParams, t)
 	}
 	return u.Format(datetimeLayout), nil

@@ -4,8 +4,6 @@ import (
 	"database/sql"
 	"embed"
 	"errors"
-	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -29,14 +27,6 @@ var dialect = &sqlstore.Dialect{
 	DeleteExpired: `DELETE FROM {T} WHERE (consumer, dedup_key) IN (
 	SELECT consumer, dedup_key FROM {T} WHERE expires_at < $1
 	ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
-	EncodeTime: func(t time.Time) (any, error) { return t.UTC(), nil },
-	DecodeTime: func(v any) (time.Time, error) {
-		t, ok := v.(time.Time)
-		if !ok {
-			return t, fmt.Errorf("postgres: cannot scan %T into a timestamp", v)
-		}
-		return t, nil
-	},
 	IsRetryable: func(err error) bool {
 		var pg interface{ SQLState() string }
 		return errors.As(err, &pg) && pg.SQLState() == "40P01" // deadlock_detected
