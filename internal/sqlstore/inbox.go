@@ -149,11 +149,7 @@ func (s *Inbox) SaveResultOn(ctx context.Context, ex Executor, p repository.Save
 
 // Get implements repository.Reader.
 func (s *Inbox) Get(ctx context.Context, consumer, key string) (repository.Record, error) {
-	if err := repository.ValidateGet(consumer, key); err != nil {
-		return repository.Record{}, err
-	}
-	rec, err := s.get(ctx, s.db, s.q.get, consumer, repository.StorageKey(key))
-	return rec, s.wrap("get", err)
+	return s.GetOn(ctx, s.db, consumer, key)
 }
 
 // DeleteExpired implements repository.Cleaner with one statement deleting

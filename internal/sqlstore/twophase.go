@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -57,12 +58,10 @@ func (s *Inbox) Reclaim(ctx context.Context, p repository.ReclaimParams) (reposi
 			// The new owner differs from the previous one (ValidateReclaim),
 			// so a matched row is a changed row.
 			n, err := s.q.reclaim.exec(ctx, tx, args...)
-			if err == nil && n == 0 {
-				return repository.ErrNotFound
+			if err != nil || n == 0 {
+				return cmp.Or(err, repository.ErrNotFound)
 			}
-			if err == nil {
-				rec, err = s.get(ctx, tx, s.q.get, args[0], args[1])
-			}
+			rec, err = s.get(ctx, tx, s.q.get, args[0], args[1])
 			return err
 		})
 	})
