@@ -39,12 +39,11 @@ func (l Line) migrator(db DB, table string) (migrator, error) {
 		return migrator{}, fmt.Errorf("%s: db is nil", l.Dialect.Name)
 	}
 	table = cmp.Or(table, l.Default)
-	m := migrator{l: l, d: l.Dialect.withDefaults(), db: db}
-	if l.Extra != nil {
+	t, err := l.Dialect.table(table)
+	m := migrator{l: l, d: l.Dialect.withDefaults(), db: db, t: t}
+	if err == nil && l.Extra != nil {
 		m.extra = l.Extra(table)
 	}
-	var err error
-	m.t, err = l.Dialect.table(table)
 	return m, err
 }
 
