@@ -95,7 +95,7 @@ func (s *Inbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimPara
 	if err := repository.ValidateClaim(p); err != nil {
 		return repository.Claim{}, err
 	}
-	args, err := s.args(p.PayloadHash, p.Consumer, repository.StorageKey(p.Key), p.PayloadHash, p.Now, p.ExpiresAt)
+	args, err := s.claimArgs(p)
 	if err != nil {
 		return repository.Claim{}, err
 	}
