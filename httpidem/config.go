@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/once"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -219,10 +220,26 @@ func (c Config) Validate() error {
 	if c.RetryAfter < 0 {
 		errs = append(errs, fmt.Errorf("config.RetryAfter must not be negative, got %s", c.RetryAfter))
 	}
+	// Lease, ExtendEvery, OnExpiredLease, Retention and Namespace are
+	// once's settings: its Validate is the one rule for them.
+	if c.Repository != nil {
+		if err := c.onceConfig().Validate(); err != nil {
+			errs = append(errs, errors.Unwrap(err))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid httpidem config: %w", err)
 	}
 	return nil
+}
+
+// onceConfig is the configuration of the once.TwoPhase that stores keys.
+func (c Config) onceConfig() once.Config {
+	return once.Config{
+		Repository: c.Repository, Scope: c.Namespace,
+		Lease: c.Lease, ExtendEvery: c.ExtendEvery, OnExpiredLease: c.OnExpiredLease,
+		Retention: c.Retention, Logger: c.Logger, Now: c.Now,
+	}
 }
 
 func defaultRoute(r *http.Request) string {

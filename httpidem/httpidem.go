@@ -85,11 +85,7 @@ func New(config Config) (*Idempotency, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	o, err := once.NewTwoPhase(once.Config{
-		Repository: config.Repository, Scope: config.Namespace,
-		Lease: config.Lease, ExtendEvery: config.ExtendEvery, OnExpiredLease: config.OnExpiredLease,
-		Retention: config.Retention, Logger: config.Logger, Now: config.Now,
-	})
+	o, err := once.NewTwoPhase(config.onceConfig())
 	if err != nil {
 		return nil, fmt.Errorf("invalid httpidem config: %w", err)
 	}

@@ -127,3 +127,26 @@ func (o onStatus) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return resp, err
 }
+
+// Validate checks the lease settings itself, with once's rules, so a
+// Config that New would refuse never passes Validate.
+func TestValidateChecksLease(t *testing.T) {
+	st := backends.Open(t, "memory")
+	for name, tc := range map[string]struct {
+		config httpidem.Config
+		want   string
+	}{
+		"extend not shorter than lease":   {httpidem.Config{Lease: time.Minute, ExtendEvery: time.Minute, Retention: time.Hour}, "ExtendEvery must be positive and shorter than Lease"},
+		"negative lease":                  {httpidem.Config{Lease: -time.Second, ExtendEvery: time.Second, Retention: time.Hour}, "Lease must be positive"},
+		"retention not longer than lease": {httpidem.Config{Lease: time.Hour, ExtendEvery: time.Minute, Retention: time.Hour}, "Retention (1h0m0s) must be longer than Lease"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := tc.config
+			c.Repository, c.Global = st.Repo, true
+			c.Namespace, c.Methods, c.MaxKeyLength, c.MaxBodyBytes, c.MaxResponseBytes = "http", httpidem.DefaultMethods, 64, 1, 1
+			require.ErrorContains(t, c.Validate(), tc.want)
+			_, err := httpidem.New(c)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
