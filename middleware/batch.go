@@ -115,7 +115,8 @@ type delivery struct {
 	out      []*message.Message
 	outcome  Outcome
 	err      error
-	fields   watermill.LogFields
+	produced int // messages the handler returned
+	batch    int // deliveries committed with this one; 0: none committed
 }
 
 // handleBatched is handle in batch mode: the delivery joins the next
@@ -141,7 +142,14 @@ func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*m
 	if d.existing != nil {
 		return replay(ctx, obs, *d.existing, d.hash)
 	}
-	return d.out, obs.end(ctx, d.outcome, d.err, d.fields)
+	var fields watermill.LogFields
+	if obs.fields != nil && d.batch > 0 { // built only for a logger that writes it
+		fields = watermill.LogFields{"batch": d.batch}
+		if d.outcome == OutcomeProcessed {
+			fields["produced"] = d.produced
+		}
+	}
+	return d.out, obs.end(ctx, d.outcome, d.err, fields)
 }
 
 // submit queues d and returns once d is done, leading batches when its
@@ -375,10 +383,9 @@ func (b *batcher) runOne(tx InboxTx, d *delivery, size int) (err error) {
 	if out, err = b.inbox.storeOutput(finish, tx, d.scope, d.key, out); err != nil {
 		return err
 	}
-	d.out, d.outcome, d.err = out, OutcomeProcessed, nil
-	d.fields = watermill.LogFields{"produced": produced, "batch": size}
+	d.out, d.outcome, d.err, d.produced, d.batch = out, OutcomeProcessed, nil, produced, size
 	if stale {
-		d.outcome, d.fields = OutcomeStaleVersion, watermill.LogFields{"batch": size}
+		d.outcome = OutcomeStaleVersion
 	}
 	return nil
 }
@@ -403,7 +410,7 @@ func inFailedTx(err error) bool {
 
 // fail sets d's outcome to err, with nothing committed, and returns d.
 func (d *delivery) fail(err error) *delivery {
-	d.out, d.outcome, d.err, d.fields = nil, OutcomeFailed, err, nil
+	d.out, d.outcome, d.err, d.batch = nil, OutcomeFailed, err, 0
 	return d
 }
 

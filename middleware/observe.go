@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"maps"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -12,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Outcome is what an inbox did with one delivery.
@@ -105,18 +107,27 @@ func (c metadataCarrier) Keys() []string {
 // observation follows one delivery: its span, timings, logs and observer
 // call.
 type observation struct {
-	d        Delivery
-	start    time.Time
-	span     trace.Span
-	logger   watermill.LoggerAdapter
-	observer Observer
-	fields   watermill.LogFields
+	d     Delivery
+	start time.Time
+	// span is nil when the inbox has no tracer (a no-op TracerProvider);
+	// recording is span.IsRecording(): attributes and errors are only
+	// worth building for a span that keeps them.
+	span      trace.Span
+	recording bool
+	logger    watermill.LoggerAdapter
+	observer  Observer
+	// fields are the delivery's log fields, nil when the logger is
+	// watermill.NopLogger: nothing is logged, so nothing is built.
+	fields watermill.LogFields
 }
 
 // observability is the shared part of both inboxes' configuration.
 type observability struct {
-	mode       string
-	logger     watermill.LoggerAdapter
+	mode   string
+	logger watermill.LoggerAdapter
+	quiet  bool // logger is watermill.NopLogger
+	// observer and tracer may be nil: no observer, a no-op
+	// TracerProvider.
 	observer   Observer
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
@@ -124,13 +135,23 @@ type observability struct {
 
 func newObservability(mode string, logger watermill.LoggerAdapter, observer Observer, tp trace.TracerProvider) observability {
 	if tp == nil {
+		// Not known to be a no-op: a provider installed later (or
+		// automatic instrumentation) takes over the global one's tracers.
 		tp = otel.GetTracerProvider()
 	}
+	var tracer trace.Tracer
+	switch tp.(type) {
+	case noop.TracerProvider, *noop.TracerProvider: // no spans: skip them
+	default:
+		tracer = tp.Tracer(instrumentationName)
+	}
+	_, quiet := logger.(watermill.NopLogger)
 	return observability{
 		mode:       mode,
 		logger:     logger,
+		quiet:      quiet,
 		observer:   observer,
-		tracer:     tp.Tracer(instrumentationName),
+		tracer:     tracer,
 		propagator: propagation.TraceContext{},
 	}
 }
@@ -140,43 +161,61 @@ func newObservability(mode string, logger watermill.LoggerAdapter, observer Obse
 // the context the inbox works in. scope names the delivery's consumer.
 func (o observability) begin(msg *message.Message, scope string) (*observation, context.Context) {
 	ctx := msg.Context()
-	if parent := o.propagator.Extract(ctx, metadataCarrier(msg.Metadata)); trace.SpanContextFromContext(parent).IsValid() {
-		ctx = parent
-	}
-	name := "inbox"
-	if scope != "" {
-		name += " " + scope
-	}
-	ctx, span := o.tracer.Start(ctx, name,
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("idempotency.consumer", scope),
-			attribute.String("idempotency.mode", o.mode),
-			attribute.String("messaging.message.id", msg.UUID),
-		))
+	correlationID := wmiddleware.MessageCorrelationID(msg)
 	obs := &observation{
-		d: Delivery{
-			Consumer:      scope,
-			MessageUUID:   msg.UUID,
-			CorrelationID: wmiddleware.MessageCorrelationID(msg),
-		},
-		start:    time.Now(),
-		span:     span,
+		d:        Delivery{Consumer: scope, MessageUUID: msg.UUID, CorrelationID: correlationID},
 		logger:   o.logger,
 		observer: o.observer,
-		fields: watermill.LogFields{
-			"consumer":       scope,
-			"message_uuid":   msg.UUID,
-			"correlation_id": wmiddleware.MessageCorrelationID(msg),
-		},
 	}
+	if o.tracer != nil {
+		// Extract reads traceparent and nothing else when it is missing;
+		// asking first spares the context lookup after it.
+		if msg.Metadata.Get(traceparentKey) != "" {
+			if parent := o.propagator.Extract(ctx, metadataCarrier(msg.Metadata)); trace.SpanContextFromContext(parent).IsValid() {
+				ctx = parent
+			}
+		}
+		name := "inbox"
+		if scope != "" {
+			name += " " + scope
+		}
+		ctx, obs.span = o.tracer.Start(ctx, name,
+			trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(
+				attribute.String("idempotency.consumer", scope),
+				attribute.String("idempotency.mode", o.mode),
+				attribute.String("messaging.message.id", msg.UUID),
+			))
+		obs.recording = obs.span.IsRecording()
+	} else if msg.Metadata.Get(traceparentKey) != "" {
+		// No span of ours, but the handler's and the outputs' context
+		// still continue the message's trace.
+		ctx = o.propagator.Extract(ctx, metadataCarrier(msg.Metadata))
+	}
+	if !o.quiet {
+		obs.fields = watermill.LogFields{"consumer": scope, "message_uuid": msg.UUID, "correlation_id": correlationID}
+	}
+	obs.start = time.Now()
 	return obs, ctx
 }
 
+// traceparentKey is the metadata field of the W3C trace context.
+const traceparentKey = "traceparent"
+
 func (obs *observation) setKey(key string) {
 	obs.d.Key = key
-	obs.fields["key"] = key
-	obs.span.SetAttributes(attribute.String("idempotency.key", key))
+	obs.setField("key", key)
+	if obs.recording {
+		obs.span.SetAttributes(attribute.String("idempotency.key", key))
+	}
+}
+
+// setField adds a field to the delivery's log lines, if anything logs
+// them.
+func (obs *observation) setField(name string, value any) {
+	if obs.fields != nil {
+		obs.fields[name] = value
+	}
 }
 
 // inject writes the delivery's trace context into outgoing messages that
@@ -200,17 +239,34 @@ func (obs *observation) end(ctx context.Context, outcome Outcome, err error, ext
 	obs.d.Err = err
 	obs.d.Total = time.Since(obs.start)
 
-	obs.span.SetAttributes(attribute.String("idempotency.outcome", string(outcome)))
-	if obs.d.Replayed > 0 {
-		obs.span.SetAttributes(attribute.Int("idempotency.replayed", obs.d.Replayed))
+	if obs.recording {
+		obs.span.SetAttributes(attribute.String("idempotency.outcome", string(outcome)))
+		if obs.d.Replayed > 0 {
+			obs.span.SetAttributes(attribute.Int("idempotency.replayed", obs.d.Replayed))
+		}
+		if err != nil {
+			obs.span.RecordError(err)
+			obs.span.SetStatus(codes.Error, string(outcome))
+		}
 	}
-	if err != nil {
-		obs.span.RecordError(err)
-		obs.span.SetStatus(codes.Error, string(outcome))
+	if obs.span != nil {
+		obs.span.End()
 	}
-	obs.span.End()
+	if obs.fields != nil {
+		obs.log(outcome, err, extra)
+	}
+	if obs.observer != nil {
+		obs.observer.ObserveDelivery(ctx, obs.d)
+	}
+	return err
+}
 
-	fields := obs.fields.Add(watermill.LogFields{"outcome": string(outcome)}).Add(extra)
+// log writes the delivery's one log line, at a level fitting its outcome.
+func (obs *observation) log(outcome Outcome, err error, extra watermill.LogFields) {
+	fields := make(watermill.LogFields, len(obs.fields)+1+len(extra))
+	maps.Copy(fields, obs.fields)
+	fields["outcome"] = string(outcome)
+	maps.Copy(fields, extra)
 	switch outcome {
 	case OutcomeProcessed:
 		obs.logger.Debug("Inbox: processed", fields)
@@ -219,15 +275,13 @@ func (obs *observation) end(ctx context.Context, outcome Outcome, err error, ext
 	case OutcomeStaleVersion:
 		obs.logger.Info("Inbox: stale version acknowledged and skipped", fields)
 	case OutcomeLeaseBusy:
-		obs.logger.Info("Inbox: key in progress elsewhere, retry later", fields.Add(watermill.LogFields{"err": err}))
+		fields["err"] = err
+		obs.logger.Info("Inbox: key in progress elsewhere, retry later", fields)
 	case OutcomeFailed:
 		// The router logs the handler's error too; this line adds the key.
-		obs.logger.Info("Inbox: delivery failed, nothing committed, will be retried", fields.Add(watermill.LogFields{"err": err}))
+		fields["err"] = err
+		obs.logger.Info("Inbox: delivery failed, nothing committed, will be retried", fields)
 	default: // no key, no scope, payload mismatch, needs intervention: permanent
 		obs.logger.Error("Inbox: delivery refused", err, fields)
 	}
-	if obs.observer != nil {
-		obs.observer.ObserveDelivery(ctx, obs.d)
-	}
-	return err
 }

@@ -15,6 +15,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
@@ -86,6 +87,37 @@ func TestInboxSpansAndLogs(t *testing.T) {
 			require.NotContains(t, fmt.Sprint(m.Fields, m.Err), "4111-secret", "payloads are never logged")
 		}
 	}
+}
+
+// TestInboxNoopTracerKeepsTheTrace: with a no-op TracerProvider the
+// inbox starts no span, yet the handler's context and the outputs still
+// carry the incoming message's trace.
+func TestInboxNoopTracerKeepsTheTrace(t *testing.T) {
+	s := newSQLiteStore(t)
+	var handlerSpan trace.SpanContext
+	mw := s.newInbox(t, "billing", func(c *middleware.Config) {
+		c.TracerProvider = noop.NewTracerProvider()
+	}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		handlerSpan = trace.SpanContextFromContext(msg.Context())
+		return []*message.Message{message.NewMessage("payment-1", []byte("paid"))}, nil
+	})
+	traceID, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
+	spanID, _ := trace.SpanIDFromHex("b7ad6b7169203331")
+	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled})
+	msg := message.NewMessage("order-1", []byte(`{}`))
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), parent), metadataCarrierForTest(msg.Metadata))
+
+	out, err := mw(msg)
+	require.NoError(t, err)
+	require.Equal(t, traceID, handlerSpan.TraceID(), "the handler sees the message's trace")
+	require.Len(t, out, 1)
+	outCtx := propagation.TraceContext{}.Extract(context.Background(), metadataCarrierForTest(out[0].Metadata))
+	require.Equal(t, traceID, trace.SpanContextFromContext(outCtx).TraceID(), "the output continues it")
+
+	// A message without a trace context gets none.
+	out, err = mw(message.NewMessage("order-2", []byte(`{}`)))
+	require.NoError(t, err)
+	require.Empty(t, out[0].Metadata.Get("traceparent"))
 }
 
 func hasLog(msgs []watermill.CapturedMessage, text, key, correlation string) bool {

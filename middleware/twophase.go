@@ -230,7 +230,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 	hash := repository.HashPayload(msg.Payload)
 	owner := watermill.NewUUID()
 	now := c.Now()
-	obs.fields["owner"] = owner
+	obs.setField("owner", owner)
 	lease := repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}
 
 	claimStart := time.Now()

@@ -8,6 +8,7 @@
 //
 //	go run ./bench/cpucost -n 16000 -c 16
 //	go run ./bench/cpucost -cpuprofile cpu.out   # where the Go side's time goes
+//	go run ./bench/cpucost -only G16 -cpuprofile g.out   # one mode's profile
 //
 // The handlers run without a router, c goroutines at once. PostgreSQL
 // must run on this machine (the backends' /proc entries are read). It
@@ -24,6 +25,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +46,7 @@ func main() {
 	c := flag.Int("c", 16, "deliveries in flight")
 	repeat := flag.Int("repeat", 2, "runs of each mode")
 	prof := flag.String("cpuprofile", "", "write a CPU profile to this file")
+	only := flag.String("only", "", "comma-separated modes to run (A, B, G16, G8 for c = 16: the letter and the batch size); default all")
 	flag.Parse()
 	if *prof != "" {
 		f, err := os.Create(*prof)
@@ -56,14 +59,14 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*n, *c, *repeat); err != nil {
+	if err := run(*n, *c, *repeat, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "cpucost:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
 
-func run(n, c, repeat int) error {
+func run(n, c, repeat int, only string) error {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	suffix := hex.EncodeToString(b[:])
@@ -131,11 +134,20 @@ func run(n, c, repeat int) error {
 	if err != nil {
 		return err
 	}
-	modes := []struct {
-		name string
-		h    message.HandlerFunc
-	}{{"A bare", bare}, {"B inbox", plain}, {fmt.Sprintf("G batch %d", c), grouped}, {fmt.Sprintf("G batch %d", max(c/2, 2)), halves}}
-
+	type mode struct {
+		id, name string
+		h        message.HandlerFunc
+	}
+	modes := []mode{
+		{"A", "A bare", bare},
+		{"B", "B inbox", plain},
+		{fmt.Sprintf("G%d", c), fmt.Sprintf("G batch %d", c), grouped},
+		{fmt.Sprintf("G%d", max(c/2, 2)), fmt.Sprintf("G batch %d", max(c/2, 2)), halves},
+	}
+	if only != "" {
+		ids := strings.Split(only, ",")
+		modes = slices.DeleteFunc(modes, func(m mode) bool { return !slices.Contains(ids, m.id) })
+	}
 	fmt.Printf("cpucost: %d deliveries per run, %d in flight, load average %s\n", n, c, proc.LoadAverage())
 	if _, err := measure(monitor, app, "warm-up", bare, n/4, c); err != nil {
 		return err

@@ -1,0 +1,67 @@
+package middleware_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// BenchmarkOwnCost measures what the middleware itself costs a delivery,
+// with a transaction that does nothing: no database, no network. It is
+// the part of cpucost's Go column that this package can change, in the
+// default mode and under group commit (16 deliveries in flight).
+func BenchmarkOwnCost(b *testing.B) {
+	handler := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	payload := []byte(`{"id":"o","amount":1}`)
+	for _, mode := range []struct {
+		name  string
+		batch middleware.BatchConfig
+		c     int
+	}{{"default", middleware.BatchConfig{}, 1}, {"batch16", middleware.BatchConfig{MaxMessages: 16}, 16}} {
+		b.Run(mode.name, func(b *testing.B) {
+			inbox, err := middleware.NewInbox(middleware.Config{Beginner: nopBeginner{}, Consumer: "bench", Batch: mode.batch})
+			if err != nil {
+				b.Fatal(err)
+			}
+			mw := inbox.Middleware(handler)
+			b.ReportAllocs()
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			per := (b.N + mode.c - 1) / mode.c
+			for g := range mode.c {
+				wg.Go(func() {
+					for i := range per {
+						msg := message.NewMessage(strconv.Itoa(g)+"-"+strconv.Itoa(i), payload)
+						if _, err := mw(msg); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+		})
+	}
+}
+
+// nopBeginner begins transactions that claim every key and store
+// nothing.
+type nopBeginner struct{}
+
+func (nopBeginner) BeginInbox(context.Context) (middleware.InboxTx, error) { return nopTx{}, nil }
+
+type nopTx struct{}
+
+func (nopTx) Claim(context.Context, repository.ClaimParams) (repository.Claim, error) {
+	return repository.Claim{Claimed: true}, nil
+}
+func (nopTx) SaveResult(context.Context, repository.SaveResultParams) error { return nil }
+func (nopTx) WithTx(ctx context.Context) context.Context                    { return ctx }
+func (nopTx) Commit(context.Context) error                                  { return nil }
+func (nopTx) Rollback(context.Context) error                                { return nil }
