@@ -288,9 +288,9 @@ func (b *batcher) run(live []*delivery) {
 func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery, err error) {
 	// Not bound to a delivery's context, for the reason given in beginClaim.
 	ctx := context.WithoutCancel(live[0].ctx)
-	tx, err := b.inbox.begin(ctx)
+	tx, claims, took, err := b.beginClaim(ctx, live)
 	if err != nil {
-		return live, nil, fmt.Errorf("inbox: begin batch transaction: %w", err)
+		return live, nil, err
 	}
 	committed := false
 	defer func() {
@@ -299,12 +299,6 @@ func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery,
 		}
 	}()
 
-	start := time.Now()
-	claims, err := b.claim(ctx, tx, live)
-	took := time.Since(start)
-	if err != nil {
-		return live, nil, fmt.Errorf("inbox: claim %d keys: %w", len(live), err)
-	}
 	for k, d := range live {
 		d.obs.d.Claim = took
 		if !claims[k].Claimed {
@@ -335,14 +329,43 @@ func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery,
 	return nil, nil, nil
 }
 
-// claim claims every delivery's key in tx: one multi-row claim where the
-// repository can (database/sql), one claim each otherwise (a Beginner's
-// transaction).
-func (b *batcher) claim(ctx context.Context, tx InboxTx, live []*delivery) ([]repository.Claim, error) {
+// beginClaim begins the batch's transaction and claims every delivery's
+// key in it: in one round trip on a BatchClaimBeginner; otherwise BEGIN,
+// then one multi-row claim where the repository can (database/sql), one
+// claim each where it cannot (a Beginner's transaction). took is the
+// claim's time, with BEGIN where the two share a round trip. On an error
+// the transaction has ended.
+func (b *batcher) beginClaim(ctx context.Context, live []*delivery) (_ InboxTx, _ []repository.Claim, took time.Duration, _ error) {
 	params := make([]repository.ClaimParams, len(live))
 	for k, d := range live {
 		params[k] = d.claim
 	}
+	if cb, ok := b.inbox.config.Beginner.(BatchClaimBeginner); ok {
+		start := time.Now()
+		tx, claims, err := cb.BeginClaimBatch(ctx, params)
+		took = time.Since(start)
+		if err != nil {
+			return nil, nil, took, fmt.Errorf("inbox: claim %d keys: %w", len(live), err)
+		}
+		return tx, claims, took, nil
+	}
+	tx, err := b.inbox.begin(ctx)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("inbox: begin batch transaction: %w", err)
+	}
+	start := time.Now()
+	claims, err := claimAll(ctx, tx, params)
+	took = time.Since(start)
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, nil, took, fmt.Errorf("inbox: claim %d keys: %w", len(live), err)
+	}
+	return tx, claims, took, nil
+}
+
+// claimAll claims params in tx: one multi-row claim where the repository
+// can, one claim each otherwise.
+func claimAll(ctx context.Context, tx InboxTx, params []repository.ClaimParams) ([]repository.Claim, error) {
 	if std, ok := tx.(stdTx); ok {
 		if br, ok := std.repo.(repository.BatchTransactional); ok {
 			return br.ClaimBatchTx(ctx, std.tx, params)

@@ -135,8 +135,10 @@ type Config struct {
 	// failing handler's delivery fails alone (the others run again
 	// without it). ReadFirst is not used in batch mode (a duplicate
 	// costs one read inside the batch). With a Beginner the keys are
-	// claimed one by one in the shared transaction. See BatchConfig and
-	// docs/batching.md. Default: zero (off).
+	// claimed one by one in the shared transaction, unless it is a
+	// BatchClaimBeginner (pgxinbox's is: BEGIN and one multi-row claim in
+	// one round trip). See BatchConfig and docs/batching.md. Default:
+	// zero (off).
 	Batch BatchConfig
 }
 
@@ -187,6 +189,18 @@ type InboxTx interface {
 type ClaimBeginner interface {
 	Beginner
 	BeginClaim(ctx context.Context, params repository.ClaimParams) (InboxTx, repository.Claim, error)
+}
+
+// BatchClaimBeginner is a Beginner that begins the transaction of a
+// group commit (Config.Batch) and claims every key of the batch in one
+// round trip (middleware/pgxinbox's Beginner sends "begin; INSERT …" with
+// one row per key). The Inbox prefers BeginClaimBatch to BeginInbox and
+// a Claim per key. claims[k] answers params[k] as InboxTx.Claim does; the
+// transaction is open whatever the claims say, and has ended when an
+// error is returned.
+type BatchClaimBeginner interface {
+	Beginner
+	BeginClaimBatch(ctx context.Context, params []repository.ClaimParams) (_ InboxTx, claims []repository.Claim, _ error)
 }
 
 // stdTx is an inbox transaction on database/sql.

@@ -30,29 +30,10 @@ func (s *Inbox) ClaimBatchTx(ctx context.Context, tx repository.Querier, params 
 // back just that statement on a duplicate key, and the rows are then
 // claimed one by one with ClaimOn, in the same transaction.
 func (s *Inbox) ClaimBatchOn(ctx context.Context, ex Executor, params []repository.ClaimParams) ([]repository.Claim, error) {
-	type row struct {
-		i    int
-		key  string
-		args []any
+	rows, err := s.batchRows(params)
+	if err != nil {
+		return nil, err
 	}
-	rows := make([]row, len(params))
-	seen := make(map[[2]string]bool, len(params))
-	for i, p := range params {
-		key, err := batchRow(s.d, seen, i, p)
-		if err != nil {
-			return nil, err
-		}
-		args, err := s.args(p.PayloadHash, p.Consumer, key, p.PayloadHash, p.Now, p.ExpiresAt)
-		if err != nil {
-			return nil, fmt.Errorf("%s: claim batch: row %d: %w", s.d.Name, i, err)
-		}
-		rows[i] = row{i, key, args}
-	}
-	// One lock order for every batch: concurrent batches with common keys
-	// wait for each other instead of deadlocking.
-	slices.SortFunc(rows, func(a, b row) int {
-		return cmp.Or(strings.Compare(params[a.i].Consumer, params[b.i].Consumer), strings.Compare(a.key, b.key))
-	})
 	claims := make([]repository.Claim, len(params))
 	for chunk := range slices.Chunk(rows, maxBatchRows) {
 		args := make([]any, 0, 5*len(chunk))
@@ -85,6 +66,66 @@ func (s *Inbox) ClaimBatchOn(ctx context.Context, ex Executor, params []reposito
 	return claims, nil
 }
 
+// batchRowArgs is one row of a multi-row claim: params[i], its stored
+// key and its five arguments.
+type batchRowArgs struct {
+	i    int
+	key  string
+	args []any
+}
+
+// batchRows validates params and returns their rows in the one lock order
+// of every batch: concurrent batches with common keys wait for each other
+// instead of deadlocking.
+func (s *Inbox) batchRows(params []repository.ClaimParams) ([]batchRowArgs, error) {
+	rows := make([]batchRowArgs, len(params))
+	seen := make(map[[2]string]bool, len(params))
+	for i, p := range params {
+		key, err := batchRow(s.d, seen, i, p)
+		if err != nil {
+			return nil, err
+		}
+		args, err := s.args(p.PayloadHash, p.Consumer, key, p.PayloadHash, p.Now, p.ExpiresAt)
+		if err != nil {
+			return nil, fmt.Errorf("%s: claim batch: row %d: %w", s.d.Name, i, err)
+		}
+		rows[i] = batchRowArgs{i, key, args}
+	}
+	slices.SortFunc(rows, func(a, b batchRowArgs) int {
+		return cmp.Or(strings.Compare(params[a.i].Consumer, params[b.i].Consumer), strings.Compare(a.key, b.key))
+	})
+	return rows, nil
+}
+
+// ClaimBatchLiteral is ClaimLiteral for a batch: the claim of every row
+// of params as one plain multi-row INSERT with the values written into
+// the text, without the conflict clause, in the lock order ClaimBatchOn
+// uses, so that a driver can send it in the same round trip as BEGIN
+// ("begin; INSERT …"). One key already taken fails the whole statement
+// with a unique violation (Dialect.IsUniqueViolation), after waiting for
+// a transaction that holds it, and aborts the transaction: the caller
+// then rolls back and claims with ClaimBatchOn, which tells the taken
+// keys apart. Only PostgreSQL (Dollar) dialects have it; at most 1,000
+// rows.
+func (s *Inbox) ClaimBatchLiteral(params []repository.ClaimParams) (string, error) {
+	if s.d.Bind != Dollar || len(params) == 0 || len(params) > maxBatchRows {
+		return "", fmt.Errorf("%s: claim batch literal: %w: PostgreSQL and 1 to %d rows only", s.d.Name, repository.ErrInvalidParams, maxBatchRows)
+	}
+	rows, err := s.batchRows(params)
+	if err != nil {
+		return "", err
+	}
+	args := make([]any, 0, 5*len(rows))
+	for _, r := range rows {
+		args = append(args, r.args...)
+	}
+	text, ok := inlined(Dollar, s.batchInsert(len(rows), true), args)
+	if !ok {
+		return "", fmt.Errorf("%s: claim batch literal: %w: a value has no literal form", s.d.Name, repository.ErrInvalidParams)
+	}
+	return text, nil
+}
+
 // batchRow validates row i of a batch and returns its stored key. seen
 // holds the (consumer, stored key) pairs of the rows before it: a pair
 // given twice is refused with repository.ErrInvalidParams.
@@ -104,7 +145,7 @@ func batchRow(d *Dialect, seen map[[2]string]bool, i int, p repository.ClaimPara
 // (consumer, stored key) pairs it inserted; nil when the dialect cannot
 // tell and a key was taken (MySQL: nothing of the statement stays).
 func (s *Inbox) insertBatch(ctx context.Context, ex Executor, n int, args []any) (map[[2]string]bool, error) {
-	st := s.batchInsert(n)
+	st := s.batchInsert(n, false)
 	claimed := make(map[[2]string]bool, n)
 	if s.d.IgnoreConflict == "" {
 		_, err := st.exec(ctx, ex, args...)
@@ -134,12 +175,14 @@ type batchStmtKey struct {
 	d     *Dialect
 	table string
 	rows  int
+	plain bool
 }
 
 // batchInsert is the claim of n rows: a plain multi-row INSERT, with
-// IgnoreConflict and RETURNING where the dialect ignores conflicts.
-func (s *Inbox) batchInsert(n int) Stmt {
-	k := batchStmtKey{s.d, s.t.quoted, n}
+// IgnoreConflict and RETURNING where the dialect ignores conflicts unless
+// plain.
+func (s *Inbox) batchInsert(n int, plain bool) Stmt {
+	k := batchStmtKey{s.d, s.t.quoted, n, plain}
 	if st, ok := batchStmts.Load(k); ok {
 		return st.(Stmt)
 	}
@@ -152,7 +195,7 @@ func (s *Inbox) batchInsert(n int) Stmt {
 		p := func(k int) string { return "$" + strconv.Itoa(5*r+k) }
 		b.WriteString("(" + p(1) + ", " + p(2) + ", 'completed', " + p(3) + ", 1, " + p(4) + ", " + p(4) + ", " + p(5) + ")")
 	}
-	if s.d.IgnoreConflict != "" {
+	if s.d.IgnoreConflict != "" && !plain {
 		b.WriteString(s.d.IgnoreConflict + ` RETURNING consumer, dedup_key`)
 	}
 	st := s.d.Statement(s.t.quoted, b.String())

@@ -12,6 +12,8 @@
 // A first delivery costs the round trips of the handler's own pgx
 // transaction: BEGIN and the claim go out as one query (see
 // Beginner's BeginClaim), then the handler's statements, then COMMIT.
+// Under group commit (middleware.Config.Batch) a batch's BEGIN and the
+// claim of all its keys go out as one query too.
 //
 // It is a package of its own so that the middleware package never links
 // pgx for MySQL and SQLite users.
@@ -130,6 +132,58 @@ func (b beginner) BeginClaim(ctx context.Context, p repository.ClaimParams) (mid
 		return nil, repository.Claim{}, err
 	}
 	return nil, repository.Claim{Existing: rec}, nil
+}
+
+// BeginClaimBatch implements middleware.BatchClaimBeginner, for group
+// commit: it sends BEGIN and one plain multi-row INSERT of every key as
+// one query, so a batch of first deliveries costs one round trip before
+// its handlers run. A key already taken fails that INSERT with a unique
+// violation (after waiting for a transaction that holds the key to end);
+// the transaction is then rolled back and begun again, and the keys are
+// claimed with the conditional multi-row claim, which tells the taken
+// ones apart (their records are read in the transaction).
+func (b beginner) BeginClaimBatch(ctx context.Context, params []repository.ClaimParams) (middleware.InboxTx, []repository.Claim, error) {
+	if b.pool == nil || b.repo == nil {
+		return nil, nil, errNil
+	}
+	claim, err := b.repo.ClaimBatchLiteral(params)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := b.opts
+	opts.BeginQuery = beginSQL(b.opts) + "; " + claim
+	tx, err := conn.BeginTx(ctx, opts)
+	if err == nil {
+		claims := make([]repository.Claim, len(params))
+		for k := range claims {
+			claims[k].Claimed = true
+		}
+		return inboxTx{pooledTx{tx, conn}, b.repo}, claims, nil
+	}
+	taken := repository.IsUniqueViolation(err)
+	if rerr := rollback(ctx, conn); rerr != nil {
+		conn.Release()
+		return nil, nil, errors.Join(err, rerr)
+	}
+	if !taken {
+		conn.Release()
+		return nil, nil, err
+	}
+	if tx, err = conn.BeginTx(ctx, b.opts); err != nil {
+		conn.Release()
+		return nil, nil, err
+	}
+	claims, err := b.repo.ClaimBatchOn(ctx, pgxexec.Exec(tx), params)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		conn.Release()
+		return nil, nil, err
+	}
+	return inboxTx{pooledTx{tx, conn}, b.repo}, claims, nil
 }
 
 // beginClaim sends BEGIN and the claim on conn as one query: the claim
@@ -251,3 +305,7 @@ func ApplyIfNewer(ctx context.Context, store *postgres.VersionStore, entity stri
 }
 
 var errNil = errors.New("pgxinbox: Beginner needs a pool and a repository")
+var (
+	_ middleware.ClaimBeginner      = beginner{}
+	_ middleware.BatchClaimBeginner = beginner{}
+)

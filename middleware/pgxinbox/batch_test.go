@@ -1,0 +1,108 @@
+package pgxinbox_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+)
+
+// queryCounter counts the queries pgx sends: one round trip each (BEGIN
+// with the claim is one query).
+type queryCounter struct{ n atomic.Int64 }
+
+func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestBeginClaimBatch: under group commit a batch of first deliveries
+// costs one query for BEGIN and the claim of all its keys, then its
+// handlers' statements and COMMIT. A batch holding keys already processed
+// falls back to the conditional claim: the copies replay without running
+// their handlers and the others commit once. Keys with quotes and
+// backslashes travel as literals unharmed.
+func TestBeginClaimBatch(t *testing.T) {
+	cfg := schemaPool(t).Config()
+	counter := &queryCounter{}
+	cfg.ConnConfig.Tracer = counter
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	_, err = pool.Exec(t.Context(), `CREATE TABLE charges (order_id TEXT NOT NULL, amount INTEGER NOT NULL)`)
+	require.NoError(t, err)
+
+	const size = 8
+	inbox, err := middleware.NewInbox(middleware.Config{
+		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}), Consumer: "bill'ing\\",
+		// MaxWait an hour: a batch runs only when full.
+		Batch: middleware.BatchConfig{MaxMessages: size, MaxWait: time.Hour},
+	})
+	require.NoError(t, err)
+	var runs atomic.Int64
+	mw := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		tx, _ := pgxinbox.TxFromContext(msg.Context())
+		_, err := tx.Exec(msg.Context(), `INSERT INTO charges VALUES ($1, 10)`, msg.UUID)
+		return []*message.Message{message.NewMessage("out-"+msg.UUID, msg.Payload)}, err
+	})
+	deliver := func(keys []string) [][]*message.Message {
+		outs := make([][]*message.Message, len(keys))
+		var wg sync.WaitGroup
+		for k, key := range keys {
+			wg.Go(func() {
+				var err error
+				outs[k], err = mw(message.NewMessage(key, []byte("p-"+key)))
+				require.NoError(t, err)
+			})
+		}
+		wg.Wait()
+		return outs
+	}
+	keys := func(from, to int) []string {
+		var out []string
+		for k := from; k < to; k++ {
+			out = append(out, fmt.Sprintf(`k'%d\`, k))
+		}
+		return out
+	}
+
+	before := counter.n.Load()
+	first := deliver(keys(0, 2*size))
+	require.EqualValues(t, 2*(1+2*size+1), counter.n.Load()-before,
+		"per batch: BEGIN with the claim, per handler its INSERT and the stored output, COMMIT")
+	require.EqualValues(t, 2*size, runs.Load())
+
+	// Half the next batch are copies: they replay, the rest commit once.
+	again := deliver(append(keys(0, size/2), keys(2*size, 2*size+size/2)...))
+	for k := range size / 2 {
+		require.Len(t, again[k], 1)
+		require.Equal(t, first[k][0].UUID, again[k][0].UUID, "a copy replays the stored output")
+	}
+	require.EqualValues(t, 2*size+size/2, runs.Load())
+	var charges, distinct int
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT COUNT(*), COUNT(DISTINCT order_id) FROM charges`).Scan(&charges, &distinct))
+	require.Equal(t, 2*size+size/2, charges)
+	require.Equal(t, charges, distinct)
+	rec, err := repo.Get(t.Context(), "bill'ing\\", `k'3\`)
+	require.NoError(t, err)
+	require.Equal(t, `k'3\`, rec.Key)
+	require.Zero(t, pool.Stat().AcquiredConns())
+}
