@@ -41,6 +41,8 @@ var batchRatios = []ratio{
 	{"G/F  group commit vs pgbench", "≥ 1.2 at c=16", "G inbox, group commit", "postgres", "F pgbench INSERT", "postgres"},
 	{"G/W  group commit vs watermill-sql (batch 100)", "≥ 1 at c=16", "G inbox, group commit", "postgres", "W watermill-sql (batch 100)", "postgres"},
 	{"G/B  group commit vs inbox", "", "G inbox, group commit", "postgres", "B inbox", "postgres"},
+	{"G/A  group commit vs bare (pgx)", "", "G inbox, group commit", "pgx", "A bare handler", "pgx"},
+	{"G/B  group commit vs inbox (pgx)", "", "G inbox, group commit", "pgx", "B inbox", "pgx"},
 	{"G/E  sqlite group commit vs sqlite inbox", "", "G inbox, group commit", "sqlite", "E inbox", "sqlite"},
 	{"G/E  mariadb group commit vs mariadb inbox", "", "G inbox, group commit", "mariadb", "E inbox", "mariadb"},
 }

@@ -340,6 +340,7 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		{"W", "W1 watermill-sql (batch 1)", "postgres", func(c int) (result, error) { return scenarioWatermillSQL(ctx, pg, o.n, c, 1) }},
 		{"D", "D Deduplicator (memory)", "postgres", func(c int) (result, error) { return scenarioDeduplicator(ctx, pg, o.n, c) }},
 		{"G", "G inbox, group commit", "postgres", func(c int) (result, error) { return scenarioInbox(ctx, pg, o.n, c, groupCommit(o, c)) }},
+		{"G", "G inbox, group commit", "pgx", func(c int) (result, error) { return scenarioInboxPgx(ctx, px, o.n, c, groupCommit(o, c)) }},
 	}
 	if lite != nil {
 		scenarios = append(scenarios,
