@@ -68,8 +68,8 @@ type Delivery struct {
 	Replayed int
 	// Claim is how long claiming the key took (the conditional insert and,
 	// on a duplicate, reading the stored record; with BEGIN where the two
-	// share a round trip, as on a ClaimBeginner; plus the read before the
-	// transaction when the inbox reads first).
+	// share a round trip, as on a ClaimBeginner or a BatchClaimBeginner;
+	// plus the read before the transaction when the inbox reads first).
 	Claim time.Duration
 	// Total is the delivery's whole time in the inbox: claim, handler and
 	// commit (or completion, in two-phase mode).
