@@ -1,9 +1,7 @@
 package middleware_test
 
 import (
-	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,17 +15,6 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
-// statementCounter counts the statements pgx sends (BEGIN and COMMIT
-// included): one round trip each once prepared.
-type statementCounter struct{ n atomic.Int64 }
-
-func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-
-func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // TestBatchRoundTrips counts the statements per delivery on PostgreSQL,
 // one INSERT per handler: (k + 3) / k in batches of k, against the
 // default mode's own (4 before issue 14's item 1: BEGIN, claim, INSERT,
@@ -36,7 +23,7 @@ func TestBatchRoundTrips(t *testing.T) {
 	testenv.Postgres(t) // skips without PostgreSQL
 	config, err := pgx.ParseConfig(testenv.PostgresDSN())
 	require.NoError(t, err)
-	counter := &statementCounter{}
+	counter := &testenv.QueryCounter{}
 	config.Tracer = counter
 	db := stdlib.OpenDB(*config)
 	t.Cleanup(func() { _ = db.Close() })
@@ -59,12 +46,12 @@ func TestBatchRoundTrips(t *testing.T) {
 		for k := range msgs {
 			msgs[k] = message.NewMessage(fmt.Sprintf("%s-%d", prefix, k), []byte("{}"))
 		}
-		before := counter.n.Load()
+		before := counter.Load()
 		_, errs := deliverConcurrently(mw, msgs)
 		for _, err := range errs {
 			require.NoError(t, err)
 		}
-		return float64(counter.n.Load()-before) / n
+		return float64(counter.Load()-before) / n
 	}
 	single := perDelivery(middleware.BatchConfig{})
 	// MaxWait an hour: a batch closes only when full (n is a multiple of

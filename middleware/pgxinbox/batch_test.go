@@ -1,7 +1,6 @@
 package pgxinbox_test
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,24 +9,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
-	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
-
-// queryCounter counts the queries pgx sends: one round trip each (BEGIN
-// with the claim is one query).
-type queryCounter struct{ n atomic.Int64 }
-
-func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-
-func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // TestBeginClaimBatch: under group commit a batch of first deliveries
 // costs one query for BEGIN and the claim of all its keys, then its
@@ -36,18 +23,8 @@ func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryE
 // their handlers and the others commit once. Keys with quotes and
 // backslashes travel as literals unharmed.
 func TestBeginClaimBatch(t *testing.T) {
-	cfg := schemaPool(t).Config()
-	counter := &queryCounter{}
-	cfg.ConnConfig.Tracer = counter
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(t.Context()))
-	_, err = pool.Exec(t.Context(), `CREATE TABLE charges (order_id TEXT NOT NULL, amount INTEGER NOT NULL)`)
-	require.NoError(t, err)
+	counter := &testenv.QueryCounter{}
+	pool, repo := claimPool(t, 4, counter)
 
 	const size = 8
 	inbox, err := middleware.NewInbox(middleware.Config{
@@ -84,9 +61,9 @@ func TestBeginClaimBatch(t *testing.T) {
 		return out
 	}
 
-	before := counter.n.Load()
+	before := counter.Load()
 	first := deliver(keys(0, 2*size))
-	require.EqualValues(t, 2*(1+2*size+1), counter.n.Load()-before,
+	require.EqualValues(t, 2*(1+2*size+1), counter.Load()-before,
 		"per batch: BEGIN with the claim, per handler its INSERT and the stored output, COMMIT")
 	require.EqualValues(t, 2*size, runs.Load())
 

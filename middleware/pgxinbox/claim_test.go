@@ -23,17 +23,7 @@ import (
 // back to plain INSERTs. Keys holding quotes, backslashes and non-ASCII
 // text travel as literals unharmed.
 func TestBeginClaim(t *testing.T) {
-	pool := schemaPool(t)
-	cfg := pool.Config()
-	cfg.MaxConns = 1
-	one, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(one.Close)
-	repo, err := postgres.NewPgxRepository(one, postgres.Config{})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(t.Context()))
-	_, err = one.Exec(t.Context(), `CREATE TABLE charges (order_id TEXT NOT NULL, amount INTEGER NOT NULL)`)
-	require.NoError(t, err)
+	one, repo := claimPool(t, 1, nil)
 	inbox, err := middleware.NewInbox(middleware.Config{
 		Beginner: pgxinbox.Beginner(one, repo, pgx.TxOptions{}), Consumer: "bill'ing\\", ReadFirstAbove: -1})
 	require.NoError(t, err)
@@ -89,4 +79,25 @@ func TestBeginClaim(t *testing.T) {
 
 	require.EqualValues(t, 1, one.Stat().NewConnsCount(), "duplicates and failures reuse the connection")
 	require.Zero(t, one.Stat().AcquiredConns())
+}
+
+// claimPool returns a pool of at most maxConns connections (tracing its
+// queries with tracer, if not nil) on a schema of its own, holding the
+// default inbox table and a charges table for the handlers' writes.
+func claimPool(t *testing.T, maxConns int32, tracer pgx.QueryTracer) (*pgxpool.Pool, *postgres.Repository) {
+	t.Helper()
+	cfg := schemaPool(t).Config()
+	cfg.MaxConns = maxConns
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	_, err = pool.Exec(t.Context(), `CREATE TABLE charges (order_id TEXT NOT NULL, amount INTEGER NOT NULL)`)
+	require.NoError(t, err)
+	return pool, repo
 }
