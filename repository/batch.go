@@ -1,9 +1,6 @@
 package repository
 
-import (
-	"context"
-	"errors"
-)
+import "context"
 
 // BatchTransactional is the optional capability behind the inbox's group
 // commit (middleware.Config.Batch): many deliveries share one
@@ -36,10 +33,6 @@ type BatchTransactional interface {
 // (deadlock_detected, PostgreSQL), from any error with a SQLState()
 // string method: the whole transaction was rolled back and may run again.
 func IsSerializationFailure(err error) bool {
-	var pg interface{ SQLState() string }
-	if !errors.As(err, &pg) {
-		return false
-	}
-	state := pg.SQLState()
+	state := sqlState(err)
 	return state == "40001" || state == "40P01"
 }

@@ -1,9 +1,6 @@
 package repository
 
-import (
-	"errors"
-	"strings"
-)
+import "strings"
 
 // sqlStateClassDataException is the SQLSTATE class (first two characters)
 // of the SQL standard's "data exception": a value in the statement that
@@ -41,12 +38,5 @@ func RegisterDataException(detector func(error) bool) {
 // default). Constraint violations (class 23), connection, lock and
 // serialization errors are not data exceptions. A nil err is not one.
 func IsDataException(err error) bool {
-	if err == nil {
-		return false
-	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) && strings.HasPrefix(pg.SQLState(), sqlStateClassDataException) {
-		return true
-	}
-	return dataDetectors.match(err)
+	return err != nil && (strings.HasPrefix(sqlState(err), sqlStateClassDataException) || dataDetectors.match(err))
 }

@@ -3,7 +3,6 @@ package repository_test
 import (
 	"database/sql"
 	"errors"
-	"fmt"
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
@@ -35,11 +34,7 @@ func TestIsDataException(t *testing.T) {
 			t.Cleanup(func() { require.NoError(t, exec(`DROP TABLE IF EXISTS `+table)) })
 			require.NoError(t, exec(`INSERT INTO `+table+` (id) VALUES (?)`, "a"))
 
-			for _, c := range []struct {
-				name string
-				err  error
-				data bool
-			}{
+			requireClassified(t, repository.IsDataException, []provoked{
 				{"invalid UTF-8", exec(`INSERT INTO `+table+` (id, s) VALUES (?, ?)`, "b", "\xff\xfe"), true},
 				{"too long", exec(`INSERT INTO `+table+` (id, s) VALUES (?, ?)`, "c", "toolong"), true},
 				// Literals, so that the server judges them (pgx refuses some
@@ -50,11 +45,7 @@ func TestIsDataException(t *testing.T) {
 				{"primary key", exec(`INSERT INTO `+table+` (id) VALUES (?)`, "a"), false},
 				{"not null", exec(`INSERT INTO `+table+` (id, must) VALUES (?, NULL)`, "g"), false},
 				{"no such table", exec(`INSERT INTO nowhere_` + table + ` VALUES (1)`), false},
-			} {
-				require.Error(t, c.err, c.name)
-				require.Equal(t, c.data, repository.IsDataException(c.err), "%s: %v", c.name, c.err)
-				require.Equal(t, c.data, repository.IsDataException(fmt.Errorf("handler: %w", c.err)), "%s wrapped", c.name)
-			}
+			})
 			if db.name == "postgres" {
 				err := exec(`INSERT INTO `+table+` (id, s) VALUES (?, ?)`, "h", "a\x00b")
 				require.True(t, repository.IsDataException(err), "NUL in text: %v", err)

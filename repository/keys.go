@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -48,11 +49,17 @@ func ValidateClaim(p ClaimParams) error {
 	if err := validateConsumerKey(p.Consumer, p.Key); err != nil {
 		return err
 	}
-	if p.Now.IsZero() {
+	return validateDeadline("ExpiresAt", p.ExpiresAt, p.Now)
+}
+
+// validateDeadline checks that Now is set and that the deadline in the
+// named field is after it.
+func validateDeadline(field string, deadline, now time.Time) error {
+	if now.IsZero() {
 		return fmt.Errorf("%w: Now is required", ErrInvalidParams)
 	}
-	if !p.ExpiresAt.After(p.Now) {
-		return fmt.Errorf("%w: ExpiresAt (%s) must be after Now (%s)", ErrInvalidParams, p.ExpiresAt, p.Now)
+	if !deadline.After(now) {
+		return fmt.Errorf("%w: %s (%s) must be after Now (%s)", ErrInvalidParams, field, deadline, now)
 	}
 	return nil
 }

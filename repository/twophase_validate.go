@@ -17,8 +17,8 @@ func ValidateAcquire(p AcquireParams) error {
 	if err := validateOwnedAt(p.Consumer, p.Key, p.Owner, p.Now); err != nil {
 		return err
 	}
-	if !p.LeaseUntil.After(p.Now) {
-		return fmt.Errorf("%w: LeaseUntil (%s) must be after Now (%s)", ErrInvalidParams, p.LeaseUntil, p.Now)
+	if err := validateDeadline("LeaseUntil", p.LeaseUntil, p.Now); err != nil {
+		return err
 	}
 	if !p.ExpiresAt.After(p.LeaseUntil) {
 		return fmt.Errorf("%w: ExpiresAt (%s) must be after LeaseUntil (%s)", ErrInvalidParams, p.ExpiresAt, p.LeaseUntil)
@@ -42,13 +42,7 @@ func ValidateReclaim(p ReclaimParams) error {
 	if p.Owner == p.PrevOwner {
 		return fmt.Errorf("%w: Owner must differ from PrevOwner (an owner identifies one attempt)", ErrInvalidParams)
 	}
-	if p.Now.IsZero() {
-		return fmt.Errorf("%w: Now is required", ErrInvalidParams)
-	}
-	if !p.LeaseUntil.After(p.Now) {
-		return fmt.Errorf("%w: LeaseUntil (%s) must be after Now (%s)", ErrInvalidParams, p.LeaseUntil, p.Now)
-	}
-	return nil
+	return validateDeadline("LeaseUntil", p.LeaseUntil, p.Now)
 }
 
 // ValidateExtend checks the arguments of [TwoPhase.Extend]: consumer, key

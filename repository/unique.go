@@ -31,6 +31,17 @@ func (d *detectors) add(fn func(error) bool) {
 	d.fns = append(d.fns, fn)
 }
 
+// sqlState returns the SQLSTATE of the first error in err's chain with a
+// SQLState() string method (pgx's *pgconn.PgError, lib/pq's *pq.Error),
+// or "" when there is none.
+func sqlState(err error) string {
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) {
+		return coded.SQLState()
+	}
+	return ""
+}
+
 // match reports whether any detector recognises err.
 func (d *detectors) match(err error) bool {
 	d.mu.RLock()
@@ -74,8 +85,7 @@ func IsUniqueViolation(err error) bool {
 	if err == nil {
 		return false
 	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) && pg.SQLState() == sqlStateUniqueViolation {
+	if sqlState(err) == sqlStateUniqueViolation {
 		return true
 	}
 	var lite interface{ Code() int }

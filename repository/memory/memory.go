@@ -96,14 +96,9 @@ func (r *Repository) Extend(_ context.Context, p repository.LeaseParams) error {
 	if err := repository.ValidateExtend(p); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rec := r.owned(p.Consumer, p.Key, p.Owner)
-	if rec == nil {
-		return fmt.Errorf("memory: extend: %w", repository.ErrLeaseLost)
-	}
-	rec.LeaseUntil = at(p.LeaseUntil)
-	return nil
+	return r.updateOwned("extend", p.Consumer, p.Key, p.Owner, func(rec *repository.Record) {
+		rec.LeaseUntil = at(p.LeaseUntil)
+	})
 }
 
 // Complete implements repository.TwoPhase.
@@ -111,16 +106,11 @@ func (r *Repository) Complete(_ context.Context, p repository.CompleteParams) er
 	if err := repository.ValidateComplete(p); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rec := r.owned(p.Consumer, p.Key, p.Owner)
-	if rec == nil {
-		return fmt.Errorf("memory: complete: %w", repository.ErrLeaseLost)
-	}
-	rec.State = repository.StateCompleted
-	rec.Result = bytes.Clone(p.Result)
-	rec.CompletedAt = at(p.Now)
-	return nil
+	return r.updateOwned("complete", p.Consumer, p.Key, p.Owner, func(rec *repository.Record) {
+		rec.State = repository.StateCompleted
+		rec.Result = bytes.Clone(p.Result)
+		rec.CompletedAt = at(p.Now)
+	})
 }
 
 // Release implements repository.TwoPhase.
@@ -128,12 +118,22 @@ func (r *Repository) Release(_ context.Context, p repository.LeaseParams) error 
 	if err := repository.ValidateRelease(p); err != nil {
 		return err
 	}
+	return r.updateOwned("release", p.Consumer, p.Key, p.Owner, func(rec *repository.Record) {
+		delete(r.records, recordID{rec.Consumer, rec.Key})
+	})
+}
+
+// updateOwned runs change on the in_progress record of (consumer, key)
+// held by owner, under r.mu, or returns ErrLeaseLost for op when owner
+// holds no such record: the fencing every lease operation shares.
+func (r *Repository) updateOwned(op, consumer, key, owner string, change func(rec *repository.Record)) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.owned(p.Consumer, p.Key, p.Owner) == nil {
-		return fmt.Errorf("memory: release: %w", repository.ErrLeaseLost)
+	rec := r.owned(consumer, key, owner)
+	if rec == nil {
+		return fmt.Errorf("memory: %s: %w", op, repository.ErrLeaseLost)
 	}
-	delete(r.records, recordID{p.Consumer, repository.StorageKey(p.Key)})
+	change(rec)
 	return nil
 }
 

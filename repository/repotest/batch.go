@@ -2,6 +2,7 @@ package repotest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -17,31 +18,7 @@ import (
 // runBatch checks repository.BatchTransactional: multi-row claims in one
 // transaction, racing batches with overlapping keys.
 func runBatch(t *testing.T, b Backend) {
-	fixture := func(t *testing.T) (*fixture, repository.BatchTransactional) {
-		f := newFixture(t, b)
-		br, ok := f.repo.(repository.BatchTransactional)
-		require.True(t, ok, "%s declares Features.Batch but %T does not implement repository.BatchTransactional", b.Name, f.repo)
-		return f, br
-	}
-	// claimBatch claims params in one transaction and commits it, or
-	// rolls it back when commit is false.
-	claimBatch := func(t *testing.T, br repository.BatchTransactional, params []repository.ClaimParams, commit bool) []repository.Claim {
-		t.Helper()
-		ctx := context.Background()
-		tx, err := b.DB.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback() }()
-		claims, err := br.ClaimBatchTx(ctx, tx, params)
-		require.NoError(t, err)
-		if commit {
-			require.NoError(t, tx.Commit())
-		}
-		return claims
-	}
-
-	t.Run("FreshAndDuplicatesInOrder", func(t *testing.T) {
-		t.Parallel()
-		f, br := fixture(t)
+	runCase(t, b, "FreshAndDuplicatesInOrder", func(t *testing.T, f *fixture) {
 		f.claim(t, ClaimParams("billing", "k-2"), []byte("stored-2"))
 		f.claim(t, ClaimParams("billing", "k-4"), nil)
 		long := strings.Repeat("k", 300)
@@ -51,7 +28,7 @@ func runBatch(t *testing.T, b Backend) {
 		}
 		// Same key, another scope: not a duplicate.
 		params = append(params, ClaimParams("shipping", "k-2"))
-		claims := claimBatch(t, br, params, true)
+		claims := claimBatch(t, f, params)
 		require.Len(t, claims, len(params))
 		for i, p := range params {
 			dup := p.Consumer == "billing" && (p.Key == "k-2" || p.Key == "k-4")
@@ -68,36 +45,31 @@ func runBatch(t *testing.T, b Backend) {
 		require.Equal(t, []byte("stored-2"), claims[1].Existing.Result)
 	})
 
-	t.Run("RollbackLeavesNothing", func(t *testing.T) {
-		t.Parallel()
-		f, br := fixture(t)
-		claims := claimBatch(t, br, []repository.ClaimParams{ClaimParams("billing", "a"), ClaimParams("billing", "b")}, false)
+	runCase(t, b, "RollbackLeavesNothing", func(t *testing.T, f *fixture) {
+		tx := f.beginTx(t)
+		claims, err := f.batch.ClaimBatchTx(t.Context(), tx, []repository.ClaimParams{ClaimParams("billing", "a"), ClaimParams("billing", "b")})
+		require.NoError(t, err)
 		require.True(t, claims[0].Claimed && claims[1].Claimed)
+		require.NoError(t, tx.Rollback())
 		for _, k := range []string{"a", "b"} {
 			_, err := f.repo.Get(context.Background(), "billing", k)
 			require.ErrorIs(t, err, repository.ErrNotFound)
 		}
 	})
 
-	t.Run("RefusesAKeyTwice", func(t *testing.T) {
-		t.Parallel()
-		_, br := fixture(t)
-		tx, err := b.DB.BeginTx(context.Background(), nil)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback() }()
+	runCase(t, b, "RefusesAKeyTwice", func(t *testing.T, f *fixture) {
+		tx := f.beginTx(t)
 		long := strings.Repeat("x", 300)
 		for _, pair := range [][2]string{{"a", "a"}, {long, long}} {
-			_, err = br.ClaimBatchTx(context.Background(), tx, []repository.ClaimParams{
+			_, err := f.batch.ClaimBatchTx(context.Background(), tx, []repository.ClaimParams{
 				ClaimParams("billing", pair[0]), ClaimParams("billing", "other"), ClaimParams("billing", pair[1])})
 			require.ErrorIs(t, err, repository.ErrInvalidParams)
 		}
-		_, err = br.ClaimBatchTx(context.Background(), tx, []repository.ClaimParams{{Consumer: "billing"}})
+		_, err := f.batch.ClaimBatchTx(context.Background(), tx, []repository.ClaimParams{{Consumer: "billing"}})
 		require.ErrorIs(t, err, repository.ErrInvalidParams)
 	})
 
-	t.Run("RacingBatchesClaimEachKeyOnce", func(t *testing.T) {
-		t.Parallel()
-		f, br := fixture(t)
+	runCase(t, b, "RacingBatchesClaimEachKeyOnce", func(t *testing.T, f *fixture) {
 		const keys, racers = 40, 8
 		var (
 			wg       sync.WaitGroup
@@ -116,8 +88,8 @@ func runBatch(t *testing.T, b Backend) {
 				}
 				failures[r] = func() error {
 					for range 20 {
-						claims, err := claimOnce(b, br, params)
-						if br.RetryableTx(err) {
+						claims, err := claimOnce(f, params)
+						if f.batch.RetryableTx(err) {
 							retries.Add(1)
 							continue
 						}
@@ -152,17 +124,20 @@ func runBatch(t *testing.T, b Backend) {
 	})
 }
 
+// claimBatch claims params in one transaction and commits it.
+func claimBatch(t *testing.T, f *fixture, params []repository.ClaimParams) []repository.Claim {
+	t.Helper()
+	claims, err := claimOnce(f, params)
+	require.NoError(t, err)
+	return claims
+}
+
 // claimOnce claims params in one transaction and commits it.
-func claimOnce(b Backend, br repository.BatchTransactional, params []repository.ClaimParams) ([]repository.Claim, error) {
+func claimOnce(f *fixture, params []repository.ClaimParams) (claims []repository.Claim, err error) {
 	ctx := context.Background()
-	tx, err := b.DB.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = tx.Rollback() }()
-	claims, err := br.ClaimBatchTx(ctx, tx, params)
-	if err != nil {
-		return nil, err
-	}
-	return claims, tx.Commit()
+	err = inTx(ctx, f.b.DB, func(tx *sql.Tx) error {
+		claims, err = f.batch.ClaimBatchTx(ctx, tx, params)
+		return err
+	})
+	return claims, err
 }

@@ -11,31 +11,20 @@ import (
 )
 
 func runClaim(t *testing.T, b Backend) {
-	t.Run("FreshClaim", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "FreshClaim", func(t *testing.T, f *fixture) {
 		p := ClaimParams("billing", "order-1")
 
 		c := f.claim(t, p, nil)
 		require.True(t, c.Claimed)
 		require.Zero(t, c.Existing)
 
-		rec, err := f.repo.Get(t.Context(), "billing", "order-1")
-		require.NoError(t, err)
-		require.Equal(t, "billing", rec.Consumer)
-		require.Equal(t, "order-1", rec.Key)
+		rec := f.get(t, "billing", "order-1")
+		requireFirstRecord(t, p, rec)
 		require.Equal(t, repository.StateCompleted, rec.State)
-		require.Equal(t, p.PayloadHash, rec.PayloadHash)
-		require.Nil(t, rec.Result)
-		require.Equal(t, 1, rec.Attempts)
-		require.True(t, p.Now.Equal(rec.CreatedAt), "CreatedAt %s, want %s", rec.CreatedAt, p.Now)
-		require.True(t, p.Now.Equal(rec.CompletedAt), "CompletedAt %s, want %s", rec.CompletedAt, p.Now)
-		require.True(t, p.ExpiresAt.Equal(rec.ExpiresAt), "ExpiresAt %s, want %s", rec.ExpiresAt, p.ExpiresAt)
+		requireTime(t, p.Now, rec.CompletedAt, "CompletedAt")
 	})
 
-	t.Run("DuplicateClaimReturnsStoredRecord", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "DuplicateClaimReturnsStoredRecord", func(t *testing.T, f *fixture) {
 		first := ClaimParams("billing", "order-1")
 		require.True(t, f.claim(t, first, []byte("result-1")).Claimed)
 
@@ -49,12 +38,10 @@ func runClaim(t *testing.T, b Backend) {
 		require.Equal(t, "order-1", c.Existing.Key)
 	})
 
-	t.Run("RedeliveryWithLaterExpiryIsDuplicate", func(t *testing.T) {
+	runCase(t, b, "RedeliveryWithLaterExpiryIsDuplicate", func(t *testing.T, f *fixture) {
 		// A redelivery computes its expiry from its own claim time, days
 		// later: a store whose uniqueness depends on the expiry (a table
 		// partitioned by it) must still find the first record.
-		t.Parallel()
-		f := newFixture(t, b)
 		const retention = 7 * 24 * time.Hour
 		first := ClaimParams("billing", "order-1")
 		first.ExpiresAt = first.Now.Add(retention)
@@ -70,28 +57,20 @@ func runClaim(t *testing.T, b Backend) {
 		require.True(t, first.ExpiresAt.Equal(c.Existing.ExpiresAt), "the first record's expiry stays: %s", c.Existing.ExpiresAt)
 	})
 
-	t.Run("RolledBackClaimLeavesNothing", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "RolledBackClaimLeavesNothing", func(t *testing.T, f *fixture) {
 		ctx := context.Background()
 		p := ClaimParams("billing", "order-1")
 
-		tx, err := b.DB.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		c, err := f.tx.ClaimTx(ctx, tx, p)
-		require.NoError(t, err)
-		require.True(t, c.Claimed)
+		tx := f.claimOpen(t, p)
 		require.NoError(t, f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: "billing", Key: "order-1", Result: []byte("x")}))
 		require.NoError(t, tx.Rollback())
 
-		_, err = f.repo.Get(ctx, "billing", "order-1")
+		_, err := f.repo.Get(ctx, "billing", "order-1")
 		require.ErrorIs(t, err, repository.ErrNotFound)
 		require.True(t, f.claim(t, p, nil).Claimed, "the claim after a rollback must win")
 	})
 
-	t.Run("SameKeyUnderTwoConsumersIsTwoRecords", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "SameKeyUnderTwoConsumersIsTwoRecords", func(t *testing.T, f *fixture) {
 		require.True(t, f.claim(t, ClaimParams("billing", "order-1"), []byte("b")).Claimed)
 		require.True(t, f.claim(t, ClaimParams("shipping", "order-1"), []byte("s")).Claimed)
 
@@ -105,9 +84,7 @@ func runClaim(t *testing.T, b Backend) {
 		require.False(t, f.claim(t, ClaimParams("shipping", "order-1"), nil).Claimed)
 	})
 
-	t.Run("KeysAreCaseSensitive", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "KeysAreCaseSensitive", func(t *testing.T, f *fixture) {
 		require.True(t, f.claim(t, ClaimParams("billing", "Order-1"), []byte("upper")).Claimed)
 		require.True(t, f.claim(t, ClaimParams("billing", "order-1"), []byte("lower")).Claimed,
 			"keys differing only in case must be two records")
@@ -125,9 +102,7 @@ func runClaim(t *testing.T, b Backend) {
 		require.False(t, f.claim(t, ClaimParams("billing", "Order-1"), nil).Claimed)
 	})
 
-	t.Run("LongKeyIsHashedNotTruncated", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "LongKeyIsHashedNotTruncated", func(t *testing.T, f *fixture) {
 		prefix := strings.Repeat("k", repository.MaxKeyLength)
 		long1, long2 := prefix+"-one", prefix+"-two"
 		huge := strings.Repeat("x", 10_000)
@@ -153,9 +128,7 @@ func runClaim(t *testing.T, b Backend) {
 		require.Equal(t, exact, rec.Key)
 	})
 
-	t.Run("UnstorableKeysAreStoredSafely", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "UnstorableKeysAreStoredSafely", func(t *testing.T, f *fixture) {
 		for _, k := range unstorable {
 			require.True(t, f.claim(t, ClaimParams("billing", k.value), []byte(k.name)).Claimed, k.name)
 			rec, err := f.repo.Get(t.Context(), "billing", k.value)
@@ -171,9 +144,7 @@ func runClaim(t *testing.T, b Backend) {
 		require.True(t, f.claim(t, ClaimParams("billing", "order-1"), nil).Claimed)
 	})
 
-	t.Run("PayloadHashAndResultRoundTrip", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "PayloadHashAndResultRoundTrip", func(t *testing.T, f *fixture) {
 		p := ClaimParams("billing", "order-1")
 		p.PayloadHash = repository.HashPayload([]byte{0, 1, 2, 0xff})
 		result := []byte{0, 0xff, 0xfe, '\n', 0, 'x'}
@@ -185,18 +156,14 @@ func runClaim(t *testing.T, b Backend) {
 		require.Equal(t, result, c.Existing.Result)
 	})
 
-	t.Run("SaveResultWithoutClaimIsNotFound", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "SaveResultWithoutClaimIsNotFound", func(t *testing.T, f *fixture) {
 		ctx := context.Background()
 		tx := f.beginTx(t)
 		err := f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: "billing", Key: "never-claimed", Result: []byte("x")})
 		require.ErrorIs(t, err, repository.ErrNotFound)
 	})
 
-	t.Run("InvalidParamsAreRefused", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "InvalidParamsAreRefused", func(t *testing.T, f *fixture) {
 		ctx := context.Background()
 		tx := f.beginTx(t)
 

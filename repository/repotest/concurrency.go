@@ -2,8 +2,8 @@ package repotest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,60 +16,40 @@ import (
 const Racers = 32
 
 func runConcurrency(t *testing.T, b Backend) {
-	t.Run("ConcurrentClaimsOneWinner", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "ConcurrentClaimsOneWinner", func(t *testing.T, f *fixture) {
 		ctx := context.Background()
 		p := ClaimParams("billing", "order-1")
 
 		var (
-			started  atomic.Int32 // goroutines that reached their claim
-			allIn    = make(chan struct{})
-			start    = make(chan struct{})
-			wg       sync.WaitGroup
-			winners  atomic.Int32
-			results  = make([]repository.Claim, Racers)
-			failures = make([]error, Racers)
+			started atomic.Int32 // goroutines that reached their claim
+			allIn   = make(chan struct{})
+			winners atomic.Int32
+			results = make([]repository.Claim, Racers)
 		)
-		for i := range Racers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				if started.Add(1) == Racers {
-					close(allIn)
+		failures := race(Racers, func(i int) error {
+			if started.Add(1) == Racers {
+				close(allIn)
+			}
+			// On backends that lock at BEGIN (SQLite), the wait happens
+			// here; elsewhere it happens in the claim.
+			return inTx(ctx, b.DB, func(tx *sql.Tx) error {
+				c, err := f.tx.ClaimTx(ctx, tx, p)
+				results[i] = c
+				if err != nil || !c.Claimed {
+					return err
 				}
-				failures[i] = func() error {
-					// On backends that lock at BEGIN (SQLite), the wait happens
-					// here; elsewhere it happens in the claim.
-					tx, err := b.DB.BeginTx(ctx, nil)
-					if err != nil {
-						return err
-					}
-					defer func() { _ = tx.Rollback() }()
-					c, err := f.tx.ClaimTx(ctx, tx, p)
-					if err != nil {
-						return err
-					}
-					results[i] = c
-					if !c.Claimed {
-						return tx.Rollback()
-					}
-					winners.Add(1)
-					if err := f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{
-						Consumer: p.Consumer, Key: p.Key, Result: fmt.Appendf(nil, "winner-%d", i),
-					}); err != nil {
-						return err
-					}
-					// Hold the claim until every racer has set off, so the
-					// others really contend with an uncommitted claim.
-					<-allIn
-					return tx.Commit()
-				}()
-			}()
-		}
-		close(start)
-		wg.Wait()
+				winners.Add(1)
+				if err := f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{
+					Consumer: p.Consumer, Key: p.Key, Result: fmt.Appendf(nil, "winner-%d", i),
+				}); err != nil {
+					return err
+				}
+				// Hold the claim until every racer has set off, so the
+				// others really contend with an uncommitted claim.
+				<-allIn
+				return nil
+			})
+		})
 
 		for i, err := range failures {
 			require.NoError(t, err, "racer %d", i)
@@ -90,59 +70,40 @@ func runConcurrency(t *testing.T, b Backend) {
 		}
 	})
 
-	t.Run("ConcurrentRedeliveriesWithDifferentExpiriesOneWinnerPerKey", func(t *testing.T) {
+	runCase(t, b, "ConcurrentRedeliveriesWithDifferentExpiriesOneWinnerPerKey", func(t *testing.T, f *fixture) {
 		// Every racer computes its own expiry, days apart, as
 		// redeliveries claimed at different times do: the expiry must not
 		// take part in deciding the race.
-		t.Parallel()
-		f := newFixture(t, b)
 		ctx := context.Background()
 		const keys = 8
 		now := time.Now().UTC().Truncate(time.Microsecond)
 		var (
-			start   = make(chan struct{})
-			wg      sync.WaitGroup
 			winners [keys]atomic.Int32
 			results [keys][Racers]repository.Claim
-			errs    [keys][Racers]error
 		)
+		// Racer n claims key n/Racers as its racer n%Racers.
+		errs := race(keys*Racers, func(n int) error {
+			k, i := n/Racers, n%Racers
+			p := ClaimParams("billing", fmt.Sprintf("order-%d", k))
+			p.Now = now
+			p.ExpiresAt = now.Add(time.Hour + time.Duration(i%4)*25*time.Hour)
+			return inTx(ctx, b.DB, func(tx *sql.Tx) error {
+				c, err := f.tx.ClaimTx(ctx, tx, p)
+				if err != nil {
+					return err
+				}
+				results[k][i] = c
+				if !c.Claimed {
+					return nil
+				}
+				winners[k].Add(1)
+				return f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{
+					Consumer: p.Consumer, Key: p.Key, Result: fmt.Appendf(nil, "winner-%d", i),
+				})
+			})
+		})
 		for k := range keys {
-			for i := range Racers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					p := ClaimParams("billing", fmt.Sprintf("order-%d", k))
-					p.Now = now
-					p.ExpiresAt = now.Add(time.Hour + time.Duration(i%4)*25*time.Hour)
-					<-start
-					errs[k][i] = func() error {
-						tx, err := b.DB.BeginTx(ctx, nil)
-						if err != nil {
-							return err
-						}
-						defer func() { _ = tx.Rollback() }()
-						c, err := f.tx.ClaimTx(ctx, tx, p)
-						if err != nil {
-							return err
-						}
-						results[k][i] = c
-						if c.Claimed {
-							winners[k].Add(1)
-							if err := f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{
-								Consumer: p.Consumer, Key: p.Key, Result: fmt.Appendf(nil, "winner-%d", i),
-							}); err != nil {
-								return err
-							}
-						}
-						return tx.Commit()
-					}()
-				}()
-			}
-		}
-		close(start)
-		wg.Wait()
-		for k := range keys {
-			for i, err := range errs[k] {
+			for i, err := range errs[k*Racers : (k+1)*Racers] {
 				require.NoError(t, err, "key %d racer %d", k, i)
 			}
 			require.EqualValues(t, 1, winners[k].Load(), "key %d: exactly one of %d racers must win", k, Racers)
@@ -157,17 +118,10 @@ func runConcurrency(t *testing.T, b Backend) {
 		}
 	})
 
-	t.Run("ClaimBlockedByRolledBackClaimWins", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "ClaimBlockedByRolledBackClaimWins", func(t *testing.T, f *fixture) {
 		ctx := context.Background()
 		p := ClaimParams("billing", "order-1")
-
-		first, err := b.DB.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		c, err := f.tx.ClaimTx(ctx, first, p)
-		require.NoError(t, err)
-		require.True(t, c.Claimed)
+		first := f.claimOpen(t, p)
 
 		type outcome struct {
 			claim repository.Claim
@@ -175,17 +129,12 @@ func runConcurrency(t *testing.T, b Backend) {
 		}
 		done := make(chan outcome, 1)
 		go func() {
-			tx, err := b.DB.BeginTx(ctx, nil)
-			if err != nil {
-				done <- outcome{err: err}
-				return
-			}
-			defer func() { _ = tx.Rollback() }()
-			c, err := f.tx.ClaimTx(ctx, tx, p)
-			if err == nil {
-				err = tx.Commit()
-			}
-			done <- outcome{claim: c, err: err}
+			var o outcome
+			o.err = inTx(ctx, b.DB, func(tx *sql.Tx) (err error) {
+				o.claim, err = f.tx.ClaimTx(ctx, tx, p)
+				return err
+			})
+			done <- o
 		}()
 
 		// The second claim cannot finish while the first holds the key.

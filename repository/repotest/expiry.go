@@ -90,9 +90,7 @@ func runExpiry(t *testing.T, b Backend) {
 		}
 	})
 
-	t.Run("CleanupRefusesNonPositiveLimit", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "CleanupRefusesNonPositiveLimit", func(t *testing.T, f *fixture) {
 		_, err := f.repo.DeleteExpired(t.Context(), time.Now(), 0)
 		require.ErrorIs(t, err, repository.ErrInvalidParams)
 	})

@@ -31,9 +31,7 @@ func runIdentifiers(t *testing.T, b Backend) {
 		}
 	})
 
-	t.Run("SchemaCreationIsIdempotent", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "SchemaCreationIsIdempotent", func(t *testing.T, f *fixture) {
 		again, err := b.New(t, f.table)
 		require.NoError(t, err, "second New on the same table")
 		_, err = again.Get(t.Context(), "c", "missing")

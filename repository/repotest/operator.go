@@ -23,9 +23,7 @@ var operatorResult = resultcodec.Encode([]resultcodec.Message{{
 func runOperator(t *testing.T, b Backend) {
 	require.True(t, b.Features.TwoPhase, "%s: Features.Operator requires Features.TwoPhase", b.Name)
 
-	t.Run("ListStuckListsOnlyExpiredLeases", func(t *testing.T) {
-		t.Parallel()
-		f, op := newOperatorFixture(t, b)
+	runCase(t, b, "ListStuckListsOnlyExpiredLeases", func(t *testing.T, f *fixture) {
 		now := time.Now().UTC().Truncate(time.Microsecond)
 		acquire := func(consumer, key, owner string, lease, expires time.Duration) {
 			p := acquireParams(consumer, key, owner)
@@ -44,7 +42,7 @@ func runOperator(t *testing.T, b Backend) {
 		acquire("bill*", "stuck-5", "owner-5", time.Minute, 24*time.Hour)
 
 		at := now.Add(5 * time.Minute)
-		recs := listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: at})
+		recs := f.listStuck(t, repository.ListStuckParams{Consumer: "billing", Now: at})
 		require.Equal(t, []string{"billing/stuck-1", "billing/stuck-2"}, ids(recs))
 		require.Equal(t, repository.StateInProgress, recs[0].State)
 		require.Equal(t, "owner-1", recs[0].LeaseOwner)
@@ -52,32 +50,29 @@ func runOperator(t *testing.T, b Backend) {
 		requireTime(t, now.Add(time.Minute), recs[0].LeaseUntil, "LeaseUntil")
 		require.Equal(t, repository.HashPayload([]byte("stuck-1")), recs[0].PayloadHash)
 
-		all := listStuck(t, op, repository.ListStuckParams{Now: at})
+		all := f.listStuck(t, repository.ListStuckParams{Now: at})
 		require.Equal(t, []string{"bill*/stuck-5", "billing/stuck-1", "billing:eu/stuck-4", "shipping/stuck-3", "billing/stuck-2"}, ids(all),
 			"every consumer, oldest lease first, then by consumer and key")
-		require.Equal(t, []string{"bill*/stuck-5"}, ids(listStuck(t, op, repository.ListStuckParams{Consumer: "bill*", Now: at})))
-		require.Equal(t, []string{"billing:eu/stuck-4"}, ids(listStuck(t, op, repository.ListStuckParams{Consumer: "billing:eu", Now: at})))
-		require.Equal(t, []string{"bill*/stuck-5", "billing/stuck-1"}, ids(listStuck(t, op, repository.ListStuckParams{Now: at, Limit: 2})))
+		require.Equal(t, []string{"bill*/stuck-5"}, ids(f.listStuck(t, repository.ListStuckParams{Consumer: "bill*", Now: at})))
+		require.Equal(t, []string{"billing:eu/stuck-4"}, ids(f.listStuck(t, repository.ListStuckParams{Consumer: "billing:eu", Now: at})))
+		require.Equal(t, []string{"bill*/stuck-5", "billing/stuck-1"}, ids(f.listStuck(t, repository.ListStuckParams{Now: at, Limit: 2})))
 
 		// A lease is stuck from its deadline on, not before.
-		require.Equal(t, []string{"billing/expired", "billing/stuck-1"}, ids(listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: now.Add(time.Minute)})),
+		require.Equal(t, []string{"billing/expired", "billing/stuck-1"}, ids(f.listStuck(t, repository.ListStuckParams{Consumer: "billing", Now: now.Add(time.Minute)})),
 			"before its ExpiresAt an expired lease is stuck")
-		require.Empty(t, listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: now.Add(time.Minute - time.Microsecond)}))
-		require.Empty(t, listStuck(t, op, repository.ListStuckParams{Consumer: "nobody", Now: at}))
+		require.Empty(t, f.listStuck(t, repository.ListStuckParams{Consumer: "billing", Now: now.Add(time.Minute - time.Microsecond)}))
+		require.Empty(t, f.listStuck(t, repository.ListStuckParams{Consumer: "nobody", Now: at}))
 	})
 
-	t.Run("ResolveCompleteMakesLaterDeliveriesDuplicates", func(t *testing.T) {
-		t.Parallel()
-		f, op := newOperatorFixture(t, b)
+	runCase(t, b, "ResolveCompleteMakesLaterDeliveriesDuplicates", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+		p := f.acquired(t, "billing", "order-1", "owner-a")
 		at := p.LeaseUntil.Add(time.Minute)
-		stuck := listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: at})
+		stuck := f.listStuck(t, repository.ListStuckParams{Consumer: "billing", Now: at})
 		require.Len(t, stuck, 1)
 
 		result := operatorResult
-		require.NoError(t, op.Resolve(ctx, repository.ResolveParams{
+		require.NoError(t, f.op.Resolve(ctx, repository.ResolveParams{
 			Consumer: "billing", Key: stuck[0].Key, ExpectedOwner: stuck[0].LeaseOwner,
 			Action: repository.ResolveComplete, Result: result, Now: at,
 		}))
@@ -86,7 +81,7 @@ func runOperator(t *testing.T, b Backend) {
 		require.Equal(t, result, rec.Result)
 		requireTime(t, at, rec.CompletedAt, "CompletedAt")
 		require.Equal(t, 1, rec.Attempts)
-		require.Empty(t, listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: at}))
+		require.Empty(t, f.listStuck(t, repository.ListStuckParams{Consumer: "billing", Now: at}))
 
 		next := acquireParams("billing", "order-1", "owner-b")
 		next.Now, next.LeaseUntil = at, at.Add(leaseLength)
@@ -96,7 +91,7 @@ func runOperator(t *testing.T, b Backend) {
 		require.Equal(t, result, a.Existing.Result)
 
 		for _, action := range []repository.ResolveAction{repository.ResolveComplete, repository.ResolveRelease} {
-			err := op.Resolve(ctx, repository.ResolveParams{
+			err := f.op.Resolve(ctx, repository.ResolveParams{
 				Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: action, Now: at,
 			})
 			require.ErrorIs(t, err, repository.ErrLeaseLost, "a completed record cannot be resolved again (%s)", action)
@@ -104,34 +99,28 @@ func runOperator(t *testing.T, b Backend) {
 		require.Equal(t, result, f.get(t, "billing", "order-1").Result)
 	})
 
-	t.Run("ResolveCompleteRefusesWhatCannotReplay", func(t *testing.T) {
-		t.Parallel()
-		f, op := newOperatorFixture(t, b)
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+	runCase(t, b, "ResolveCompleteRefusesWhatCannotReplay", func(t *testing.T, f *fixture) {
+		p := f.acquired(t, "billing", "order-1", "owner-a")
 		for name, result := range map[string][]byte{
 			"free text":         []byte("charged"),
 			"empty JSON object": []byte("{}"),
 			"truncated":         operatorResult[:len(operatorResult)-1],
 		} {
-			err := op.Resolve(t.Context(), repository.ResolveParams{
+			err := f.op.Resolve(t.Context(), repository.ResolveParams{
 				Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveComplete, Result: result, Now: p.LeaseUntil,
 			})
 			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
 			require.Equal(t, repository.StateInProgress, f.get(t, "billing", "order-1").State, "a refused resolve changes nothing (%s)", name)
 		}
 		// Release ignores Result: an operator releasing needs none.
-		require.NoError(t, op.Resolve(t.Context(), repository.ResolveParams{
+		require.NoError(t, f.op.Resolve(t.Context(), repository.ResolveParams{
 			Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveRelease, Result: []byte("charged"), Now: p.LeaseUntil,
 		}))
 	})
 
-	t.Run("ResolveCompleteWithoutResultStoresNil", func(t *testing.T) {
-		t.Parallel()
-		f, op := newOperatorFixture(t, b)
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
-		require.NoError(t, op.Resolve(t.Context(), repository.ResolveParams{
+	runCase(t, b, "ResolveCompleteWithoutResultStoresNil", func(t *testing.T, f *fixture) {
+		p := f.acquired(t, "billing", "order-1", "owner-a")
+		require.NoError(t, f.op.Resolve(t.Context(), repository.ResolveParams{
 			Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveComplete, Now: p.LeaseUntil,
 		}))
 		rec := f.get(t, "billing", "order-1")
@@ -139,14 +128,11 @@ func runOperator(t *testing.T, b Backend) {
 		require.Nil(t, rec.Result)
 	})
 
-	t.Run("ResolveReleaseLetsTheNextDeliveryRun", func(t *testing.T) {
-		t.Parallel()
-		f, op := newOperatorFixture(t, b)
+	runCase(t, b, "ResolveReleaseLetsTheNextDeliveryRun", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+		p := f.acquired(t, "billing", "order-1", "owner-a")
 		at := p.LeaseUntil.Add(time.Minute)
-		require.NoError(t, op.Resolve(ctx, repository.ResolveParams{
+		require.NoError(t, f.op.Resolve(ctx, repository.ResolveParams{
 			Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveRelease, Now: at,
 		}))
 		_, err := f.repo.Get(ctx, "billing", "order-1")
@@ -156,21 +142,18 @@ func runOperator(t *testing.T, b Backend) {
 		next.Now, next.LeaseUntil = at, at.Add(leaseLength)
 		require.True(t, f.acquire(t, next).Acquired, "after a release the next delivery claims afresh")
 
-		err = op.Resolve(ctx, repository.ResolveParams{
+		err = f.op.Resolve(ctx, repository.ResolveParams{
 			Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveRelease, Now: at,
 		})
 		require.ErrorIs(t, err, repository.ErrLeaseLost, "a second release by the stale owner must not delete the new claim")
 		require.Equal(t, "owner-b", f.get(t, "billing", "order-1").LeaseOwner)
 	})
 
-	t.Run("ResolveIsFencedByOwnerAndLease", func(t *testing.T) {
-		t.Parallel()
-		f, op := newOperatorFixture(t, b)
+	runCase(t, b, "ResolveIsFencedByOwnerAndLease", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+		p := f.acquired(t, "billing", "order-1", "owner-a")
 		resolve := func(owner string, action repository.ResolveAction, now time.Time) error {
-			return op.Resolve(ctx, repository.ResolveParams{
+			return f.op.Resolve(ctx, repository.ResolveParams{
 				Consumer: "billing", Key: "order-1", ExpectedOwner: owner, Action: action, Result: operatorResult, Now: now,
 			})
 		}
@@ -197,53 +180,45 @@ func runOperator(t *testing.T, b Backend) {
 		require.Equal(t, 2, rec.Attempts)
 
 		for _, action := range []repository.ResolveAction{repository.ResolveComplete, repository.ResolveRelease} {
-			err := op.Resolve(ctx, repository.ResolveParams{
+			err := f.op.Resolve(ctx, repository.ResolveParams{
 				Consumer: "billing", Key: "no-such-key", ExpectedOwner: "owner-a", Action: action, Now: at,
 			})
 			require.ErrorIs(t, err, repository.ErrNotFound, "%s", action)
-			err = op.Resolve(ctx, repository.ResolveParams{
+			err = f.op.Resolve(ctx, repository.ResolveParams{
 				Consumer: "shipping", Key: "order-1", ExpectedOwner: "owner-b", Action: action, Now: at.Add(2 * leaseLength),
 			})
 			require.ErrorIs(t, err, repository.ErrNotFound, "keys are scoped by consumer (%s)", action)
 		}
 	})
 
-	t.Run("ResolveOfExpiredRecordIsNotFound", func(t *testing.T) {
-		t.Parallel()
-		f, op := newOperatorFixture(t, b)
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
-		err := op.Resolve(t.Context(), repository.ResolveParams{
+	runCase(t, b, "ResolveOfExpiredRecordIsNotFound", func(t *testing.T, f *fixture) {
+		p := f.acquired(t, "billing", "order-1", "owner-a")
+		err := f.op.Resolve(t.Context(), repository.ResolveParams{
 			Consumer: "billing", Key: "order-1", ExpectedOwner: "owner-a", Action: repository.ResolveComplete, Now: p.ExpiresAt,
 		})
 		require.ErrorIs(t, err, repository.ErrNotFound, "a record past its ExpiresAt is gone for every backend")
-		require.Empty(t, listStuck(t, op, repository.ListStuckParams{Now: p.ExpiresAt}))
+		require.Empty(t, f.listStuck(t, repository.ListStuckParams{Now: p.ExpiresAt}))
 	})
 
-	t.Run("LongKeyIsResolvedByItsStoredKey", func(t *testing.T) {
-		t.Parallel()
-		f, op := newOperatorFixture(t, b)
+	runCase(t, b, "LongKeyIsResolvedByItsStoredKey", func(t *testing.T, f *fixture) {
 		long := strings.Repeat("k", repository.MaxKeyLength+1)
-		p := acquireParams("billing", long, "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+		p := f.acquired(t, "billing", long, "owner-a")
 		at := p.LeaseUntil
-		stuck := listStuck(t, op, repository.ListStuckParams{Consumer: "billing", Now: at})
+		stuck := f.listStuck(t, repository.ListStuckParams{Consumer: "billing", Now: at})
 		require.Len(t, stuck, 1)
 		require.Equal(t, repository.StorageKey(long), stuck[0].Key)
 
-		err := op.Resolve(t.Context(), repository.ResolveParams{
+		err := f.op.Resolve(t.Context(), repository.ResolveParams{
 			Consumer: "billing", Key: long, ExpectedOwner: "owner-a", Action: repository.ResolveComplete, Now: at,
 		})
 		require.ErrorIs(t, err, repository.ErrInvalidParams, "an original long key is not a stored key")
-		require.NoError(t, op.Resolve(t.Context(), repository.ResolveParams{
+		require.NoError(t, f.op.Resolve(t.Context(), repository.ResolveParams{
 			Consumer: "billing", Key: stuck[0].Key, ExpectedOwner: "owner-a", Action: repository.ResolveComplete, Now: at,
 		}))
 		require.Equal(t, repository.StateCompleted, f.get(t, "billing", long).State)
 	})
 
-	t.Run("ResolveRacingReclaimsHasOneWinner", func(t *testing.T) {
-		t.Parallel()
-		f, op := newOperatorFixture(t, b)
+	runCase(t, b, "ResolveRacingReclaimsHasOneWinner", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
 		const keys, racers = 10, 4 // per key: racers reclaims, racers completes, racers releases
 		base := acquireParams("billing", "k", "owner-a")
@@ -289,7 +264,7 @@ func runOperator(t *testing.T, b Backend) {
 					go func() {
 						defer wg.Done()
 						<-start
-						err := op.Resolve(ctx, repository.ResolveParams{
+						err := f.op.Resolve(ctx, repository.ResolveParams{
 							Consumer: "billing", Key: key, ExpectedOwner: "owner-a", Action: action,
 							Result: operatorResult, Now: at,
 						})
@@ -320,20 +295,18 @@ func runOperator(t *testing.T, b Backend) {
 		}
 	})
 
-	t.Run("InvalidParamsAreRefused", func(t *testing.T) {
-		t.Parallel()
-		f, op := newOperatorFixture(t, b)
+	runCase(t, b, "InvalidParamsAreRefused", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
 		now := time.Now()
 		for name, p := range map[string]repository.ListStuckParams{
 			"no now":         {Consumer: "billing"},
 			"negative limit": {Now: now, Limit: -1},
 		} {
-			_, err := op.ListStuck(ctx, p)
+			_, err := f.op.ListStuck(ctx, p)
 			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
 		}
 		for name, consumer := range invalidConsumers {
-			_, err := op.ListStuck(ctx, repository.ListStuckParams{Now: now, Consumer: consumer})
+			_, err := f.op.ListStuck(ctx, repository.ListStuckParams{Now: now, Consumer: consumer})
 			require.ErrorIs(t, err, repository.ErrInvalidParams, "list stuck: %s", name)
 		}
 		valid := repository.ResolveParams{Consumer: "billing", Key: "k", ExpectedOwner: "o", Action: repository.ResolveRelease, Now: now}
@@ -350,24 +323,17 @@ func runOperator(t *testing.T, b Backend) {
 		} {
 			p := valid
 			mutate(&p)
-			require.ErrorIs(t, op.Resolve(ctx, p), repository.ErrInvalidParams, name)
+			require.ErrorIs(t, f.op.Resolve(ctx, p), repository.ErrInvalidParams, name)
 		}
 		_, err := f.repo.Get(ctx, "billing", "k")
 		require.ErrorIs(t, err, repository.ErrNotFound)
 	})
 }
 
-func newOperatorFixture(t *testing.T, b Backend) (*fixture, repository.Operator) {
+// listStuck lists the stuck records p selects and requires no error.
+func (f *fixture) listStuck(t *testing.T, p repository.ListStuckParams) []repository.Record {
 	t.Helper()
-	f := newFixture(t, b)
-	op, ok := f.repo.(repository.Operator)
-	require.True(t, ok, "%s declares Features.Operator but %T does not implement repository.Operator", b.Name, f.repo)
-	return f, op
-}
-
-func listStuck(t *testing.T, op repository.Operator, p repository.ListStuckParams) []repository.Record {
-	t.Helper()
-	recs, err := op.ListStuck(context.Background(), p)
+	recs, err := f.op.ListStuck(context.Background(), p)
 	require.NoError(t, err)
 	return recs
 }

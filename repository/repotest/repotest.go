@@ -29,8 +29,11 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -127,13 +130,27 @@ func Run(t *testing.T, b Backend) {
 	}
 }
 
-// fixture is one case's or benchmark's repository on its own table.
+// fixture is one case's or benchmark's repository on its own table, with
+// the contracts its backend declares.
 type fixture struct {
 	b     Backend
 	table string
 	repo  Repository
 	tx    repository.Transactional
 	tp    repository.TwoPhase
+	op    repository.Operator
+	st    repository.Stats
+	batch repository.BatchTransactional
+}
+
+// runCase runs body as a parallel subtest of t named name, on a fixture
+// of its own: every case has a table no other case touches.
+func runCase(t *testing.T, b Backend, name string, body func(t *testing.T, f *fixture)) {
+	t.Helper()
+	t.Run(name, func(t *testing.T) {
+		t.Parallel()
+		body(t, newFixture(t, b))
+	})
 }
 
 func newFixture(t *testing.T, b Backend) *fixture {
@@ -151,21 +168,30 @@ func openFixture(b Backend, prefix string, newRepo func(table string) (Repositor
 	if f.repo, err = newRepo(f.table); err != nil {
 		return nil, fmt.Errorf("%s: New(%q): %w", b.Name, f.table, err)
 	}
-	f.tx, f.tp, err = capabilities(b.Name, b.Features, f.repo)
-	return f, err
+	return f, f.capabilities()
 }
 
-// capabilities returns repo as the contracts the backend declares, or an
-// error naming one it declares but does not implement.
-func capabilities(name string, f Features, repo Repository) (tx repository.Transactional, tp repository.TwoPhase, err error) {
-	var ok bool
-	if tx, ok = repo.(repository.Transactional); f.Transactional && !ok {
-		return nil, nil, fmt.Errorf("%s declares Features.Transactional but %T does not implement repository.Transactional", name, repo)
+// capabilities sets f's contracts from f.repo, or returns an error naming
+// each one the backend declares but does not implement.
+func (f *fixture) capabilities() error {
+	feat := f.b.Features
+	var errs [5]error
+	f.tx, errs[0] = contract[repository.Transactional](f, "Transactional", feat.Transactional)
+	f.tp, errs[1] = contract[repository.TwoPhase](f, "TwoPhase", feat.TwoPhase)
+	f.op, errs[2] = contract[repository.Operator](f, "Operator", feat.Operator)
+	f.st, errs[3] = contract[repository.Stats](f, "Stats", feat.Stats)
+	f.batch, errs[4] = contract[repository.BatchTransactional](f, "Batch", feat.Batch)
+	return errors.Join(errs[:]...)
+}
+
+// contract returns f.repo as C (nil if it is not one), and an error if the
+// backend declares feature but f.repo does not implement C.
+func contract[C any](f *fixture, feature string, declared bool) (C, error) {
+	c, ok := f.repo.(C)
+	if declared && !ok {
+		return c, fmt.Errorf("%s declares Features.%s but %T does not implement %s", f.b.Name, feature, f.repo, reflect.TypeFor[C]())
 	}
-	if tp, ok = repo.(repository.TwoPhase); f.TwoPhase && !ok {
-		return nil, nil, fmt.Errorf("%s declares Features.TwoPhase but %T does not implement repository.TwoPhase", name, repo)
-	}
-	return tx, tp, nil
+	return c, nil
 }
 
 // beginTx begins a transaction on the backend's DB that is rolled back
@@ -190,6 +216,51 @@ func (f *fixture) claim(t *testing.T, p repository.ClaimParams, result []byte) r
 	}
 	require.NoError(t, tx.Commit())
 	return c
+}
+
+// claimOpen claims p, requiring a fresh claim, in a transaction it leaves
+// open for the caller to end (rolled back when the test ends otherwise).
+func (f *fixture) claimOpen(t *testing.T, p repository.ClaimParams) *sql.Tx {
+	t.Helper()
+	tx := f.beginTx(t)
+	c, err := f.tx.ClaimTx(t.Context(), tx, p)
+	require.NoError(t, err)
+	require.True(t, c.Claimed, "%s: claim %q/%q must be fresh", f.b.Name, p.Consumer, p.Key)
+	return tx
+}
+
+// inTx runs fn in a transaction on db and commits it when fn returns nil;
+// otherwise it rolls the transaction back and returns fn's error.
+func inTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// race runs racer(i) for every i below n, each on its own goroutine, all
+// released at once, and returns when every racer has: the errors they
+// returned, by racer.
+func race(n int, racer func(i int) error) []error {
+	var (
+		start = make(chan struct{})
+		wg    sync.WaitGroup
+		errs  = make([]error, n)
+	)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			errs[i] = racer(i)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return errs
 }
 
 // RandomName returns prefix_ and 12 random hex digits: a table, key or

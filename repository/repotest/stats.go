@@ -11,9 +11,7 @@ import (
 func runStats(t *testing.T, b Backend) {
 	require.True(t, b.Features.TwoPhase, "%s: Features.Stats requires Features.TwoPhase", b.Name)
 
-	t.Run("CountsLiveRecordsByConsumerAndState", func(t *testing.T) {
-		t.Parallel()
-		f, st := newStatsFixture(t, b)
+	runCase(t, b, "CountsLiveRecordsByConsumerAndState", func(t *testing.T, f *fixture) {
 		now := time.Now().UTC().Truncate(time.Microsecond)
 		at := now.Add(5 * time.Minute) // the sample's time
 		day := 24 * time.Hour
@@ -49,7 +47,7 @@ func runStats(t *testing.T, b Backend) {
 			{Consumer: "billing", InProgress: 2, Stale: 3, Completed: 3},
 			{Consumer: "billing:eu", InProgress: 1},
 			{Consumer: "shipping", Stale: 1, Completed: 1},
-		}, countRecords(t, st, at), "sorted by consumer; records expired at the sample are not counted")
+		}, f.countRecords(t, at), "sorted by consumer; records expired at the sample are not counted")
 
 		require.Equal(t, []repository.RecordCount{
 			{Consumer: "bill*", InProgress: 1},
@@ -57,58 +55,43 @@ func runStats(t *testing.T, b Backend) {
 			{Consumer: "billing:eu", InProgress: 1},
 			{Consumer: "gone", InProgress: 1},
 			{Consumer: "shipping", InProgress: 1, Completed: 1},
-		}, countRecords(t, st, now), "at the acquire's time every lease is live and nothing has expired")
+		}, f.countRecords(t, now), "at the acquire's time every lease is live and nothing has expired")
 	})
 
-	t.Run("CountsFollowStateChanges", func(t *testing.T) {
-		t.Parallel()
-		f, st := newStatsFixture(t, b)
+	runCase(t, b, "CountsFollowStateChanges", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
-		q := acquireParams("billing", "order-2", "owner-a")
-		require.True(t, f.acquire(t, q).Acquired)
+		p := f.acquired(t, "billing", "order-1", "owner-a")
+		f.acquired(t, "billing", "order-2", "owner-a")
 		at := p.LeaseUntil.Add(time.Minute)
-		require.Equal(t, []repository.RecordCount{{Consumer: "billing", Stale: 2}}, countRecords(t, st, at))
+		require.Equal(t, []repository.RecordCount{{Consumer: "billing", Stale: 2}}, f.countRecords(t, at))
 
 		_, err := f.tp.Reclaim(ctx, repository.ReclaimParams{
 			Consumer: "billing", Key: "order-1", PrevOwner: "owner-a", Owner: "owner-b", Now: at, LeaseUntil: at.Add(leaseLength),
 		})
 		require.NoError(t, err)
-		require.Equal(t, []repository.RecordCount{{Consumer: "billing", InProgress: 1, Stale: 1}}, countRecords(t, st, at),
+		require.Equal(t, []repository.RecordCount{{Consumer: "billing", InProgress: 1, Stale: 1}}, f.countRecords(t, at),
 			"a reclaimed record is live again")
 
 		require.NoError(t, f.tp.Complete(ctx, repository.CompleteParams{Consumer: "billing", Key: "order-1", Owner: "owner-b", Now: at}))
 		require.NoError(t, f.tp.Release(ctx, repository.LeaseParams{Consumer: "billing", Key: "order-2", Owner: "owner-a"}))
-		require.Equal(t, []repository.RecordCount{{Consumer: "billing", Completed: 1}}, countRecords(t, st, at),
+		require.Equal(t, []repository.RecordCount{{Consumer: "billing", Completed: 1}}, f.countRecords(t, at),
 			"completed counts once, a released record not at all")
 	})
 
-	t.Run("EmptyStoreHasNoCounts", func(t *testing.T) {
-		t.Parallel()
-		_, st := newStatsFixture(t, b)
-		require.Empty(t, countRecords(t, st, time.Now()))
+	runCase(t, b, "EmptyStoreHasNoCounts", func(t *testing.T, f *fixture) {
+		require.Empty(t, f.countRecords(t, time.Now()))
 	})
 
-	t.Run("ZeroNowIsRefused", func(t *testing.T) {
-		t.Parallel()
-		_, st := newStatsFixture(t, b)
-		_, err := st.CountRecords(t.Context(), time.Time{})
+	runCase(t, b, "ZeroNowIsRefused", func(t *testing.T, f *fixture) {
+		_, err := f.st.CountRecords(t.Context(), time.Time{})
 		require.ErrorIs(t, err, repository.ErrInvalidParams)
 	})
 }
 
-func newStatsFixture(t *testing.T, b Backend) (*fixture, repository.Stats) {
+// countRecords counts the records live at now and requires no error.
+func (f *fixture) countRecords(t *testing.T, now time.Time) []repository.RecordCount {
 	t.Helper()
-	f := newFixture(t, b)
-	st, ok := f.repo.(repository.Stats)
-	require.True(t, ok, "%s declares Features.Stats but %T does not implement repository.Stats", b.Name, f.repo)
-	return f, st
-}
-
-func countRecords(t *testing.T, st repository.Stats, now time.Time) []repository.RecordCount {
-	t.Helper()
-	counts, err := st.CountRecords(t.Context(), now)
+	counts, err := f.st.CountRecords(t.Context(), now)
 	require.NoError(t, err)
 	return counts
 }

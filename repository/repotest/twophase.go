@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,9 +18,7 @@ import (
 const leaseLength = time.Minute
 
 func runTwoPhase(t *testing.T, b Backend) {
-	t.Run("FreshAcquire", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "FreshAcquire", func(t *testing.T, f *fixture) {
 		p := acquireParams("billing", "order-1", "owner-a")
 
 		a := f.acquire(t, p)
@@ -29,22 +26,16 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Zero(t, a.Existing)
 
 		rec := f.get(t, "billing", "order-1")
-		require.Equal(t, "billing", rec.Consumer)
-		require.Equal(t, "order-1", rec.Key)
+		requireFirstRecord(t, repository.ClaimParams{
+			Consumer: p.Consumer, Key: p.Key, PayloadHash: p.PayloadHash, Now: p.Now, ExpiresAt: p.ExpiresAt,
+		}, rec)
 		require.Equal(t, repository.StateInProgress, rec.State)
-		require.Equal(t, p.PayloadHash, rec.PayloadHash)
-		require.Nil(t, rec.Result)
-		require.Equal(t, 1, rec.Attempts)
 		require.Equal(t, "owner-a", rec.LeaseOwner)
 		requireTime(t, p.LeaseUntil, rec.LeaseUntil, "LeaseUntil")
-		requireTime(t, p.Now, rec.CreatedAt, "CreatedAt")
 		require.True(t, rec.CompletedAt.IsZero(), "CompletedAt %s, want zero before completion", rec.CompletedAt)
-		requireTime(t, p.ExpiresAt, rec.ExpiresAt, "ExpiresAt")
 	})
 
-	t.Run("AcquireOfCompletedIsDuplicate", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "AcquireOfCompletedIsDuplicate", func(t *testing.T, f *fixture) {
 		first := acquireParams("billing", "order-1", "owner-a")
 		first.PayloadHash = repository.HashPayload([]byte{0, 1, 2, 0xff})
 		require.True(t, f.acquire(t, first).Acquired)
@@ -70,11 +61,8 @@ func runTwoPhase(t *testing.T, b Backend) {
 		requireTime(t, first.Now, a.Existing.CreatedAt, "CreatedAt")
 	})
 
-	t.Run("LiveLeaseIsBusy", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
-		first := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, first).Acquired)
+	runCase(t, b, "LiveLeaseIsBusy", func(t *testing.T, f *fixture) {
+		first := f.acquired(t, "billing", "order-1", "owner-a")
 
 		second := acquireParams("billing", "order-1", "owner-b")
 		second.Now = first.LeaseUntil.Add(-time.Microsecond)
@@ -87,11 +75,8 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Equal(t, "owner-a", f.get(t, "billing", "order-1").LeaseOwner, "a busy acquire must not change the record")
 	})
 
-	t.Run("ExpiredLeaseIsStale", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
-		first := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, first).Acquired)
+	runCase(t, b, "ExpiredLeaseIsStale", func(t *testing.T, f *fixture) {
+		first := f.acquired(t, "billing", "order-1", "owner-a")
 
 		for _, now := range []time.Time{first.LeaseUntil, first.LeaseUntil.Add(time.Hour)} {
 			second := acquireParams("billing", "order-1", "owner-b")
@@ -107,12 +92,9 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Equal(t, 1, rec.Attempts)
 	})
 
-	t.Run("CompleteStoresResultThenDuplicate", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "CompleteStoresResultThenDuplicate", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+		p := f.acquired(t, "billing", "order-1", "owner-a")
 		done := p.Now.Add(time.Second)
 		require.NoError(t, f.tp.Complete(ctx, repository.CompleteParams{
 			Consumer: "billing", Key: "order-1", Owner: "owner-a", Result: []byte("result-1"), Now: done,
@@ -148,11 +130,8 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Equal(t, []byte("result-1"), rec.Result)
 	})
 
-	t.Run("CompleteWithoutResultStoresNil", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+	runCase(t, b, "CompleteWithoutResultStoresNil", func(t *testing.T, f *fixture) {
+		p := f.acquired(t, "billing", "order-1", "owner-a")
 		require.NoError(t, f.tp.Complete(t.Context(), repository.CompleteParams{
 			Consumer: "billing", Key: "order-1", Owner: "owner-a", Now: p.Now,
 		}))
@@ -161,12 +140,9 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Nil(t, rec.Result)
 	})
 
-	t.Run("ReleaseDeletesSoNextAcquireWins", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "ReleaseDeletesSoNextAcquireWins", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+		f.acquired(t, "billing", "order-1", "owner-a")
 		require.NoError(t, f.tp.Release(ctx, repository.LeaseParams{Consumer: "billing", Key: "order-1", Owner: "owner-a"}))
 
 		_, err := f.repo.Get(ctx, "billing", "order-1")
@@ -183,12 +159,9 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Equal(t, "owner-b", f.get(t, "billing", "order-1").LeaseOwner)
 	})
 
-	t.Run("ExtendMovesDeadline", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "ExtendMovesDeadline", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+		p := f.acquired(t, "billing", "order-1", "owner-a")
 		extended := p.LeaseUntil.Add(10 * time.Minute)
 		require.NoError(t, f.tp.Extend(ctx, repository.LeaseParams{Consumer: "billing", Key: "order-1", Owner: "owner-a", LeaseUntil: extended}))
 
@@ -214,12 +187,9 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.NoError(t, f.tp.Complete(ctx, repository.CompleteParams{Consumer: "billing", Key: "order-1", Owner: "owner-a", Now: later}))
 	})
 
-	t.Run("ReclaimTakesOverExpiredLease", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "ReclaimTakesOverExpiredLease", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+		p := f.acquired(t, "billing", "order-1", "owner-a")
 
 		// The lease is expired at its deadline (LeaseUntil not after Now).
 		now := p.LeaseUntil
@@ -248,12 +218,9 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Equal(t, []byte("by-b"), got.Result)
 	})
 
-	t.Run("ReclaimRefusedUnlessPrevOwnerHoldsExpiredLease", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "ReclaimRefusedUnlessPrevOwnerHoldsExpiredLease", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+		p := f.acquired(t, "billing", "order-1", "owner-a")
 		expired := p.LeaseUntil.Add(time.Second)
 
 		for name, rp := range map[string]repository.ReclaimParams{
@@ -283,12 +250,9 @@ func runTwoPhase(t *testing.T, b Backend) {
 		requireTime(t, p.LeaseUntil, rec.LeaseUntil, "LeaseUntil")
 	})
 
-	t.Run("StaleOwnerIsFenced", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "StaleOwnerIsFenced", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
-		p := acquireParams("billing", "order-1", "owner-a")
-		require.True(t, f.acquire(t, p).Acquired)
+		p := f.acquired(t, "billing", "order-1", "owner-a")
 		now := p.LeaseUntil.Add(time.Second)
 		newLease := now.Add(leaseLength)
 		_, err := f.tp.Reclaim(ctx, repository.ReclaimParams{
@@ -317,9 +281,7 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Equal(t, []byte("fresh"), f.get(t, "billing", "order-1").Result)
 	})
 
-	t.Run("LeaseOperationsOnMissingRecordAreLeaseLost", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "LeaseOperationsOnMissingRecordAreLeaseLost", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
 		lease := repository.LeaseParams{Consumer: "billing", Key: "never-acquired", Owner: "owner-a", LeaseUntil: time.Now().Add(time.Hour)}
 		require.ErrorIs(t, f.tp.Extend(ctx, lease), repository.ErrLeaseLost)
@@ -331,46 +293,33 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.ErrorIs(t, err, repository.ErrNotFound, "a refused complete must not create a record")
 	})
 
-	t.Run("SameKeyUnderTwoConsumersIsTwoRecords", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "SameKeyUnderTwoConsumersIsTwoRecords", func(t *testing.T, f *fixture) {
 		require.True(t, f.acquire(t, acquireParams("billing", "order-1", "owner-a")).Acquired)
 		require.True(t, f.acquire(t, acquireParams("shipping", "order-1", "owner-b")).Acquired)
 		require.NoError(t, f.tp.Release(t.Context(), repository.LeaseParams{Consumer: "billing", Key: "order-1", Owner: "owner-a"}))
 		require.Equal(t, "owner-b", f.get(t, "shipping", "order-1").LeaseOwner)
 	})
 
-	t.Run("ConcurrentAcquiresOneOwner", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "ConcurrentAcquiresOneOwner", func(t *testing.T, f *fixture) {
 		ctx := context.Background()
 		base := acquireParams("billing", "order-1", "unused")
 
 		var (
-			start    = make(chan struct{})
-			wg       sync.WaitGroup
-			winners  atomic.Int32
-			results  = make([]repository.Acquisition, Racers)
-			failures = make([]error, Racers)
+			winners atomic.Int32
+			results = make([]repository.Acquisition, Racers)
 		)
-		for i := range Racers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				p := base
-				p.Owner = fmt.Sprintf("owner-%d", i)
-				// Expiries days apart, as redeliveries compute them:
-				// they must not take part in deciding the race.
-				p.ExpiresAt = p.Now.Add(24*time.Hour + time.Duration(i%4)*25*time.Hour)
-				<-start
-				results[i], failures[i] = f.tp.Acquire(ctx, p)
-				if failures[i] == nil && results[i].Acquired {
-					winners.Add(1)
-				}
-			}()
-		}
-		close(start)
-		wg.Wait()
+		failures := race(Racers, func(i int) (err error) {
+			p := base
+			p.Owner = fmt.Sprintf("owner-%d", i)
+			// Expiries days apart, as redeliveries compute them:
+			// they must not take part in deciding the race.
+			p.ExpiresAt = p.Now.Add(24*time.Hour + time.Duration(i%4)*25*time.Hour)
+			results[i], err = f.tp.Acquire(ctx, p)
+			if err == nil && results[i].Acquired {
+				winners.Add(1)
+			}
+			return err
+		})
 
 		for i, err := range failures {
 			require.NoError(t, err, "racer %d", i)
@@ -394,33 +343,19 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Equal(t, 1, rec.Attempts)
 	})
 
-	t.Run("ConcurrentReclaimsOneWinner", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "ConcurrentReclaimsOneWinner", func(t *testing.T, f *fixture) {
 		ctx := context.Background()
-		p := acquireParams("billing", "order-1", "owner-crashed")
-		require.True(t, f.acquire(t, p).Acquired)
+		p := f.acquired(t, "billing", "order-1", "owner-crashed")
 		now := p.LeaseUntil.Add(time.Second)
 
-		var (
-			start    = make(chan struct{})
-			wg       sync.WaitGroup
-			records  = make([]repository.Record, Racers)
-			failures = make([]error, Racers)
-		)
-		for i := range Racers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				records[i], failures[i] = f.tp.Reclaim(ctx, repository.ReclaimParams{
-					Consumer: "billing", Key: "order-1", PrevOwner: "owner-crashed",
-					Owner: fmt.Sprintf("owner-%d", i), Now: now, LeaseUntil: now.Add(leaseLength),
-				})
-			}()
-		}
-		close(start)
-		wg.Wait()
+		records := make([]repository.Record, Racers)
+		failures := race(Racers, func(i int) (err error) {
+			records[i], err = f.tp.Reclaim(ctx, repository.ReclaimParams{
+				Consumer: "billing", Key: "order-1", PrevOwner: "owner-crashed",
+				Owner: fmt.Sprintf("owner-%d", i), Now: now, LeaseUntil: now.Add(leaseLength),
+			})
+			return err
+		})
 
 		winner := -1
 		for i, err := range failures {
@@ -439,52 +374,35 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.Equal(t, 2, rec.Attempts, "attempts must be incremented exactly once")
 	})
 
-	t.Run("AcquireReleaseChurnKeepsOneHolder", func(t *testing.T) {
+	runCase(t, b, "AcquireReleaseChurnKeepsOneHolder", func(t *testing.T, f *fixture) {
 		// Acquires race with releases of the same key, so an Acquire can
 		// collide with a record that is gone before it reads it; it must
 		// neither fail nor let two holders in.
-		t.Parallel()
-		f := newFixture(t, b)
 		ctx := context.Background()
 		const workers, rounds = 8, 40
 
-		var (
-			start    = make(chan struct{})
-			wg       sync.WaitGroup
-			inside   atomic.Int32
-			overlaps atomic.Int32
-			acquired atomic.Int32
-			failures = make([]error, workers)
-		)
-		for w := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				for i := range rounds {
-					p := acquireParams("billing", "order-1", fmt.Sprintf("owner-%d-%d", w, i))
-					a, err := f.tp.Acquire(ctx, p)
-					if err != nil {
-						failures[w] = err
-						return
-					}
-					if !a.Acquired {
-						continue
-					}
-					acquired.Add(1)
-					if inside.Add(1) != 1 {
-						overlaps.Add(1)
-					}
-					inside.Add(-1)
-					if err := f.tp.Release(ctx, repository.LeaseParams{Consumer: p.Consumer, Key: p.Key, Owner: p.Owner}); err != nil {
-						failures[w] = err
-						return
-					}
+		var inside, overlaps, acquired atomic.Int32
+		failures := race(workers, func(w int) error {
+			for i := range rounds {
+				p := acquireParams("billing", "order-1", fmt.Sprintf("owner-%d-%d", w, i))
+				a, err := f.tp.Acquire(ctx, p)
+				if err != nil {
+					return err
 				}
-			}()
-		}
-		close(start)
-		wg.Wait()
+				if !a.Acquired {
+					continue
+				}
+				acquired.Add(1)
+				if inside.Add(1) != 1 {
+					overlaps.Add(1)
+				}
+				inside.Add(-1)
+				if err := f.tp.Release(ctx, repository.LeaseParams{Consumer: p.Consumer, Key: p.Key, Owner: p.Owner}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 
 		for w, err := range failures {
 			require.NoError(t, err, "worker %d", w)
@@ -495,9 +413,7 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.ErrorIs(t, err, repository.ErrNotFound, "every holder released")
 	})
 
-	t.Run("LongKeyIsHashedNotTruncated", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "LongKeyIsHashedNotTruncated", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
 		prefix := strings.Repeat("k", repository.MaxKeyLength)
 		long1, long2 := prefix+"-one", prefix+"-two"
@@ -521,9 +437,7 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.True(t, f.acquire(t, acquireParams("billing", repository.StorageKey(long1), "owner-a")).Acquired)
 	})
 
-	t.Run("UnstorableKeysAreStoredSafely", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "UnstorableKeysAreStoredSafely", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
 		for _, k := range unstorable {
 			require.True(t, f.acquire(t, acquireParams("billing", k.value, "owner-a")).Acquired, k.name)
@@ -543,9 +457,7 @@ func runTwoPhase(t *testing.T, b Backend) {
 		require.True(t, f.acquire(t, acquireParams("other", k, "owner-b")).Acquired)
 	})
 
-	t.Run("InvalidParamsAreRefused", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, b)
+	runCase(t, b, "InvalidParamsAreRefused", func(t *testing.T, f *fixture) {
 		ctx := t.Context()
 		longOwner := strings.Repeat("o", repository.MaxOwnerLength+1)
 
@@ -642,6 +554,15 @@ func (f *fixture) acquire(t *testing.T, p repository.AcquireParams) repository.A
 	return a
 }
 
+// acquired acquires key for owner with acquireParams, requires a fresh
+// acquisition and returns the params it used.
+func (f *fixture) acquired(t *testing.T, consumer, key, owner string) repository.AcquireParams {
+	t.Helper()
+	p := acquireParams(consumer, key, owner)
+	require.True(t, f.acquire(t, p).Acquired, "%s: acquire %q/%q by %q must be fresh", f.b.Name, consumer, key, owner)
+	return p
+}
+
 // get reads a record and requires it to exist.
 func (f *fixture) get(t *testing.T, consumer, key string) repository.Record {
 	t.Helper()
@@ -683,6 +604,21 @@ func acquireParams(consumer, key, owner string) repository.AcquireParams {
 	c := ClaimParams(consumer, key)
 	return repository.AcquireParams{Consumer: c.Consumer, Key: c.Key, PayloadHash: c.PayloadHash,
 		Owner: owner, Now: c.Now, LeaseUntil: c.Now.Add(leaseLength), ExpiresAt: c.ExpiresAt}
+}
+
+// requireFirstRecord checks what a record stored by the first claim or
+// acquire of p holds, whatever its state: p's consumer, key and payload
+// hash, no result, one attempt, created at p.Now and expiring at
+// p.ExpiresAt.
+func requireFirstRecord(t *testing.T, p repository.ClaimParams, rec repository.Record) {
+	t.Helper()
+	require.Equal(t, p.Consumer, rec.Consumer)
+	require.Equal(t, p.Key, rec.Key)
+	require.Equal(t, p.PayloadHash, rec.PayloadHash)
+	require.Nil(t, rec.Result)
+	require.Equal(t, 1, rec.Attempts)
+	requireTime(t, p.Now, rec.CreatedAt, "CreatedAt")
+	requireTime(t, p.ExpiresAt, rec.ExpiresAt, "ExpiresAt")
 }
 
 func requireTime(t *testing.T, want, got time.Time, field string) {

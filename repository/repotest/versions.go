@@ -51,15 +51,13 @@ func RunVersionGuard(t *testing.T, b VersionBackend) {
 		return s
 	}
 	// advance runs one AdvanceTx in its own committed transaction.
-	advance := func(t *testing.T, s VersionStore, p repository.AdvanceParams) bool {
+	advance := func(t *testing.T, s VersionStore, p repository.AdvanceParams) (applied bool) {
 		t.Helper()
 		ctx := context.Background()
-		tx, err := b.DB.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback() }()
-		applied, err := s.AdvanceTx(ctx, tx, p)
-		require.NoError(t, err, "%s: advance %+v", b.Name, p)
-		require.NoError(t, tx.Commit())
+		require.NoError(t, inTx(ctx, b.DB, func(tx *sql.Tx) (err error) {
+			applied, err = s.AdvanceTx(ctx, tx, p)
+			return err
+		}), "%s: advance %+v", b.Name, p)
 		return applied
 	}
 	last := func(t *testing.T, s VersionStore, consumer, entity string) int64 {
@@ -199,27 +197,25 @@ func RunVersionGuard(t *testing.T, b VersionBackend) {
 		)
 		try := func(d delivery) error {
 			ctx := context.Background()
-			tx, err := b.DB.BeginTx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = tx.Rollback() }()
-			ok, err := s.AdvanceTx(ctx, tx, repository.AdvanceParams{Consumer: "orders", Entity: d.entity, Version: d.version})
-			if err != nil {
-				return fmt.Errorf("%w: %w", errRetryLater, err)
-			}
-			if ok {
-				// The entity's row is locked until commit: deliveries of
-				// one entity pass here one at a time, in lock order.
-				mu.Lock()
-				if prev := lastApplied[d.entity]; prev >= d.version {
-					violations = append(violations, fmt.Sprintf("%s: applied %d after %d", d.entity, d.version, prev))
+			var ok bool
+			if err := inTx(ctx, b.DB, func(tx *sql.Tx) (err error) {
+				ok, err = s.AdvanceTx(ctx, tx, repository.AdvanceParams{Consumer: "orders", Entity: d.entity, Version: d.version})
+				if err != nil {
+					return fmt.Errorf("%w: %w", errRetryLater, err)
 				}
-				lastApplied[d.entity] = d.version
-				appliedByVer[d]++
-				mu.Unlock()
-			}
-			if err := tx.Commit(); err != nil {
+				if ok {
+					// The entity's row is locked until commit: deliveries of
+					// one entity pass here one at a time, in lock order.
+					mu.Lock()
+					if prev := lastApplied[d.entity]; prev >= d.version {
+						violations = append(violations, fmt.Sprintf("%s: applied %d after %d", d.entity, d.version, prev))
+					}
+					lastApplied[d.entity] = d.version
+					appliedByVer[d]++
+					mu.Unlock()
+				}
+				return nil
+			}); err != nil {
 				return err
 			}
 			if ok {
