@@ -42,9 +42,11 @@ bench:
 # pg_createcluster, which needs root or the postgres user) restarted and
 # cut off mid-stream, the outbox relay and its LISTEN connection killed; a
 # ledger counts doubled and lost effects. chaos is the full configuration
-# (thousands of orders, minutes); chaos-ci the small one .ci/run runs.
+# (thousands of orders, minutes); chaos-ci the small one .ci/run runs,
+# once in the default mode and once with group commit (batches of 8).
 chaos:
 	$(GO) run ./internal/chaos/cmd/chaos -config full
 
 chaos-ci:
 	$(GO) run ./internal/chaos/cmd/chaos -config ci
+	$(GO) run ./internal/chaos/cmd/chaos -config ci -batch 8
