@@ -112,13 +112,7 @@ func (b beginner) BeginClaim(ctx context.Context, p repository.ClaimParams) (mid
 	if err == nil {
 		return inboxTx{pooledTx{tx, conn}, b.repo}, repository.Claim{Claimed: true}, nil
 	}
-	taken := repository.IsUniqueViolation(err)
-	if rerr := rollback(ctx, conn); rerr != nil {
-		conn.Release() // the pool drops a connection left in a transaction
-		return nil, repository.Claim{}, errors.Join(err, rerr)
-	}
-	if !taken {
-		conn.Release()
+	if err := endFailedClaim(ctx, conn, err); err != nil {
 		return nil, repository.Claim{}, err
 	}
 	rec, err := b.repo.GetOn(ctx, pgxexec.Exec(conn), p.Consumer, p.Key)
@@ -154,9 +148,7 @@ func (b beginner) BeginClaimBatch(ctx context.Context, params []repository.Claim
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := b.opts
-	opts.BeginQuery = beginSQL(b.opts) + "; " + claim
-	tx, err := conn.BeginTx(ctx, opts)
+	tx, err := b.beginWith(ctx, conn, claim)
 	if err == nil {
 		claims := make([]repository.Claim, len(params))
 		for k := range claims {
@@ -164,13 +156,7 @@ func (b beginner) BeginClaimBatch(ctx context.Context, params []repository.Claim
 		}
 		return inboxTx{pooledTx{tx, conn}, b.repo}, claims, nil
 	}
-	taken := repository.IsUniqueViolation(err)
-	if rerr := rollback(ctx, conn); rerr != nil {
-		conn.Release()
-		return nil, nil, errors.Join(err, rerr)
-	}
-	if !taken {
-		conn.Release()
+	if err := endFailedClaim(ctx, conn, err); err != nil {
 		return nil, nil, err
 	}
 	if tx, err = conn.BeginTx(ctx, b.opts); err != nil {
@@ -204,9 +190,32 @@ func (b beginner) beginClaim(ctx context.Context, conn *pgxpool.Conn, p reposito
 			return nil, err
 		}
 	}
+	return b.beginWith(ctx, conn, claim)
+}
+
+// beginWith begins a transaction on conn whose BEGIN carries query in the
+// same round trip ("begin; query").
+func (b beginner) beginWith(ctx context.Context, conn *pgxpool.Conn, query string) (pgx.Tx, error) {
 	opts := b.opts
-	opts.BeginQuery = beginSQL(b.opts) + "; " + claim
+	opts.BeginQuery = beginSQL(b.opts) + "; " + query
 	return conn.BeginTx(ctx, opts)
+}
+
+// endFailedClaim ends the transaction that err, the failure of a claim
+// sent with BEGIN, left on conn. It returns nil when err is a unique
+// violation (a key is taken), with conn still acquired for the caller to
+// read or claim on; otherwise it releases conn and returns the error.
+func endFailedClaim(ctx context.Context, conn *pgxpool.Conn, err error) error {
+	taken := repository.IsUniqueViolation(err)
+	if rerr := rollback(ctx, conn); rerr != nil {
+		conn.Release() // the pool drops a connection left in a transaction
+		return errors.Join(err, rerr)
+	}
+	if !taken {
+		conn.Release()
+		return err
+	}
+	return nil
 }
 
 // rollback ends the transaction a failed claim left on conn, if any.
