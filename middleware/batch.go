@@ -116,7 +116,6 @@ type delivery struct {
 	outcome  Outcome
 	err      error
 	produced int // messages the handler returned
-	batch    int // deliveries committed with this one; 0: none committed
 }
 
 // handleBatched is handle in batch mode: the delivery joins the next
@@ -143,8 +142,8 @@ func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*m
 		return replay(ctx, obs, *d.existing, d.hash)
 	}
 	var fields watermill.LogFields
-	if obs.fields != nil && d.batch > 0 { // built only for a logger that writes it
-		fields = watermill.LogFields{"batch": d.batch}
+	if obs.fields != nil && obs.d.Batch > 0 { // built only for a logger that writes it
+		fields = watermill.LogFields{"batch": obs.d.Batch}
 		if d.outcome == OutcomeProcessed {
 			fields["produced"] = d.produced
 		}
@@ -310,7 +309,7 @@ func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery,
 		rest = append(rest, d)
 	}
 	for _, d := range rest {
-		if err := b.runOne(tx, d, len(rest)); err != nil {
+		if err := b.runOne(tx, d); err != nil {
 			if b.retryable(err) || inFailedTx(err) {
 				// The transaction was lost under this handler, not by it.
 				return rest, nil, err
@@ -383,7 +382,7 @@ func claimAll(ctx context.Context, tx InboxTx, params []repository.ClaimParams) 
 
 // runOne runs d's handler on the shared transaction and stores its result
 // there, as handle does for a delivery of its own.
-func (b *batcher) runOne(tx InboxTx, d *delivery, size int) (err error) {
+func (b *batcher) runOne(tx InboxTx, d *delivery) (err error) {
 	msg := d.msg
 	original := msg.Context()
 	msg.SetContext(withScope(withKey(tx.WithTx(withInboxTx(d.ctx)), d.key), d.scope))
@@ -406,7 +405,7 @@ func (b *batcher) runOne(tx InboxTx, d *delivery, size int) (err error) {
 	if out, err = b.inbox.storeOutput(finish, tx, d.scope, d.key, out); err != nil {
 		return err
 	}
-	d.out, d.outcome, d.err, d.produced, d.batch = out, OutcomeProcessed, nil, produced, size
+	d.out, d.outcome, d.err, d.produced = out, OutcomeProcessed, nil, produced
 	if stale {
 		d.outcome = OutcomeStaleVersion
 	}
@@ -433,7 +432,7 @@ func inFailedTx(err error) bool {
 
 // fail sets d's outcome to err, with nothing committed, and returns d.
 func (d *delivery) fail(err error) *delivery {
-	d.out, d.outcome, d.err, d.batch = nil, OutcomeFailed, err, 0
+	d.out, d.outcome, d.err = nil, OutcomeFailed, err
 	return d
 }
 
