@@ -167,14 +167,15 @@ func (o observability) begin(msg *message.Message, scope string) (*observation, 
 		logger:   o.logger,
 		observer: o.observer,
 	}
+	if msg.Metadata.Get(traceparentKey) != "" {
+		// The message's trace continues in our span, or without one (no
+		// tracer) in the handler's and the outputs' context.
+		// TraceContext's Extract returns ctx as it is for an invalid
+		// traceparent; asking for it first spares the call when there is
+		// none.
+		ctx = o.propagator.Extract(ctx, metadataCarrier(msg.Metadata))
+	}
 	if o.tracer != nil {
-		// Extract reads traceparent and nothing else when it is missing;
-		// asking first spares the context lookup after it.
-		if msg.Metadata.Get(traceparentKey) != "" {
-			if parent := o.propagator.Extract(ctx, metadataCarrier(msg.Metadata)); trace.SpanContextFromContext(parent).IsValid() {
-				ctx = parent
-			}
-		}
 		name := "inbox"
 		if scope != "" {
 			name += " " + scope
@@ -187,10 +188,6 @@ func (o observability) begin(msg *message.Message, scope string) (*observation, 
 				attribute.String("messaging.message.id", msg.UUID),
 			))
 		obs.recording = obs.span.IsRecording()
-	} else if msg.Metadata.Get(traceparentKey) != "" {
-		// No span of ours, but the handler's and the outputs' context
-		// still continue the message's trace.
-		ctx = o.propagator.Extract(ctx, metadataCarrier(msg.Metadata))
 	}
 	if !o.quiet {
 		obs.fields = watermill.LogFields{"consumer": scope, "message_uuid": msg.UUID, "correlation_id": correlationID}
