@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -72,42 +71,35 @@ func runBatch(t *testing.T, b Backend) {
 	runCase(t, b, "RacingBatchesClaimEachKeyOnce", func(t *testing.T, f *fixture) {
 		const keys, racers = 40, 8
 		var (
-			wg       sync.WaitGroup
-			won      = make([]atomic.Int32, keys)
-			failures = make([]error, racers)
-			retries  atomic.Int32
+			won     = make([]atomic.Int32, keys)
+			retries atomic.Int32
 		)
-		for r := range racers {
-			wg.Go(func() {
-				// Each racer claims its own shuffled half of the keys: the
-				// batches overlap in different orders.
-				perm := rand.Perm(keys)[:keys/2]
-				params := make([]repository.ClaimParams, len(perm))
-				for i, k := range perm {
-					params[i] = ClaimParams("billing", fmt.Sprintf("key-%02d", k))
+		failures := race(racers, func(r int) error {
+			// Each racer claims its own shuffled half of the keys: the
+			// batches overlap in different orders.
+			perm := rand.Perm(keys)[:keys/2]
+			params := make([]repository.ClaimParams, len(perm))
+			for i, k := range perm {
+				params[i] = ClaimParams("billing", fmt.Sprintf("key-%02d", k))
+			}
+			for range 20 {
+				claims, err := claimOnce(f, params)
+				if f.batch.RetryableTx(err) {
+					retries.Add(1)
+					continue
 				}
-				failures[r] = func() error {
-					for range 20 {
-						claims, err := claimOnce(f, params)
-						if f.batch.RetryableTx(err) {
-							retries.Add(1)
-							continue
-						}
-						if err != nil {
-							return err
-						}
-						for i, c := range claims {
-							if c.Claimed {
-								won[perm[i]].Add(1)
-							}
-						}
-						return nil
+				if err != nil {
+					return err
+				}
+				for i, c := range claims {
+					if c.Claimed {
+						won[perm[i]].Add(1)
 					}
-					return fmt.Errorf("racer %d: still failing after 20 attempts", r)
-				}()
-			})
-		}
-		wg.Wait()
+				}
+				return nil
+			}
+			return fmt.Errorf("racer %d: still failing after 20 attempts", r)
+		})
 		for _, err := range failures {
 			require.NoError(t, err)
 		}
