@@ -41,16 +41,15 @@ func TestBeginClaimBatch(t *testing.T) {
 		return []*message.Message{message.NewMessage("out-"+msg.UUID, msg.Payload)}, err
 	})
 	deliver := func(keys []string) [][]*message.Message {
-		outs := make([][]*message.Message, len(keys))
+		outs, errs := make([][]*message.Message, len(keys)), make([]error, len(keys))
 		var wg sync.WaitGroup
 		for k, key := range keys {
-			wg.Go(func() {
-				var err error
-				outs[k], err = mw(message.NewMessage(key, []byte("p-"+key)))
-				require.NoError(t, err)
-			})
+			wg.Go(func() { outs[k], errs[k] = mw(message.NewMessage(key, []byte("p-"+key))) })
 		}
 		wg.Wait()
+		for k, err := range errs {
+			require.NoError(t, err, "delivery of %s", keys[k])
+		}
 		return outs
 	}
 	keys := func(from, to int) []string {
