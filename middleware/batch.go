@@ -285,7 +285,8 @@ func (b *batcher) run(live []*delivery) {
 // undecided (duplicates are answered at once), and on error the
 // delivery to blame, if any.
 func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery, err error) {
-	// Not bound to a delivery's context, for the reason given in beginClaim.
+	// Not bound to a delivery's context, for the reason given in
+	// Inbox.beginClaim.
 	ctx := context.WithoutCancel(live[0].ctx)
 	tx, claims, took, err := b.beginClaim(ctx, live)
 	if err != nil {
