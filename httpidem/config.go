@@ -224,7 +224,11 @@ func (c Config) Validate() error {
 	// once's settings: its Validate is the one rule for them.
 	if c.Repository != nil {
 		if err := c.onceConfig().Validate(); err != nil {
-			errs = append(errs, errors.Unwrap(err))
+			// Drop once's "invalid once config:" prefix when it has one.
+			if inner := errors.Unwrap(err); inner != nil {
+				err = inner
+			}
+			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

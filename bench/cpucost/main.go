@@ -146,6 +146,11 @@ func run(n, c, repeat int, only string) error {
 	}
 	if only != "" {
 		ids := strings.Split(only, ",")
+		for _, id := range ids {
+			if !slices.ContainsFunc(modes, func(m mode) bool { return m.id == id }) {
+				return fmt.Errorf("-only: unknown mode %q (modes at -c %d: A, B, G%d, G%d)", id, c, c, max(c/2, 2))
+			}
+		}
 		modes = slices.DeleteFunc(modes, func(m mode) bool { return !slices.Contains(ids, m.id) })
 	}
 	fmt.Printf("cpucost: %d deliveries per run, %d in flight, load average %s\n", n, c, proc.LoadAverage())
