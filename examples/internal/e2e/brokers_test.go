@@ -63,16 +63,8 @@ func playOnReplacedSubscribers(t *testing.T, config broker.Config) {
 	// A deadline for a stuck run. The sql broker stalls while any
 	// transaction in the PostgreSQL cluster is older than its newest
 	// messages (see docs/examples.md), and the cluster is shared.
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	start := time.Now()
-	l, err := shop.Run(ctx, shop.Config{Broker: config, Database: shop.Postgres, PostgresDSN: testenv.PostgresDSN()})
-	require.NoError(t, err)
-	var out bytes.Buffer
-	l.Print(&out)
-	t.Logf("%s in %s\n%s", config.Kind, time.Since(start).Round(time.Millisecond), out.String())
+	l, out := play(t, 5*time.Minute, string(config.Kind), shop.Config{Broker: config, Database: shop.Postgres, PostgresDSN: testenv.PostgresDSN()})
 
-	const orders, resent, bad, failures, crashes = 40, 10, 2, 4, 2
 	require.Equal(t, orders, l.Orders)
 	require.Equal(t, orders+resent+bad, l.Published, "a quarter of the orders re-sent, two bad messages")
 	require.Equal(t, resent, l.Resent())
@@ -108,8 +100,29 @@ func playOnReplacedSubscribers(t *testing.T, config broker.Config) {
 
 	require.ElementsMatch(t, l.BadUUIDs, l.Poisoned, "the poison topic holds the two bad messages and nothing else")
 	require.True(t, l.ExactlyOnce())
-	require.Contains(t, out.String(), fmt.Sprintf("billing    %d deliveries = 40 processed + %d failed + 12 duplicates + 2 poisoned\n", b.Total(), b[middleware.OutcomeFailed]))
-	require.Contains(t, out.String(), "12 duplicates acknowledged without charging: 10 re-sent by the producer, 2 redelivered after a crash\n")
-	require.Contains(t, out.String(), "payments   40 published by the relay from the outbox, 40 delivered to receipts, 0 left in the outbox\n")
-	require.Contains(t, out.String(), "every order charged exactly once")
+	require.Contains(t, out, fmt.Sprintf("billing    %d deliveries = 40 processed + %d failed + 12 duplicates + 2 poisoned\n", b.Total(), b[middleware.OutcomeFailed]))
+	require.Contains(t, out, "12 duplicates acknowledged without charging: 10 re-sent by the producer, 2 redelivered after a crash\n")
+	require.Contains(t, out, "payments   40 published by the relay from the outbox, 40 delivered to receipts, 0 left in the outbox\n")
+	require.Contains(t, out, "every order charged exactly once")
+}
+
+// The scenario's counts with shop's defaults (shop.DefaultOrders): orders
+// placed, re-sent by the producer, bad messages, injected failures and
+// crashes (shop.FaultsFor).
+const orders, resent, bad, failures, crashes = 40, 10, 2, 4, 2
+
+// play runs the scenario with config under a deadline of timeout (for a
+// stuck run), logs its ledger under name and returns the ledger and its
+// printed form.
+func play(t *testing.T, timeout time.Duration, name string, config shop.Config) (*shop.Ledger, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	start := time.Now()
+	l, err := shop.Run(ctx, config)
+	require.NoError(t, err)
+	var out bytes.Buffer
+	l.Print(&out)
+	t.Logf("%s in %s\n%s", name, time.Since(start).Round(time.Millisecond), out.String())
+	return l, out.String()
 }

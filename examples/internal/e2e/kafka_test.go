@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"testing"
 	"time"
 
@@ -30,20 +28,13 @@ func TestKafka(t *testing.T) {
 	require.NoError(t, err)
 	defer cluster.Close()
 
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // a deadline for a stuck run, far above a loaded machine's 25 s
-	defer cancel()
-	start := time.Now()
-	l, err := shop.Run(ctx, shop.Config{
+	// 2 minutes: far above a loaded machine's 25 s.
+	l, out := play(t, 2*time.Minute, "kafka (kfake)", shop.Config{
 		Broker:      broker.Config{Kind: broker.Kafka, KafkaBrokers: cluster.ListenAddrs()},
 		Database:    shop.Postgres,
 		PostgresDSN: testenv.PostgresDSN(),
 	})
-	require.NoError(t, err)
-	var out bytes.Buffer
-	l.Print(&out)
-	t.Logf("kafka (kfake) in %s\n%s", time.Since(start).Round(time.Millisecond), out.String())
 
-	const orders, resent, bad, failures, crashes = 40, 10, 2, 4, 2
 	require.Equal(t, orders+resent+bad, l.Published)
 	require.GreaterOrEqual(t, float64(l.Resent())/float64(l.Orders), 0.2, "at least 20% duplicates on the wire")
 
@@ -76,5 +67,5 @@ func TestKafka(t *testing.T) {
 	require.Subset(t, l.BadUUIDs, l.Poisoned, "nothing but the bad messages poisoned")
 	require.Subset(t, l.Poisoned, l.BadUUIDs, "both bad messages poisoned")
 	require.True(t, l.ExactlyOnce())
-	require.Contains(t, out.String(), "every order charged exactly once")
+	require.Contains(t, out, "every order charged exactly once")
 }

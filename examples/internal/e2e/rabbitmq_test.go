@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"database/sql"
 	"fmt"
 	"io"
@@ -38,10 +36,8 @@ func TestRabbitMQ(t *testing.T) {
 			require.NoError(t, err)
 			defer ms.Close()
 
-			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // a deadline for a stuck run, far above a loaded machine's 25 s
-			defer cancel()
-			start := time.Now()
-			l, err := shop.Run(ctx, shop.Config{
+			// 2 minutes: far above a loaded machine's 25 s.
+			l, out := play(t, 2*time.Minute, string(db), shop.Config{
 				Broker:       broker.Config{Kind: broker.AMQP, AMQPURL: url},
 				Database:     db,
 				PostgresDSN:  testenv.PostgresDSN(),
@@ -55,12 +51,7 @@ func TestRabbitMQ(t *testing.T) {
 					}
 				},
 			})
-			require.NoError(t, err)
-			var out bytes.Buffer
-			l.Print(&out)
-			t.Logf("%s in %s\n%s", db, time.Since(start).Round(time.Millisecond), out.String())
 
-			const orders, resent, bad, failures, crashes = 40, 10, 2, 4, 2
 			require.Equal(t, orders, l.Orders)
 			require.Equal(t, orders+resent+bad, l.Published, "a quarter of the orders re-sent, two bad messages")
 			require.Equal(t, resent, l.Resent())
@@ -101,16 +92,16 @@ func TestRabbitMQ(t *testing.T) {
 
 			require.ElementsMatch(t, l.BadUUIDs, l.Poisoned, "the poison queue holds the two bad messages and nothing else")
 			require.True(t, l.ExactlyOnce())
-			require.Contains(t, out.String(), "every order charged exactly once")
+			require.Contains(t, out, "every order charged exactly once")
 			// The printed parts add up to the totals.
-			require.Contains(t, out.String(), "billing    58 deliveries = 40 processed + 4 failed + 12 duplicates + 2 poisoned\n")
-			require.Contains(t, out.String(), "2 of them crashed after the commit, before the ack")
-			require.Contains(t, out.String(), "12 duplicates acknowledged without charging: 10 re-sent by the producer, 2 redelivered after a crash\n")
+			require.Contains(t, out, "billing    58 deliveries = 40 processed + 4 failed + 12 duplicates + 2 poisoned\n")
+			require.Contains(t, out, "2 of them crashed after the commit, before the ack")
+			require.Contains(t, out, "12 duplicates acknowledged without charging: 10 re-sent by the producer, 2 redelivered after a crash\n")
 			if db == shop.Postgres {
-				require.Contains(t, out.String(), "none replays a payment: the payment was written to the outbox with the charge")
-				require.Contains(t, out.String(), "payments   40 published by the relay from the outbox, 40 delivered to receipts, 0 left in the outbox\n")
+				require.Contains(t, out, "none replays a payment: the payment was written to the outbox with the charge")
+				require.Contains(t, out, "payments   40 published by the relay from the outbox, 40 delivered to receipts, 0 left in the outbox\n")
 			} else {
-				require.Contains(t, out.String(), "payments   50 published by the router = 38 after a charge (40 processed - 2 crashed) + 12 replayed; 50 delivered to receipts\n")
+				require.Contains(t, out, "payments   50 published by the router = 38 after a charge (40 processed - 2 crashed) + 12 replayed; 50 delivered to receipts\n")
 			}
 
 			// /metrics serves what docs/observability.md documents.
