@@ -5,6 +5,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/bench/internal/stats"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
@@ -53,7 +54,7 @@ func printBatchLatency(w io.Writer, rows []row, conc []int, maxWait time.Duratio
 	p99 := func(label string, c int) (time.Duration, bool) {
 		for _, r := range rows {
 			if r.label == label && r.backend == "postgres" && r.c == c && r.err == nil {
-				return percentile(r.r.latencies, 99), true
+				return stats.Percentile(r.r.latencies, 99), true
 			}
 		}
 		return 0, false

@@ -55,6 +55,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
+	"github.com/idemkit/watermill-idempotent/bench/internal/stats"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
@@ -496,7 +497,7 @@ func printTable(w io.Writer, rows []row) {
 			rt = fmt.Sprintf("%.2f", float64(r.r.roundTrips)/float64(r.r.n))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t\n", r.label, r.backend, r.c, r.r.rate(),
-			fmtDur(percentile(r.r.latencies, 50)), fmtDur(percentile(r.r.latencies, 99)), rt)
+			fmtDur(stats.Percentile(r.r.latencies, 50)), fmtDur(stats.Percentile(r.r.latencies, 99)), rt)
 	}
 	_ = tw.Flush()
 }

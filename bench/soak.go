@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
+	"github.com/idemkit/watermill-idempotent/bench/internal/stats"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
@@ -226,7 +227,7 @@ SELECT 'expired', 'e' || n, 'completed', 1, $1, $1, $2 FROM generate_series(1, $
 		phase := phaseNames[obs.phase.Load()]
 		fmt.Fprintf(w, lineFormat,
 			now.Sub(start).Round(time.Second), strconv.FormatInt(n, 10), fmt.Sprintf("%.0f", rate),
-			fmtDur(percentile(claims, 50)), fmtDur(percentile(claims, 99)),
+			fmtDur(stats.Percentile(claims, 50)), fmtDur(stats.Percentile(claims, 99)),
 			fmt.Sprintf("%.1f MiB", mib(int64(ms.HeapAlloc))), fmt.Sprintf("%.1f MiB", mib(int64(ms.HeapInuse))),
 			fmt.Sprintf("%.1f MiB", mib(rss)), strconv.Itoa(runtime.NumGoroutine()), strconv.FormatInt(deleted.Load(), 10), phase)
 		// The first interval includes warm-up; the last may be partial.
@@ -283,9 +284,9 @@ loop:
 	fmt.Fprintf(w, "janitor: first pass deleted the backlog in %s; %d records deleted in all\n", cleanupTook.Round(time.Millisecond), deleted.Load())
 	for p, name := range []string{"without cleanup, before", "during cleanup", "without cleanup, after"} {
 		d := obs.phases[p]
-		fmt.Fprintf(w, "claim latency %-24s p50 %s p99 %s (%d claims)\n", name+":", fmtDur(percentile(d, 50)), fmtDur(percentile(d, 99)), len(d))
+		fmt.Fprintf(w, "claim latency %-24s p50 %s p99 %s (%d claims)\n", name+":", fmtDur(stats.Percentile(d, 50)), fmtDur(stats.Percentile(d, 99)), len(d))
 	}
-	if bp99, dp99, ap99 := percentile(base, 99), percentile(during, 99), percentile(obs.phases[phaseAfter], 99); bp99 > 0 && ap99 > 0 {
+	if bp99, dp99, ap99 := stats.Percentile(base, 99), stats.Percentile(during, 99), stats.Percentile(obs.phases[phaseAfter], 99); bp99 > 0 && ap99 > 0 {
 		fmt.Fprintf(w, "cleanup raises claim p99 by %.2f× against before, %.2f× against after (target < 2×)\n",
 			float64(dp99)/float64(bp99), float64(dp99)/float64(ap99))
 	}

@@ -2,23 +2,10 @@ package main
 
 import (
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 )
-
-// percentile returns the p-th percentile (0 < p ≤ 100) of d, nearest rank.
-func percentile(d []time.Duration, p float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	i := int(float64(len(s))*p/100+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
 
 // peakRSS returns the peak resident set size of this process in bytes
 // (getrusage maxrss). Children (pgbench) are not reported: Go starts them

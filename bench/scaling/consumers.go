@@ -19,6 +19,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
+	"github.com/idemkit/watermill-idempotent/bench/internal/stats"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
@@ -129,8 +130,7 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 			lat = append(lat, time.Duration(us)*time.Microsecond)
 		}
 	}
-	lat = sortDurations(lat)
-	return runResult{rate: (hi - lo) * float64(o.n-1) / span, handlers: handlers, p50: percentile(lat, 50), p99: percentile(lat, 99), cpu: cpu, load: load,
+	return runResult{rate: (hi - lo) * float64(o.n-1) / span, handlers: handlers, p50: stats.Percentile(lat, 50), p99: stats.Percentile(lat, 99), cpu: cpu, load: load,
 		fsyncs: fsyncs, commitsPerSync: perSync}, nil
 }
 

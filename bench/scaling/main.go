@@ -52,7 +52,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -336,18 +335,4 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() (bool, erro
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// percentile returns the p-th percentile (nearest rank) of sorted d.
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(float64(len(sorted))*p/100+0.5) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
-}
-
-func sortDurations(d []time.Duration) []time.Duration {
-	slices.Sort(d)
-	return d
 }
