@@ -42,9 +42,10 @@ func newSQLPublisher(db *stdsql.DB, logger watermill.LoggerAdapter) (*wmsql.Publ
 // the next message in a transaction that locks the group's offset row
 // (SELECT … FOR UPDATE), so the group's subscribers take turns, and moves
 // the offset in that transaction when the message is acknowledged. A nack
-// resends the message after ResendInterval; a subscriber that closes (or
-// dies) with the message unacknowledged rolls its transaction back, and
-// the next subscriber of the group reads the same message.
+// resends the message after ResendInterval; a subscriber that closes with
+// the message unacknowledged commits its transaction without moving the
+// offset (one that dies has it rolled back), and the next subscriber of
+// the group reads the same message.
 func newSQLSubscriber(db *stdsql.DB, group string, logger watermill.LoggerAdapter) (*wmsql.Subscriber, error) {
 	return wmsql.NewSubscriber(db, wmsql.SubscriberConfig{
 		ConsumerGroup:    group,
