@@ -227,11 +227,12 @@ type childProc struct {
 // start starts n children with args and waits until each prints
 // "ready".
 func startChildren(n int, args ...string) (*children, error) {
+	// The callers defer kill before checking err: cs is never nil.
+	cs := &children{}
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, err
+		return cs, err
 	}
-	cs := &children{}
 	for range n {
 		p := &childProc{cmd: exec.Command(exe, args...)}
 		p.cmd.Stderr = &p.stderr
