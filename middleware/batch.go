@@ -384,26 +384,17 @@ func claimAll(ctx context.Context, tx InboxTx, params []repository.ClaimParams) 
 // runOne runs d's handler on the shared transaction and stores its result
 // there, as handle does for a delivery of its own.
 func (b *batcher) runOne(tx InboxTx, d *delivery) (err error) {
-	msg := d.msg
-	original := msg.Context()
-	msg.SetContext(withScope(withKey(tx.WithTx(withInboxTx(d.ctx)), d.key), d.scope))
+	original := d.msg.Context()
 	defer func() {
-		msg.SetContext(original)
 		if r := recover(); r != nil {
+			d.msg.SetContext(original) // runHandler restores it only when the handler returns
 			// The panic stays this delivery's: the others of the batch
 			// run again without it.
 			err = fmt.Errorf("inbox: handler panicked: %v", r)
 		}
 	}()
-	out, err := d.h(msg)
-	stale := errors.Is(err, ErrStaleVersion)
-	if err != nil && !stale {
-		return err
-	}
-	b.inbox.obs.inject(d.ctx, out)
-	finish := context.WithoutCancel(d.ctx)
-	produced := len(out)
-	if out, err = b.inbox.storeOutput(finish, tx, d.scope, d.key, out); err != nil {
+	out, produced, stale, err := b.inbox.runHandler(d.ctx, tx, d.h, d.msg, d.scope, d.key)
+	if err != nil {
 		return err
 	}
 	d.out, d.outcome, d.err, d.produced = out, OutcomeProcessed, nil, produced

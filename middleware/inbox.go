@@ -397,25 +397,13 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		return replay(ctx, obs, claim.Existing, hash)
 	}
 
-	original := msg.Context()
-	msg.SetContext(withScope(withKey(tx.WithTx(withInboxTx(ctx)), key), scope))
-	out, err := h(msg)
-	msg.SetContext(original)
-	stale := errors.Is(err, ErrStaleVersion)
-	if err != nil && !stale {
-		return nil, obs.end(ctx, OutcomeFailed, err, nil)
-	}
-
-	i.obs.inject(ctx, out)
-	// The handler's work is done: finish the bookkeeping even if the
-	// delivery is being cancelled, rather than throw that work away.
-	finish := context.WithoutCancel(ctx)
-	produced := len(out)
-	out, err = i.storeOutput(finish, tx, scope, key, out)
+	out, produced, stale, err := i.runHandler(ctx, tx, h, msg, scope, key)
 	if err != nil {
 		return nil, obs.end(ctx, OutcomeFailed, err, nil)
 	}
-	if err := tx.Commit(finish); err != nil {
+	// Committed even if the delivery is being cancelled, as its output
+	// was stored (runHandler).
+	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: commit key %q: %w", key, err), nil)
 	}
 	committed = true
@@ -425,6 +413,31 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		return out, obs.end(ctx, OutcomeStaleVersion, nil, nil)
 	}
 	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": produced})
+}
+
+// runHandler runs h for msg on tx, in ctx with the delivery's scope and
+// key, and stores its output in tx (storeOutput). It returns the messages
+// for the router to publish, how many the handler returned, and whether
+// it returned ErrStaleVersion (then the marker commits all the same).
+// On an error nothing is to be committed.
+func (i *Inbox) runHandler(ctx context.Context, tx InboxTx, h message.HandlerFunc, msg *message.Message, scope, key string) (out []*message.Message, produced int, stale bool, err error) {
+	original := msg.Context()
+	msg.SetContext(withScope(withKey(tx.WithTx(withInboxTx(ctx)), key), scope))
+	out, err = h(msg)
+	msg.SetContext(original)
+	stale = errors.Is(err, ErrStaleVersion)
+	if err != nil && !stale {
+		return nil, 0, false, err
+	}
+	i.obs.inject(ctx, out)
+	// The handler's work is done: finish the bookkeeping even if the
+	// delivery is being cancelled, rather than throw that work away.
+	produced = len(out)
+	out, err = i.storeOutput(context.WithoutCancel(ctx), tx, scope, key, out)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	return out, produced, stale, nil
 }
 
 // storeOutput stores a handler's output messages in tx: through
