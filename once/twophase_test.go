@@ -182,13 +182,15 @@ func TestTwoPhaseLeaseIsExtended(t *testing.T) {
 		// Wait until the first lease deadline is more than a whole lease
 		// behind us — unextended, the lease would be long expired — and
 		// the stored deadline is still ahead: the lease was extended.
+		// The condition runs on another goroutine, where require cannot
+		// stop the test: an error ends the wait and is checked after it.
 		var rec repository.Record
+		var getErr error
 		require.Eventually(t, func() bool {
-			var err error
-			rec, err = s.Repo.Get(t.Context(), scope, "long")
-			require.NoError(t, err)
-			return time.Now().After(first.LeaseUntil.Add(lease)) && rec.LeaseUntil.After(time.Now())
+			rec, getErr = s.Repo.Get(t.Context(), scope, "long")
+			return getErr != nil || (time.Now().After(first.LeaseUntil.Add(lease)) && rec.LeaseUntil.After(time.Now()))
 		}, 10*time.Second, 10*time.Millisecond, "the lease was not extended past its first deadline (%s)", first.LeaseUntil)
+		require.NoError(t, getErr)
 		require.True(t, rec.LeaseUntil.After(first.LeaseUntil.Add(lease)), "extended deadline %s", rec.LeaseUntil)
 		require.Equal(t, first.LeaseOwner, rec.LeaseOwner, "extended by the running call, not taken over")
 		_, err = other.Do(t.Context(), "long", func(context.Context) ([]byte, error) { t.Error("reclaimed a live call"); return nil, nil })
