@@ -324,12 +324,16 @@ func NewInbox(config Config) (*Inbox, error) {
 		return nil, err
 	}
 	reader, _ := config.Repository.(repository.Reader)
+	above := config.ReadFirstAbove
+	if reader == nil || config.ReadFirst {
+		above = -1 // no read to turn on, or it is always on: keep no rates
+	}
 	i := &Inbox{
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
 		obs:    newObservability("transactional", config.Logger, config.Observer, config.TracerProvider),
 		reader: reader,
-		dups:   duplicateRates{above: config.ReadFirstAbove},
+		dups:   duplicateRates{above: above},
 	}
 	if config.Batch.MaxMessages > 1 {
 		i.batch = &batcher{inbox: i, max: config.Batch.MaxMessages, wait: config.Batch.MaxWait}
