@@ -187,7 +187,7 @@ func (s *Inbox) batchInsert(n int, plain bool) Stmt {
 		return st.(Stmt)
 	}
 	var b strings.Builder
-	b.WriteString(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at) VALUES `)
+	b.WriteString(claimInto + `VALUES `)
 	for r := range n {
 		if r > 0 {
 			b.WriteString(", ")

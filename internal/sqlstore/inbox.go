@@ -20,6 +20,10 @@ const (
 	fenced  = byKey + ` AND state = 'in_progress' AND lease_owner = $3`
 	// operatorFence adds an expired lease and a live record at $4.
 	operatorFence = fenced + ` AND lease_until <= $4 AND expires_at > $4`
+	// claimInto and acquireInto start the inserts of a completed marker
+	// (ClaimOn, batches) and of an in-progress record (Acquire).
+	claimInto   = `INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at) `
+	acquireInto = `INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, lease_owner, lease_until, created_at, expires_at) `
 )
 
 // Inbox stores inbox records in one SQL table. It implements
@@ -48,15 +52,14 @@ func NewInbox(d *Dialect, db DB, config Config) (*Inbox, error) {
 		st.inline = d.Bind == Question // MySQL: see Stmt.send
 		return st
 	}
-	ins := `INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, `
-	s.q.claim = b(ins + `created_at, completed_at, expires_at) VALUES ($1, $2, 'completed', $3, 1, $4, $4, $5)` + d.IgnoreConflict)
+	s.q.claim = b(claimInto + `VALUES ($1, $2, 'completed', $3, 1, $4, $4, $5)` + d.IgnoreConflict)
 	s.q.get = b(`SELECT ` + columns + ` FROM {T}` + byKey)
 	s.q.lockedGet = b(`SELECT ` + columns + ` FROM {T}` + byKey + d.LockingRead)
 	s.q.save = b(`UPDATE {T} SET result = $3` + byKey)
 	s.q.exists = b(`SELECT COUNT(*) FROM {T}` + byKey + d.LockingRead)
 	s.q.deleteExpired = b(d.DeleteExpired)
 	s.q.pickExpired = b(d.PickExpired)
-	s.q.acquire = b(ins + `lease_owner, lease_until, created_at, expires_at) VALUES ($1, $2, 'in_progress', $3, 1, $4, $5, $6, $7)` + d.IgnoreConflict)
+	s.q.acquire = b(acquireInto + `VALUES ($1, $2, 'in_progress', $3, 1, $4, $5, $6, $7)` + d.IgnoreConflict)
 	reclaim := `UPDATE {T} SET lease_owner = $4, lease_until = $6, attempts = attempts + 1` + fenced + ` AND lease_until <= $5`
 	if d.Returning {
 		reclaim += ` RETURNING ` + columns

@@ -119,10 +119,8 @@ func NewPartitionedInbox(d *Dialect, db DB, config PartitionConfig) (*Partitione
 	// the transaction we waited for committed.
 	s.lockClaim = `SELECT current_setting('transaction_isolation') FROM pg_advisory_xact_lock($1)`
 	absent := ` WHERE NOT EXISTS (SELECT 1 FROM {T}` + byKey + `)`
-	s.insert = b(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
-SELECT $1::varchar, $2::varchar, 'completed', $3::bytea, 1, $4::timestamptz, $4::timestamptz, $5::timestamptz` + absent)
-	s.acquire = b(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, lease_owner, lease_until, created_at, expires_at)
-SELECT $1::varchar, $2::varchar, 'in_progress', $3::bytea, 1, $4::varchar, $5::timestamptz, $6::timestamptz, $7::timestamptz` + absent)
+	s.insert = b(claimInto + `SELECT $1::varchar, $2::varchar, 'completed', $3::bytea, 1, $4::timestamptz, $4::timestamptz, $5::timestamptz` + absent)
+	s.acquire = b(acquireInto + `SELECT $1::varchar, $2::varchar, 'in_progress', $3::bytea, 1, $4::varchar, $5::timestamptz, $6::timestamptz, $7::timestamptz` + absent)
 	return s, nil
 }
 
