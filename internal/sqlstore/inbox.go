@@ -234,6 +234,13 @@ func (s *Inbox) retry(fn func() error) error {
 	return err
 }
 
+// again reports whether an atomic operation that failed with err runs
+// again (up to attempts times): its record vanished before it could be
+// read, or it was a deadlock victim.
+func (s *Inbox) again(err error) bool {
+	return errors.Is(err, repository.ErrNotFound) || s.d.IsRetryable != nil && s.d.IsRetryable(err)
+}
+
 func (s *Inbox) count(ctx context.Context, ex Executor, st Stmt, args ...any) (n int64, err error) {
 	err = st.row(ctx, ex, args...).Scan(&n)
 	return

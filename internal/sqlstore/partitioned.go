@@ -222,25 +222,24 @@ func (s *PartitionedInbox) Acquire(ctx context.Context, p repository.AcquirePara
 	var out repository.Acquisition
 	var err error
 	for range attempts {
-		err = s.in.retry(func() error {
-			return s.in.db.InTx(ctx, true, func(tx Executor) error {
-				if err := s.lock(ctx, tx, p.Consumer, key); err != nil {
-					return err
-				}
-				n, err := s.acquire.exec(ctx, tx, p.Consumer, key, p.PayloadHash, p.Owner, p.LeaseUntil.UTC(), p.Now.UTC(), p.ExpiresAt.UTC())
-				if err != nil || n == 1 {
-					out = repository.Acquisition{Acquired: n == 1}
-					return s.forgetMissing(err)
-				}
-				rec, err := s.in.get(ctx, tx, s.in.q.get, p.Consumer, key)
-				out = repository.Acquisition{Existing: rec}
+		err = s.in.db.InTx(ctx, true, func(tx Executor) error {
+			if err := s.lock(ctx, tx, p.Consumer, key); err != nil {
 				return err
-			})
+			}
+			n, err := s.acquire.exec(ctx, tx, p.Consumer, key, p.PayloadHash, p.Owner, p.LeaseUntil.UTC(), p.Now.UTC(), p.ExpiresAt.UTC())
+			if err != nil || n == 1 {
+				out = repository.Acquisition{Acquired: n == 1}
+				return s.forgetMissing(err)
+			}
+			rec, err := s.in.get(ctx, tx, s.in.q.get, p.Consumer, key)
+			out = repository.Acquisition{Existing: rec}
+			return err
 		})
 		// Under the lock nothing else inserts the key, but a release
 		// deletes without it: gone between the insert and the read, the
-		// key is free again.
-		if !errors.Is(err, repository.ErrNotFound) {
+		// key is free again. A deadlock victim runs again too; both share
+		// the one bound of attempts.
+		if !s.in.again(err) {
 			break
 		}
 	}

@@ -25,7 +25,7 @@ func (s *Inbox) Acquire(ctx context.Context, p repository.AcquireParams) (reposi
 	for range attempts {
 		acquired, rec, err := s.insert(ctx, s.db, s.q.acquire, s.q.get, args)
 		switch {
-		case errors.Is(err, repository.ErrNotFound) || s.d.IsRetryable != nil && s.d.IsRetryable(err):
+		case s.again(err):
 			continue
 		case err != nil:
 			return repository.Acquisition{}, s.wrap("acquire", err)
