@@ -161,8 +161,8 @@ func (s *Inbox) Get(ctx context.Context, consumer, key string) (repository.Recor
 // transaction picks them with FOR UPDATE SKIP LOCKED and deletes them by
 // primary key, at most 500 keys a statement.
 func (s *Inbox) DeleteExpired(ctx context.Context, before time.Time, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, fmt.Errorf("%s: delete expired: %w: limit must be positive", s.d.Name, repository.ErrInvalidParams)
+	if err := s.checkLimit(limit); err != nil {
+		return 0, err
 	}
 	args, err := s.args(nil, before, limit)
 	if err != nil {
@@ -195,6 +195,14 @@ func (s *Inbox) DeleteExpired(ctx context.Context, before time.Time, limit int) 
 		return 0, s.wrap("delete expired", err)
 	}
 	return deleted, nil
+}
+
+// checkLimit refuses a DeleteExpired limit that is not positive.
+func (s *Inbox) checkLimit(limit int) error {
+	if limit <= 0 {
+		return fmt.Errorf("%s: delete expired: %w: limit must be positive", s.d.Name, repository.ErrInvalidParams)
+	}
+	return nil
 }
 
 // args checks the payload hash's size and encodes the times in vals.

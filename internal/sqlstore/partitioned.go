@@ -256,8 +256,8 @@ func (s *PartitionedInbox) Acquire(ctx context.Context, p repository.AcquirePara
 // before until that partition has passed too. Maintenance is serialised
 // across processes by an advisory lock.
 func (s *PartitionedInbox) DeleteExpired(ctx context.Context, before time.Time, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, fmt.Errorf("%s: delete expired: %w: limit must be positive", s.in.d.Name, repository.ErrInvalidParams)
+	if err := s.in.checkLimit(limit); err != nil {
+		return 0, err
 	}
 	if err := s.ensureRange(ctx, before); err != nil {
 		return 0, s.in.wrap("delete expired: create partitions", err)
