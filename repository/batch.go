@@ -1,6 +1,10 @@
 package repository
 
-import "context"
+import (
+	"context"
+
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
+)
 
 // BatchTransactional is the optional capability behind the inbox's group
 // commit (middleware.Config.Batch): many deliveries share one
@@ -33,6 +37,6 @@ type BatchTransactional interface {
 // (deadlock_detected, PostgreSQL), from any error with a SQLState()
 // string method: the whole transaction was rolled back and may run again.
 func IsSerializationFailure(err error) bool {
-	state := sqlState(err)
+	state := sqlstate.Of(err)
 	return state == "40001" || state == "40P01"
 }

@@ -1,6 +1,10 @@
 package repository
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
+)
 
 // sqlStateClassDataException is the SQLSTATE class (first two characters)
 // of the SQL standard's "data exception": a value in the statement that
@@ -38,5 +42,5 @@ func RegisterDataException(detector func(error) bool) {
 // default). Constraint violations (class 23), connection, lock and
 // serialization errors are not data exceptions. A nil err is not one.
 func IsDataException(err error) bool {
-	return err != nil && (strings.HasPrefix(sqlState(err), sqlStateClassDataException) || dataDetectors.match(err))
+	return err != nil && (strings.HasPrefix(sqlstate.Of(err), sqlStateClassDataException) || dataDetectors.match(err))
 }

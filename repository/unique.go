@@ -3,6 +3,8 @@ package repository
 import (
 	"errors"
 	"sync"
+
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
 )
 
 // PostgreSQL SQLSTATE and SQLite extended result codes that mean a unique
@@ -29,17 +31,6 @@ func (d *detectors) add(fn func(error) bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.fns = append(d.fns, fn)
-}
-
-// sqlState returns the SQLSTATE of the first error in err's chain with a
-// SQLState() string method (pgx's *pgconn.PgError, lib/pq's *pq.Error),
-// or "" when there is none.
-func sqlState(err error) string {
-	var coded interface{ SQLState() string }
-	if errors.As(err, &coded) {
-		return coded.SQLState()
-	}
-	return ""
 }
 
 // match reports whether any detector recognises err.
@@ -85,7 +76,7 @@ func IsUniqueViolation(err error) bool {
 	if err == nil {
 		return false
 	}
-	if sqlState(err) == sqlStateUniqueViolation {
+	if sqlstate.Of(err) == sqlStateUniqueViolation {
 		return true
 	}
 	var lite interface{ Code() int }

@@ -20,6 +20,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	mysqlrepo "github.com/idemkit/watermill-idempotent/repository/mysql"
@@ -381,8 +382,7 @@ func (s *store) checkConsumer(ctx context.Context, consumer string) error {
 // isMissingTable reports an error for a table that does not exist
 // (PostgreSQL 42P01, MySQL 1146, SQLite "no such table").
 func isMissingTable(err error) bool {
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) && pg.SQLState() == "42P01" {
+	if sqlstate.Of(err) == "42P01" {
 		return true
 	}
 	var my *mysql.MySQLError

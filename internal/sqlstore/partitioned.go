@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -457,8 +458,7 @@ func (s *PartitionedInbox) setKnown(start time.Time) {
 // none for its row (another process dropped it: SQLSTATE 23514), so that
 // the next claim creates it; err passes unchanged.
 func (s *PartitionedInbox) forgetMissing(err error) error {
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) && pg.SQLState() == "23514" {
+	if sqlstate.Of(err) == "23514" {
 		s.mu.Lock()
 		clear(s.known)
 		s.mu.Unlock()

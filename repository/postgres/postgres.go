@@ -3,12 +3,12 @@ package postgres
 import (
 	"database/sql"
 	"embed"
-	"errors"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore/pgxexec"
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
 )
 
 // Migrations holds the schema as numbered migration files, inbox/ and
@@ -28,8 +28,7 @@ var dialect = &sqlstore.Dialect{
 	SELECT consumer, dedup_key FROM {T} WHERE expires_at < $1
 	ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 	IsRetryable: func(err error) bool {
-		var pg interface{ SQLState() string }
-		return errors.As(err, &pg) && pg.SQLState() == "40P01" // deadlock_detected
+		return sqlstate.Of(err) == "40P01" // deadlock_detected
 	},
 }
 
