@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -167,13 +166,9 @@ func (s *Inbox) insertBatch(ctx context.Context, ex Executor, n int, args []any)
 	return claimed, err
 }
 
-// batchStmts caches the multi-row claims by dialect, table and rows:
-// binding one costs more than the claim's own work in Go.
-var batchStmts sync.Map // batchStmtKey → Stmt
-
+// batchStmtKey is a multi-row claim in Inbox.batches: binding one costs
+// more than the claim's own work in Go.
 type batchStmtKey struct {
-	d     *Dialect
-	table string
 	rows  int
 	plain bool
 }
@@ -182,8 +177,8 @@ type batchStmtKey struct {
 // IgnoreConflict and RETURNING where the dialect ignores conflicts unless
 // plain.
 func (s *Inbox) batchInsert(n int, plain bool) Stmt {
-	k := batchStmtKey{s.d, s.t.quoted, n, plain}
-	if st, ok := batchStmts.Load(k); ok {
+	k := batchStmtKey{n, plain}
+	if st, ok := s.batches.Load(k); ok {
 		return st.(Stmt)
 	}
 	var b strings.Builder
@@ -199,7 +194,7 @@ func (s *Inbox) batchInsert(n int, plain bool) Stmt {
 		b.WriteString(s.d.IgnoreConflict + ` RETURNING consumer, dedup_key`)
 	}
 	st := s.d.Statement(s.t.quoted, b.String())
-	batchStmts.Store(k, st)
+	s.batches.Store(k, st)
 	return st
 }
 

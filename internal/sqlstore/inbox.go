@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -37,6 +38,7 @@ type Inbox struct {
 		list, resolveComplete, resolveRelease, live, count              Stmt
 	}
 	prepared preparedStmts // SQLite: see txExec
+	batches  sync.Map      // batchStmtKey → Stmt, see batchInsert
 }
 
 // NewInbox returns the inbox store of dialect d over db. It does not
