@@ -28,8 +28,8 @@ const (
 )
 
 // Inbox stores inbox records in one SQL table. It implements
-// repository.Transactional, TwoPhase, Reader, Cleaner, Operator and Stats
-// and is safe for concurrent use.
+// repository.Transactional, BatchTransactional, TwoPhase, Reader, Cleaner,
+// Operator and Stats and is safe for concurrent use.
 type Inbox struct {
 	migrator
 	q struct {

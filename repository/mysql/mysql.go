@@ -65,12 +65,12 @@ type (
 	// repository.DefaultVersionsTableName.
 	VersionConfig = sqlstore.Config
 	// Repository stores inbox records in MySQL or MariaDB (InnoDB). It
-	// implements repository.Transactional, TwoPhase, Reader, Cleaner,
-	// Operator and Stats and is safe for concurrent use. Every value is
-	// checked to fit its column before it is sent (keys and consumers of
-	// at most 255 bytes, payload hashes of at most MaxPayloadHashLength,
-	// times in years 1000 to 9999), so none is ever truncated, even under
-	// a non-strict sql_mode.
+	// implements repository.Transactional, BatchTransactional, TwoPhase,
+	// Reader, Cleaner, Operator and Stats and is safe for concurrent use.
+	// Every value is checked to fit its column before it is sent (keys and
+	// consumers of at most 255 bytes, payload hashes of at most
+	// MaxPayloadHashLength, times in years 1000 to 9999), so none is ever
+	// truncated, even under a non-strict sql_mode.
 	Repository = sqlstore.Inbox
 	// VersionStore keeps the last applied version per (consumer, entity)
 	// in MySQL or MariaDB (InnoDB), with two statements (see dialect).

@@ -27,8 +27,8 @@ type PartitionedConfig = sqlstore.PartitionConfig
 // are refused with repository.ErrInvalidParams. Only claims made through
 // this type take the lock: never write the table by other means.
 //
-// It implements repository.Transactional, TwoPhase, Reader, Cleaner,
-// Operator and Stats and is safe for concurrent use. See
+// It implements repository.Transactional, BatchTransactional, TwoPhase,
+// Reader, Cleaner, Operator and Stats and is safe for concurrent use. See
 // docs/partitioning.md for the measurements and for pg_partman.
 type PartitionedRepository = sqlstore.PartitionedInbox
 

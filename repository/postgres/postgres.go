@@ -40,8 +40,8 @@ type (
 	// repository.DefaultVersionsTableName.
 	VersionConfig = sqlstore.Config
 	// Repository stores inbox records in PostgreSQL. It implements
-	// repository.Transactional, TwoPhase, Reader, Cleaner, Operator and
-	// Stats and is safe for concurrent use.
+	// repository.Transactional, BatchTransactional, TwoPhase, Reader,
+	// Cleaner, Operator and Stats and is safe for concurrent use.
 	Repository = sqlstore.Inbox
 	// VersionStore keeps the last applied version per (consumer, entity)
 	// in PostgreSQL. Under READ COMMITTED a concurrent transaction on one

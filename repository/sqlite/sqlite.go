@@ -79,8 +79,9 @@ type (
 	// repository.DefaultVersionsTableName.
 	VersionConfig = sqlstore.Config
 	// Repository stores inbox records in SQLite, timestamps as Unix
-	// microseconds. It implements repository.Transactional, TwoPhase,
-	// Reader, Cleaner, Operator and Stats and is safe for concurrent use.
+	// microseconds. It implements repository.Transactional,
+	// BatchTransactional, TwoPhase, Reader, Cleaner, Operator and Stats and
+	// is safe for concurrent use.
 	Repository = sqlstore.Inbox
 	// VersionStore keeps the last applied version per (consumer, entity)
 	// in SQLite. A transaction opened with the DSN's BEGIN IMMEDIATE holds
