@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
@@ -245,16 +244,9 @@ func collectNames(ctx context.Context, db *sql.DB, query string, args ...any) ([
 // inst opens a pool of its own: closing the migration closes it.
 func golangMigrate(t testing.TB, b backend, inst func(table string) (database.Driver, error), line string) {
 	t.Helper()
-	src, err := iofs.New(b.migrations, "migrations/"+line)
-	require.NoError(t, err)
 	drv, err := inst("schema_migrations_" + line)
 	require.NoError(t, err)
-	m, err := migrate.NewWithInstance("iofs", src, b.name, drv)
-	require.NoError(t, err)
-	defer m.Close()
-	if err := m.Up(); !errors.Is(err, migrate.ErrNoChange) {
-		require.NoError(t, err)
-	}
+	testenv.GolangMigrate(t, b.migrations, "migrations/"+line, b.name, drv)
 }
 
 // TestGolangMigratePostgres: the shipped PostgreSQL files applied by
