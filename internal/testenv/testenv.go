@@ -89,18 +89,7 @@ func PgxPool(t testing.TB) *pgxpool.Pool {
 // ones) are the test's own.
 func PgxSchemaPool(t testing.TB, prefix string) *pgxpool.Pool {
 	t.Helper()
-	admin := PgxPool(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := prefix + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(context.Background(), `CREATE SCHEMA `+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if _, err := admin.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`); err != nil {
-			t.Error(err)
-		}
-	})
+	schema := postgresSchema(t, prefix)
 	cfg, err := pgxpool.ParseConfig(PostgresDSN())
 	if err != nil {
 		t.Fatal(err)
@@ -178,6 +167,21 @@ func ping(db *sql.DB) error {
 // names (the default ones) are the test's own.
 func PostgresSchemaDSN(t testing.TB, prefix string) string {
 	t.Helper()
+	schema := postgresSchema(t, prefix)
+	u, err := url.Parse(PostgresDSN())
+	if err != nil {
+		t.Fatalf("%s must be a URL: %v", PostgresEnv, err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// postgresSchema creates a schema named prefix + a random suffix in the
+// test PostgreSQL database and drops it with its tables when t ends.
+func postgresSchema(t testing.TB, prefix string) string {
+	t.Helper()
 	db := Postgres(t)
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -190,12 +194,5 @@ func PostgresSchemaDSN(t testing.TB, prefix string) string {
 			t.Error(err)
 		}
 	})
-	u, err := url.Parse(PostgresDSN())
-	if err != nil {
-		t.Fatalf("%s must be a URL: %v", PostgresEnv, err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return schema
 }
