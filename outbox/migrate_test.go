@@ -125,14 +125,9 @@ func TestGolangMigrate(t *testing.T) {
 	}
 	t.Run("mariadb", func(t *testing.T) {
 		t.Parallel()
-		admin := testenv.MySQL(t)
-		name := "outbox_gm_" + randomSuffix()
-		_, err := admin.ExecContext(t.Context(), "CREATE DATABASE `"+name+"`")
+		cfg, err := driver.ParseDSN(testenv.MySQLDatabaseDSN(t, "outbox_gm_"))
 		require.NoError(t, err)
-		t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE `"+name+"`") })
-		cfg, err := driver.ParseDSN(testenv.MySQLDSN())
-		require.NoError(t, err)
-		cfg.DBName, cfg.MultiStatements = name, true // golang-migrate runs a file in one call
+		cfg.MultiStatements = true // golang-migrate runs a file in one call
 		gmdb, err := sql.Open("mysql", cfg.FormatDSN())
 		require.NoError(t, err)
 		drv, err := gmmysql.WithInstance(gmdb, &gmmysql.Config{})

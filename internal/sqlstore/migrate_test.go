@@ -322,14 +322,9 @@ func TestGolangMigratePostgres(t *testing.T) {
 func TestGolangMigrateMySQLAndSQLite(t *testing.T) {
 	t.Run("mysql", func(t *testing.T) {
 		t.Parallel()
-		admin := testenv.MySQL(t)
-		name := randomName("gm")
-		_, err := admin.ExecContext(t.Context(), "CREATE DATABASE `"+name+"`")
+		cfg, err := driver.ParseDSN(testenv.MySQLDatabaseDSN(t, "gm_"))
 		require.NoError(t, err)
-		t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE `"+name+"`") })
-		cfg, err := driver.ParseDSN(testenv.MySQLDSN())
-		require.NoError(t, err)
-		cfg.DBName, cfg.MultiStatements = name, true
+		cfg.MultiStatements = true
 		inst := func(table string) (database.Driver, error) {
 			db, err := sql.Open("mysql", cfg.FormatDSN())
 			require.NoError(t, err)

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql" // registers the "mysql" driver
+	"github.com/go-sql-driver/mysql" // also registers the "mysql" driver
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
@@ -176,6 +176,32 @@ func PostgresSchemaDSN(t testing.TB, prefix string) string {
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// MySQLDatabaseDSN creates a database named prefix + a random suffix,
+// dropped with its tables when t ends, and returns MySQLDSN with that
+// database, so that a program's fixed table names (the default ones) are
+// the test's own.
+func MySQLDatabaseDSN(t testing.TB, prefix string) string {
+	t.Helper()
+	admin := MySQL(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := prefix + hex.EncodeToString(b[:])
+	if _, err := admin.Exec("CREATE DATABASE `" + name + "`"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.Exec("DROP DATABASE `" + name + "`"); err != nil {
+			t.Error(err)
+		}
+	})
+	cfg, err := mysql.ParseDSN(MySQLDSN())
+	if err != nil {
+		t.Fatalf("%s: %v", MySQLEnv, err)
+	}
+	cfg.DBName = name
+	return cfg.FormatDSN()
 }
 
 // postgresSchema creates a schema named prefix + a random suffix in the
