@@ -185,9 +185,7 @@ func PostgresSchemaDSN(t testing.TB, prefix string) string {
 func MySQLDatabaseDSN(t testing.TB, prefix string) string {
 	t.Helper()
 	admin := MySQL(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := prefix + hex.EncodeToString(b[:])
+	name := prefix + randomHex()
 	if _, err := admin.Exec("CREATE DATABASE `" + name + "`"); err != nil {
 		t.Fatal(err)
 	}
@@ -209,9 +207,7 @@ func MySQLDatabaseDSN(t testing.TB, prefix string) string {
 func postgresSchema(t testing.TB, prefix string) string {
 	t.Helper()
 	db := Postgres(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := prefix + hex.EncodeToString(b[:])
+	schema := prefix + randomHex()
 	if _, err := db.Exec(`CREATE SCHEMA ` + schema); err != nil {
 		t.Fatal(err)
 	}
@@ -221,4 +217,11 @@ func postgresSchema(t testing.TB, prefix string) string {
 		}
 	})
 	return schema
+}
+
+// randomHex returns 12 random hex digits, for names no other test uses.
+func randomHex() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	return hex.EncodeToString(b[:])
 }
