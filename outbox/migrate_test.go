@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -11,12 +10,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	driver "github.com/go-sql-driver/mysql"
-	"github.com/golang-migrate/migrate/v4"
-	"github.com/golang-migrate/migrate/v4/database"
 	gmmysql "github.com/golang-migrate/migrate/v4/database/mysql"
 	gmpgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	gmsqlite "github.com/golang-migrate/migrate/v4/database/sqlite"
-	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -83,20 +79,6 @@ func coreChecks(t *testing.T, b backend) {
 	require.Equal(t, outbox.Backlog{}, backlog)
 }
 
-// applyGolangMigrate applies the outbox's shipped files for dialect with
-// golang-migrate through drv (closed when it returns).
-func applyGolangMigrate(t *testing.T, dialect outbox.Dialect, drv database.Driver) {
-	t.Helper()
-	src, err := iofs.New(outbox.Migrations, "migrations/"+string(dialect))
-	require.NoError(t, err)
-	m, err := migrate.NewWithInstance("iofs", src, string(dialect), drv)
-	require.NoError(t, err)
-	defer m.Close()
-	if err := m.Up(); !errors.Is(err, migrate.ErrNoChange) {
-		require.NoError(t, err)
-	}
-}
-
 // TestGolangMigrate: the shipped files, applied by golang-migrate for the
 // default table names (in a schema, database or file of the test's own),
 // give an outbox that passes the core checks, on database/sql and, on
@@ -127,7 +109,7 @@ func TestGolangMigrate(t *testing.T) {
 			require.NoError(t, err)
 			drv, err := gmpgx.WithInstance(gmdb, &gmpgx.Config{SchemaName: schema})
 			require.NoError(t, err)
-			applyGolangMigrate(t, outbox.PostgreSQL, drv)
+			testenv.GolangMigrate(t, outbox.Migrations, "migrations/postgres", "postgres", drv)
 
 			db, err := sql.Open("pgx", dsn)
 			require.NoError(t, err)
@@ -143,19 +125,14 @@ func TestGolangMigrate(t *testing.T) {
 	}
 	t.Run("mariadb", func(t *testing.T) {
 		t.Parallel()
-		admin := testenv.MySQL(t)
-		name := "outbox_gm_" + randomSuffix()
-		_, err := admin.ExecContext(t.Context(), "CREATE DATABASE `"+name+"`")
+		cfg, err := driver.ParseDSN(testenv.MySQLDatabaseDSN(t, "outbox_gm_"))
 		require.NoError(t, err)
-		t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE `"+name+"`") })
-		cfg, err := driver.ParseDSN(testenv.MySQLDSN())
-		require.NoError(t, err)
-		cfg.DBName, cfg.MultiStatements = name, true // golang-migrate runs a file in one call
+		cfg.MultiStatements = true // golang-migrate runs a file in one call
 		gmdb, err := sql.Open("mysql", cfg.FormatDSN())
 		require.NoError(t, err)
 		drv, err := gmmysql.WithInstance(gmdb, &gmmysql.Config{})
 		require.NoError(t, err)
-		applyGolangMigrate(t, outbox.MySQL, drv)
+		testenv.GolangMigrate(t, outbox.Migrations, "migrations/mysql", "mysql", drv)
 		cfg.MultiStatements = false
 		db, err := sql.Open("mysql", cfg.FormatDSN())
 		require.NoError(t, err)
@@ -169,7 +146,7 @@ func TestGolangMigrate(t *testing.T) {
 		require.NoError(t, err)
 		drv, err := gmsqlite.WithInstance(gmdb, &gmsqlite.Config{})
 		require.NoError(t, err)
-		applyGolangMigrate(t, outbox.SQLite, drv)
+		testenv.GolangMigrate(t, outbox.Migrations, "migrations/sqlite", "sqlite", drv)
 		db, err := sqlite.Open(path)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })

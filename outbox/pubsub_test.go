@@ -163,14 +163,11 @@ func TestPubSub(t *testing.T) {
 		s := &pubSubSuite{db: db, outbox: ob, newSub: func(*testing.T) message.Subscriber {
 			return newSubscriberHandle(broker)
 		}}
-		// Under -race SQLite is many times slower (PublisherClose's
-		// 10,000 transactions alone took 72 s): the suite then runs
-		// its short message counts, the same checks on fewer messages.
-		if raceDetector {
-			t.Log("race detector: Features.ForceShort (the suite's -short message counts)")
-		}
 		tests.TestPubSub(t, tests.Features{
-			ForceShort: raceDetector,
+			// Under -race SQLite is many times slower (PublisherClose's
+			// 10,000 transactions alone took 72 s): the suite then runs
+			// its short message counts, the same checks on fewer messages.
+			ForceShort: forceShort(t),
 			// GoChannel has no consumer groups: every subscriber of a
 			// topic gets every message.
 			ConsumerGroups: false,
@@ -208,14 +205,11 @@ func testPubSubAMQP(t *testing.T, url string, db *sql.DB, dialect outbox.Dialect
 		require.NoError(t, err)
 		return queues.track(sub)
 	}}
-	if raceDetector {
-		t.Log("race detector: Features.ForceShort (the suite's -short message counts)")
-	}
 	tests.TestPubSub(t, tests.Features{
 		// make test runs every package under -race at once: the suite's
 		// short counts keep this package inside its timeout there; the
 		// full counts run without -race.
-		ForceShort: raceDetector,
+		ForceShort: forceShort(t),
 		// Queue config: the subscribers of a topic share its queue.
 		ConsumerGroups: false,
 		// The relay and RabbitMQ both deliver at least once.
@@ -238,6 +232,15 @@ func testPubSubAMQP(t *testing.T, url string, db *sql.DB, dialect outbox.Dialect
 		// publisher's message context does not travel.
 		ContextPreserved: false,
 	}, s.constructor, nil)
+}
+
+// forceShort is the suite's Features.ForceShort: under -race (logged),
+// its -short message counts.
+func forceShort(t *testing.T) bool {
+	if raceDetector {
+		t.Log("race detector: Features.ForceShort (the suite's -short message counts)")
+	}
+	return raceDetector
 }
 
 // queueSet records the queues the suite's AMQP subscribers declare, and

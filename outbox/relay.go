@@ -322,9 +322,9 @@ func NewRelayOn(db sqlstore.DB, publisher message.Publisher, config RelayConfig,
 
 // Run forwards batches until ctx ends or Close is called. After a batch
 // that published or dead-lettered something it looks again at once; after
-// an empty one it waits for a NOTIFY (PostgreSQL) or PollInterval. A
-// failed batch is logged, reported to Metrics and retried after
-// RetryInterval: database or broker outages do not end Run.
+// an empty one it waits for a NOTIFY (PostgreSQL with a Notifier) or
+// PollInterval. A failed batch is logged, reported to Metrics and retried
+// after RetryInterval: database or broker outages do not end Run.
 //
 // Run returns nil after Close, ctx's error when ctx ends, ErrRelayClosed
 // if the relay was closed before, and an error if Run is already running.

@@ -195,20 +195,17 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 			// pace.
 			copies, batch = s.Batch, middleware.BatchConfig{MaxMessages: s.Batch, MaxWait: 20 * time.Millisecond}
 		}
-		scopes := map[string]string{}
 		name := func(base string, i int) string {
 			if copies == 1 {
 				return base
 			}
-			n := fmt.Sprintf("%s-%d", base, i+1)
-			scopes[n] = base
-			return n
+			return fmt.Sprintf("%s-%d", base, i+1)
+		}
+		scopes := map[string]string{}
+		for i := range copies {
+			scopes[name("billing", i)], scopes[name("receipts", i)] = "billing", "receipts"
 		}
 		shared := &sharing{logger: logger, txs: map[*sql.Tx]int{}}
-		for i := range copies {
-			name("billing", i)
-			name("receipts", i)
-		}
 		billing, err := middleware.NewInbox(middleware.Config{
 			DB: db, Repository: repo, Logger: logger, HandlerScopes: scopes, Batch: batch,
 			Outputs: ob.Outputs(s.Names.Payments),

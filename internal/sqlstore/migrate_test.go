@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
@@ -245,16 +244,9 @@ func collectNames(ctx context.Context, db *sql.DB, query string, args ...any) ([
 // inst opens a pool of its own: closing the migration closes it.
 func golangMigrate(t testing.TB, b backend, inst func(table string) (database.Driver, error), line string) {
 	t.Helper()
-	src, err := iofs.New(b.migrations, "migrations/"+line)
-	require.NoError(t, err)
 	drv, err := inst("schema_migrations_" + line)
 	require.NoError(t, err)
-	m, err := migrate.NewWithInstance("iofs", src, b.name, drv)
-	require.NoError(t, err)
-	defer m.Close()
-	if err := m.Up(); !errors.Is(err, migrate.ErrNoChange) {
-		require.NoError(t, err)
-	}
+	testenv.GolangMigrate(t, b.migrations, "migrations/"+line, b.name, drv)
 }
 
 // TestGolangMigratePostgres: the shipped PostgreSQL files applied by
@@ -330,14 +322,9 @@ func TestGolangMigratePostgres(t *testing.T) {
 func TestGolangMigrateMySQLAndSQLite(t *testing.T) {
 	t.Run("mysql", func(t *testing.T) {
 		t.Parallel()
-		admin := testenv.MySQL(t)
-		name := randomName("gm")
-		_, err := admin.ExecContext(t.Context(), "CREATE DATABASE `"+name+"`")
+		cfg, err := driver.ParseDSN(testenv.MySQLDatabaseDSN(t, "gm_"))
 		require.NoError(t, err)
-		t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE `"+name+"`") })
-		cfg, err := driver.ParseDSN(testenv.MySQLDSN())
-		require.NoError(t, err)
-		cfg.DBName, cfg.MultiStatements = name, true
+		cfg.MultiStatements = true
 		inst := func(table string) (database.Driver, error) {
 			db, err := sql.Open("mysql", cfg.FormatDSN())
 			require.NoError(t, err)

@@ -2,8 +2,6 @@ package testenv
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 	"time"
 
@@ -38,11 +36,7 @@ func Redis(t testing.TB) *redis.Client {
 // key under it when t ends.
 func RedisPrefix(t testing.TB, client redis.UniversalClient) string {
 	t.Helper()
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	prefix := "watermill-idempotent-test:" + hex.EncodeToString(b[:]) + ":"
+	prefix := "watermill-idempotent-test:" + randomHex() + ":"
 	DeleteRedisKeysOnCleanup(t, client, prefix)
 	return prefix
 }

@@ -155,10 +155,7 @@ func createCluster(addrs []string, wait time.Duration) error {
 // (its first sync done: before it, a killed primary loses everything).
 func clusterHealthy(addrs []string) error {
 	for _, addr := range addrs {
-		if err := nodeHealthy(addr); err != nil {
-			return err
-		}
-		info, err := clusterInfo(addr)
+		info, err := nodeHealthy(addr)
 		if err != nil {
 			return err
 		}
@@ -170,23 +167,24 @@ func clusterHealthy(addrs []string) error {
 }
 
 // nodeHealthy reports nil when the node at addr says cluster_state:ok
-// and, if it is a replica, master_link_status:up.
-func nodeHealthy(addr string) error {
+// and, if it is a replica, master_link_status:up. It returns the node's
+// CLUSTER INFO.
+func nodeHealthy(addr string) (map[string]string, error) {
 	info, err := clusterInfo(addr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if info["cluster_state"] != "ok" {
-		return fmt.Errorf("%s: cluster_state:%s", addr, info["cluster_state"])
+		return nil, fmt.Errorf("%s: cluster_state:%s", addr, info["cluster_state"])
 	}
 	repl, err := infoSection(addr, "replication")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if repl["role"] == "slave" && repl["master_link_status"] != "up" {
-		return fmt.Errorf("%s: replica's master_link_status:%s", addr, repl["master_link_status"])
+		return nil, fmt.Errorf("%s: replica's master_link_status:%s", addr, repl["master_link_status"])
 	}
-	return nil
+	return info, nil
 }
 
 func clusterInfo(addr string) (map[string]string, error) { return infoSection(addr, "cluster") }
@@ -330,7 +328,7 @@ func (c *PrivateRedisCluster) Client(t testing.TB) *redis.ClusterClient {
 // its link down: leave it out.
 func (c *PrivateRedisCluster) Healthy(running ...*RedisServer) error {
 	for _, n := range running {
-		if err := nodeHealthy(n.Addr); err != nil {
+		if _, err := nodeHealthy(n.Addr); err != nil {
 			return err
 		}
 	}

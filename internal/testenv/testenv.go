@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql" // registers the "mysql" driver
+	"github.com/go-sql-driver/mysql" // also registers the "mysql" driver
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
@@ -89,18 +89,7 @@ func PgxPool(t testing.TB) *pgxpool.Pool {
 // ones) are the test's own.
 func PgxSchemaPool(t testing.TB, prefix string) *pgxpool.Pool {
 	t.Helper()
-	admin := PgxPool(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := prefix + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(context.Background(), `CREATE SCHEMA `+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if _, err := admin.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`); err != nil {
-			t.Error(err)
-		}
-	})
+	schema := postgresSchema(t, prefix)
 	cfg, err := pgxpool.ParseConfig(PostgresDSN())
 	if err != nil {
 		t.Fatal(err)
@@ -178,18 +167,7 @@ func ping(db *sql.DB) error {
 // names (the default ones) are the test's own.
 func PostgresSchemaDSN(t testing.TB, prefix string) string {
 	t.Helper()
-	db := Postgres(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := prefix + hex.EncodeToString(b[:])
-	if _, err := db.Exec(`CREATE SCHEMA ` + schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if _, err := db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`); err != nil {
-			t.Error(err)
-		}
-	})
+	schema := postgresSchema(t, prefix)
 	u, err := url.Parse(PostgresDSN())
 	if err != nil {
 		t.Fatalf("%s must be a URL: %v", PostgresEnv, err)
@@ -198,4 +176,52 @@ func PostgresSchemaDSN(t testing.TB, prefix string) string {
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// MySQLDatabaseDSN creates a database named prefix + a random suffix,
+// dropped with its tables when t ends, and returns MySQLDSN with that
+// database, so that a program's fixed table names (the default ones) are
+// the test's own.
+func MySQLDatabaseDSN(t testing.TB, prefix string) string {
+	t.Helper()
+	admin := MySQL(t)
+	name := prefix + randomHex()
+	if _, err := admin.Exec("CREATE DATABASE `" + name + "`"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.Exec("DROP DATABASE `" + name + "`"); err != nil {
+			t.Error(err)
+		}
+	})
+	cfg, err := mysql.ParseDSN(MySQLDSN())
+	if err != nil {
+		t.Fatalf("%s: %v", MySQLEnv, err)
+	}
+	cfg.DBName = name
+	return cfg.FormatDSN()
+}
+
+// postgresSchema creates a schema named prefix + a random suffix in the
+// test PostgreSQL database and drops it with its tables when t ends.
+func postgresSchema(t testing.TB, prefix string) string {
+	t.Helper()
+	db := Postgres(t)
+	schema := prefix + randomHex()
+	if _, err := db.Exec(`CREATE SCHEMA ` + schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`); err != nil {
+			t.Error(err)
+		}
+	})
+	return schema
+}
+
+// randomHex returns 12 random hex digits, for names no other test uses.
+func randomHex() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	return hex.EncodeToString(b[:])
 }
