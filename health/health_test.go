@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -62,7 +63,7 @@ func TestRelayStoppedAndRunning(t *testing.T) {
 	db := testenv.Postgres(t)
 	ctx := context.Background()
 	table := "health_outbox_" + suffix()
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: table})
+	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL, Table: table})
 	require.NoError(t, err)
 	require.NoError(t, ob.Migrate(ctx, db))
 	t.Cleanup(func() {
@@ -70,7 +71,7 @@ func TestRelayStoppedAndRunning(t *testing.T) {
 	})
 	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = pub.Close() })
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: table, DisableNotify: true, PollInterval: 10 * time.Millisecond}, nil)
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: table, DisableNotify: true, PollInterval: 10 * time.Millisecond}, nil)
 	require.NoError(t, err)
 
 	h, err := health.NewHandler(health.Config{DB: db, Relay: relay, MaxBacklogAge: time.Minute}, nil)
@@ -125,7 +126,7 @@ func TestRelayBacklogTooOld(t *testing.T) {
 	db := testenv.Postgres(t)
 	ctx := context.Background()
 	table := "health_outbox_" + suffix()
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: table})
+	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL, Table: table})
 	require.NoError(t, err)
 	require.NoError(t, ob.Migrate(ctx, db))
 	t.Cleanup(func() {
@@ -135,7 +136,7 @@ func TestRelayBacklogTooOld(t *testing.T) {
 	// while the relay runs.
 	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	require.NoError(t, pub.Close()) // a closed GoChannel refuses every Publish
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: table, DisableNotify: true, RetryInterval: 10 * time.Millisecond, MaxAttempts: 1_000_000}, nil)
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: table, DisableNotify: true, RetryInterval: 10 * time.Millisecond, MaxAttempts: 1_000_000}, nil)
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

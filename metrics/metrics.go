@@ -11,7 +11,7 @@
 //		OnSample: m.ObserveRecordCounts,
 //	}, logger)
 //	relay, err := outbox.NewRelay(db, publisher, outbox.RelayConfig{
-//		Dialect: outbox.PostgreSQL,
+//		Dialect: postgres.Dialect,
 //		Metrics: m.Relay("orders"),
 //	}, logger)
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))

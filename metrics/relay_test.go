@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/metrics"
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // relayMetric returns the series of family name with relay="orders", or
@@ -78,10 +79,10 @@ func TestRelayMetrics(t *testing.T) {
 			_, _ = rand.Read(suffix[:])
 			table := "outbox_metrics_" + hex.EncodeToString(suffix[:])
 			if backend == "postgres" {
-				db, dialect = testenv.Postgres(t), outbox.PostgreSQL
+				db, dialect = testenv.Postgres(t), sqldialect.PostgreSQL
 				backdate = `UPDATE ` + table + ` SET created_at = created_at - INTERVAL '1 hour' WHERE topic = 'old'`
 			} else {
-				db, dialect = testenv.MySQL(t), outbox.MySQL
+				db, dialect = testenv.MySQL(t), sqldialect.MySQL
 				backdate = `UPDATE ` + table + ` SET created_at = created_at - INTERVAL 1 HOUR WHERE topic = 'old'`
 			}
 			ob, err := outbox.New(outbox.Config{Dialect: dialect, Table: table})
@@ -90,7 +91,7 @@ func TestRelayMetrics(t *testing.T) {
 			t.Cleanup(func() {
 				_, _ = db.Exec(`DROP TABLE ` + table)
 				_, _ = db.Exec(`DROP TABLE IF EXISTS ` + outbox.DeadLetterTableName(table))
-				if dialect == outbox.PostgreSQL {
+				if dialect == sqldialect.PostgreSQL {
 					_, _ = db.Exec(`DROP FUNCTION IF EXISTS ` + table + `_notify()`)
 				}
 			})

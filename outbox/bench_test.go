@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // Benchmarks: the outbox → GoChannel path of this package's Relay against
@@ -43,8 +44,8 @@ type benchDB struct {
 }
 
 var benchDBs = []benchDB{
-	{"postgres", outbox.PostgreSQL, testenv.Postgres},
-	{"mariadb", outbox.MySQL, testenv.MySQL},
+	{"postgres", sqldialect.PostgreSQL, testenv.Postgres},
+	{"mariadb", sqldialect.MySQL, testenv.MySQL},
 }
 
 // pipeline is one outbox → GoChannel path under benchmark.
@@ -143,7 +144,7 @@ func newRelayPipeline(b *testing.B, d benchDB) pipeline {
 	require.NoError(b, ob.Migrate(context.Background(), db))
 	b.Cleanup(backend{db: db, dialect: d.dialect, table: table}.drop)
 	cfg := outbox.RelayConfig{Dialect: d.dialect, Table: table}
-	if d.dialect == outbox.PostgreSQL {
+	if d.dialect == sqldialect.PostgreSQL {
 		cfg.Notifier = pgxoutbox.Notifier(db)
 	}
 	return &relayPipeline{b: b, db: db, ob: ob, config: cfg}
@@ -195,7 +196,7 @@ func newForwarderPipeline(b *testing.B, d benchDB) pipeline {
 	suffix := randomSuffix()
 	p := &forwarderPipeline{b: b, db: db, topic: "fwd_" + suffix}
 	var drop []string
-	if d.dialect == outbox.PostgreSQL {
+	if d.dialect == sqldialect.PostgreSQL {
 		p.schema = wsql.DefaultPostgreSQLSchema{}
 		p.offsets = wsql.DefaultPostgreSQLOffsetsAdapter{}
 		drop = []string{`"watermill_` + p.topic + `"`, `"watermill_offsets_` + p.topic + `"`}

@@ -15,11 +15,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // TestChainInboxOutboxRelayInbox runs the whole pattern with duplicates at
@@ -45,12 +45,12 @@ func TestChainInboxOutboxRelayInbox(t *testing.T) {
 		inboxTable := "inbox_" + randomSuffix()
 		var repo repository.Transactional
 		switch b.dialect {
-		case outbox.PostgreSQL:
+		case sqldialect.PostgreSQL:
 			r, err := postgres.NewRepository(b.db, postgres.Config{Table: inboxTable})
 			require.NoError(t, err)
 			require.NoError(t, r.Migrate(ctx))
 			repo = r
-		case outbox.SQLite:
+		case sqldialect.SQLite:
 			r, err := sqlite.NewRepository(b.db, sqlite.Config{Table: inboxTable})
 			require.NoError(t, err)
 			require.NoError(t, r.Migrate(ctx))

@@ -167,7 +167,7 @@ func (dl *DeadLetters) Delete(ctx context.Context, ids ...int64) (int, error) {
 		return 0, err
 	}
 	del := dl.d.deleteDead
-	n, err := dl.db.Exec(ctx, del.SQL(), del.Args(dl.d.f.ids(ids))...)
+	n, err := dl.db.Exec(ctx, del.SQL(), del.Args(dl.d.ids(ids))...)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: delete dead letters: %w", err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // refuseLarge stands for a broker with a message size limit, such as
@@ -361,7 +362,7 @@ func TestDeadLetterTableName(t *testing.T) {
 }
 
 func TestRelayConfigValidatesNewLimits(t *testing.T) {
-	err := outbox.RelayConfig{Dialect: outbox.MySQL, MaxBatchBytes: -1, MaxAttempts: -1, CloseTimeout: -time.Second}.Validate()
+	err := outbox.RelayConfig{Dialect: sqldialect.MySQL, MaxBatchBytes: -1, MaxAttempts: -1, CloseTimeout: -time.Second}.Validate()
 	require.ErrorContains(t, err, "RelayConfig.MaxBatchBytes must be positive")
 	require.ErrorContains(t, err, "RelayConfig.MaxAttempts must be positive")
 	require.ErrorContains(t, err, "RelayConfig.CloseTimeout must be positive")

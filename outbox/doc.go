@@ -8,7 +8,7 @@
 // so an inbox on the consuming side (package middleware) dedupes the
 // repeats a crash can cause.
 //
-//	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
+//	ob, err := outbox.New(outbox.Config{Dialect: postgres.Dialect})
 //	if err != nil { … }
 //	if err := ob.Migrate(ctx, db); err != nil { … } // or apply migrations/postgres
 //
@@ -20,7 +20,7 @@
 //
 //	// Relay: outbox → broker.
 //	relay, err := outbox.NewRelay(db, amqpPublisher, outbox.RelayConfig{
-//		Dialect:  outbox.PostgreSQL,
+//		Dialect:  postgres.Dialect,
 //		Notifier: pgxoutbox.Notifier(db), // LISTEN/NOTIFY wake-up; PostgreSQL only
 //	}, logger)
 //	go func() { _ = relay.Run(ctx) }()

@@ -27,6 +27,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 func TestMain(m *testing.M) {
@@ -52,7 +53,7 @@ type backend struct {
 
 // ph returns the n-th bind marker of the backend.
 func (b backend) ph(n int) string {
-	if b.dialect == outbox.PostgreSQL {
+	if b.dialect == sqldialect.PostgreSQL {
 		return "$" + strconv.Itoa(n)
 	}
 	return "?"
@@ -60,7 +61,7 @@ func (b backend) ph(n int) string {
 
 func (b backend) relayConfig() outbox.RelayConfig {
 	cfg := outbox.RelayConfig{Dialect: b.dialect, Table: b.table, RetryInterval: 20 * time.Millisecond}
-	if b.dialect == outbox.PostgreSQL && b.pool == nil {
+	if b.dialect == sqldialect.PostgreSQL && b.pool == nil {
 		cfg.Notifier = pgxoutbox.Notifier(b.db)
 	}
 	return cfg
@@ -108,13 +109,13 @@ func forEachBackendMode(t *testing.T, parallel bool, fn func(t *testing.T, b bac
 			b := backend{name: name, table: "outbox_" + randomSuffix()}
 			switch name {
 			case "postgres":
-				b.db, b.dialect = testenv.Postgres(t), outbox.PostgreSQL
+				b.db, b.dialect = testenv.Postgres(t), sqldialect.PostgreSQL
 			case "postgres-pgx":
-				b.db, b.pool, b.dialect = testenv.Postgres(t), testenv.PgxPool(t), outbox.PostgreSQL
+				b.db, b.pool, b.dialect = testenv.Postgres(t), testenv.PgxPool(t), sqldialect.PostgreSQL
 			case "mariadb":
-				b.db, b.dialect = testenv.MySQL(t), outbox.MySQL
+				b.db, b.dialect = testenv.MySQL(t), sqldialect.MySQL
 			default:
-				b.db, b.dialect = testenv.SQLite(t), outbox.SQLite
+				b.db, b.dialect = testenv.SQLite(t), sqldialect.SQLite
 			}
 			b.db.SetMaxOpenConns(20)
 			ob, err := outbox.New(outbox.Config{Dialect: b.dialect, Table: b.table})
@@ -136,7 +137,7 @@ func forEachBackendMode(t *testing.T, parallel bool, fn func(t *testing.T, b bac
 func (b backend) drop() {
 	_, _ = b.db.Exec(`DROP TABLE IF EXISTS ` + b.table)
 	_, _ = b.db.Exec(`DROP TABLE IF EXISTS ` + outbox.DeadLetterTableName(b.table))
-	if b.dialect == outbox.PostgreSQL {
+	if b.dialect == sqldialect.PostgreSQL {
 		_, _ = b.db.Exec(`DROP FUNCTION IF EXISTS ` + b.table + `_notify()`)
 	}
 }
@@ -328,7 +329,7 @@ func newConsumerInbox(t *testing.T, b backend) *consumerInbox {
 	c := &consumerInbox{effects: "effects_" + randomSuffix()}
 	var repo repository.Transactional
 	inboxTable := "inbox_" + randomSuffix()
-	if b.dialect == outbox.PostgreSQL {
+	if b.dialect == sqldialect.PostgreSQL {
 		c.db, c.ph = b.db, b.ph
 		r, err := postgres.NewRepository(b.db, postgres.Config{Table: inboxTable})
 		require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // A producer writes an order and its event in one transaction; a relay
@@ -23,7 +24,7 @@ func Example() {
 	}
 	defer db.Close()
 
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
+	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -51,7 +52,7 @@ func Example() {
 	// Watermill publisher (AMQP, Kafka, …).
 	var broker message.Publisher // e.g. amqp.NewPublisher(…)
 	relay, err := outbox.NewRelay(db, broker, outbox.RelayConfig{
-		Dialect:  outbox.PostgreSQL,
+		Dialect:  sqldialect.PostgreSQL,
 		Notifier: pgxoutbox.Notifier(db), // wake on commit (LISTEN/NOTIFY)
 	}, watermill.NopLogger{})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // dbResolution absorbs the databases' whole microseconds: an age the
@@ -63,9 +64,9 @@ func (b backend) backdate(t *testing.T, topic string) {
 	t.Helper()
 	q := `UPDATE ` + b.table + ` SET created_at = created_at - INTERVAL '1 hour' WHERE topic = $1`
 	switch b.dialect {
-	case outbox.MySQL:
+	case sqldialect.MySQL:
 		q = `UPDATE ` + b.table + ` SET created_at = created_at - INTERVAL 1 HOUR WHERE topic = ?`
-	case outbox.SQLite: // Unix microseconds
+	case sqldialect.SQLite: // Unix microseconds
 		q = `UPDATE ` + b.table + ` SET created_at = created_at - 3600000000 WHERE topic = ?`
 	}
 	_, err := b.db.Exec(q, topic)
@@ -188,7 +189,7 @@ func TestBacklog(t *testing.T) {
 }
 
 func TestBacklogIntervalValidated(t *testing.T) {
-	err := outbox.RelayConfig{Dialect: outbox.MySQL, BacklogInterval: -time.Second}.Validate()
+	err := outbox.RelayConfig{Dialect: sqldialect.MySQL, BacklogInterval: -time.Second}.Validate()
 	require.ErrorContains(t, err, "RelayConfig.BacklogInterval must be positive")
 }
 

@@ -13,29 +13,26 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // DefaultTableName is the outbox table used when Config.Table is empty.
 const DefaultTableName = "watermill_outbox"
 
-// Dialect selects the SQL flavour of the outbox table.
-type Dialect string
+// Dialect names the database of the outbox table.
+//
+// Deprecated: Config.Dialect takes the stores' value, sqldialect.Dialect
+// (postgres.Dialect, mysql.Dialect, sqlite.Dialect name the same ones).
+type Dialect = sqldialect.Dialect
 
+// The dialects, as sqldialect names them.
+//
+// Deprecated: use postgres.Dialect, mysql.Dialect or sqlite.Dialect (or
+// sqldialect.PostgreSQL, MySQL, SQLite).
 const (
-	// PostgreSQL (10+; the shipped schema uses CREATE OR REPLACE TRIGGER,
-	// so Migrate needs 14+), used through database/sql with the pgx/v5
-	// stdlib driver, or natively on pgx/v5 through outbox/pgxoutbox, which
-	// also provides the relay's LISTEN/NOTIFY wake-up.
-	PostgreSQL Dialect = "postgres"
-	// MySQL covers MySQL 8.0+ and MariaDB 10.6+ (the relay needs
-	// FOR UPDATE SKIP LOCKED), used with github.com/go-sql-driver/mysql.
-	MySQL Dialect = "mysql"
-	// SQLite (3.35+), used with modernc.org/sqlite through a *sql.DB from
-	// repository/sqlite's Open or DSN (BEGIN IMMEDIATE, WAL). The relay
-	// polls (no LISTEN) and needs no row locks: SQLite has one writer,
-	// and the relay's batch runs in a write transaction, so it is
-	// exclusive; several relays take turns.
-	SQLite Dialect = "sqlite"
+	PostgreSQL = sqldialect.PostgreSQL
+	MySQL      = sqldialect.MySQL
+	SQLite     = sqldialect.SQLite
 )
 
 // Limits on the columns of the outbox table.
@@ -63,8 +60,10 @@ var disallowedTopicCharacters = regexp.MustCompile(`[^A-Za-z0-9\-\$\:\.\_]`)
 // Config configures an Outbox. The same values must be given to the
 // relay's RelayConfig so both sides use one table.
 type Config struct {
-	// Dialect is the database flavour. Required.
-	Dialect Dialect
+	// Dialect is the database, the value the stores use: postgres.Dialect,
+	// mysql.Dialect or sqlite.Dialect (sqldialect.PostgreSQL, MySQL,
+	// SQLite). Required.
+	Dialect sqldialect.Dialect
 	// Table is the outbox table, optionally schema-qualified
 	// ("schema.table"). Default: DefaultTableName. Validated with
 	// repository.ValidateTableName, so it cannot carry SQL.
@@ -81,11 +80,11 @@ func (c *Config) setDefaults() {
 func (c Config) Validate() error {
 	var errs []error
 	switch c.Dialect {
-	case PostgreSQL, MySQL, SQLite:
+	case sqldialect.PostgreSQL, sqldialect.MySQL, sqldialect.SQLite:
 	case "":
-		errs = append(errs, errors.New("missing Config.Dialect (outbox.PostgreSQL, outbox.MySQL or outbox.SQLite)"))
+		errs = append(errs, errors.New("missing Config.Dialect (postgres.Dialect, mysql.Dialect or sqlite.Dialect)"))
 	default:
-		errs = append(errs, fmt.Errorf("unknown Config.Dialect %q (want outbox.PostgreSQL, outbox.MySQL or outbox.SQLite)", c.Dialect))
+		errs = append(errs, fmt.Errorf("unknown Config.Dialect %q (want postgres.Dialect, mysql.Dialect or sqlite.Dialect)", c.Dialect))
 	}
 	if err := repository.ValidateTableName(c.Table); err != nil {
 		errs = append(errs, err)

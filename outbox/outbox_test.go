@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -20,16 +21,16 @@ func TestConfigValidate(t *testing.T) {
 	_, err = outbox.New(outbox.Config{Dialect: "oracle"})
 	require.ErrorContains(t, err, "unknown Config.Dialect")
 	for _, bad := range []string{`x"; DROP TABLE y; --`, "a.b.c", "1abc", "with space", strings.Repeat("a", 64)} {
-		_, err = outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: bad})
+		_, err = outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL, Table: bad})
 		require.ErrorIs(t, err, repository.ErrInvalidTableName, bad)
-		_, err = outbox.NewRelay(nil, nil, outbox.RelayConfig{Dialect: outbox.MySQL, Table: bad}, nil)
+		_, err = outbox.NewRelay(nil, nil, outbox.RelayConfig{Dialect: sqldialect.MySQL, Table: bad}, nil)
 		require.Error(t, err)
 	}
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.MySQL})
+	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.MySQL})
 	require.NoError(t, err)
 	require.Equal(t, outbox.DefaultTableName, ob.Config().Table)
 	require.Equal(t, outbox.MySQLSchemaSQL, ob.SchemaDDL())
-	require.Empty(t, outbox.SchemaDDL(outbox.PostgreSQL, "bad name"))
+	require.Empty(t, outbox.SchemaDDL(sqldialect.PostgreSQL, "bad name"))
 }
 
 // The business row and the outbox rows commit or roll back together, and

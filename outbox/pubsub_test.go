@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // Watermill's universal Pub/Sub test suite (pubsub/tests.TestPubSub) run
@@ -140,13 +141,13 @@ func TestPubSub(t *testing.T) {
 		t.Parallel()
 		url := testenv.AMQP(t)
 		db := testenv.Postgres(t)
-		testPubSubAMQP(t, url, db, outbox.PostgreSQL, outbox.RelayConfig{Notifier: pgxoutbox.Notifier(db)})
+		testPubSubAMQP(t, url, db, sqldialect.PostgreSQL, outbox.RelayConfig{Notifier: pgxoutbox.Notifier(db)})
 	})
 	t.Run("mariadb-amqp", func(t *testing.T) {
 		t.Parallel()
 		url := testenv.AMQP(t)
 		db := testenv.MySQL(t)
-		testPubSubAMQP(t, url, db, outbox.MySQL, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
+		testPubSubAMQP(t, url, db, sqldialect.MySQL, outbox.RelayConfig{PollInterval: 20 * time.Millisecond})
 	})
 	t.Run("sqlite-gochannel", func(t *testing.T) {
 		t.Parallel()
@@ -156,7 +157,7 @@ func TestPubSub(t *testing.T) {
 			Persistent:          true,
 		}, watermill.NopLogger{})
 		t.Cleanup(func() { require.NoError(t, broker.Close()) })
-		ob := startSuiteRelay(t, db, outbox.SQLite, broker, outbox.RelayConfig{
+		ob := startSuiteRelay(t, db, sqldialect.SQLite, broker, outbox.RelayConfig{
 			PollInterval:  20 * time.Millisecond,
 			RetryInterval: 50 * time.Millisecond,
 		})

@@ -19,6 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // Relay defaults.
@@ -48,7 +49,7 @@ var (
 type RelayConfig struct {
 	// Dialect is the database flavour; it must match the Outbox's.
 	// Required.
-	Dialect Dialect
+	Dialect sqldialect.Dialect
 	// Table is the outbox table; it must match the Outbox's. Default:
 	// DefaultTableName.
 	Table string
@@ -136,7 +137,7 @@ func (c *RelayConfig) setDefaults() {
 }
 
 func (c RelayConfig) notify() bool {
-	return c.Dialect == PostgreSQL && c.Notifier != nil && !c.DisableNotify
+	return c.Dialect == sqldialect.PostgreSQL && c.Notifier != nil && !c.DisableNotify
 }
 
 // Notifier wakes a relay when rows commit: see RelayConfig.Notifier.
@@ -833,7 +834,7 @@ func (r *Relay) batch(ctx context.Context, tx sqlstore.Executor, res *batchResul
 		for k, i := range p.order {
 			ids[k] = batch[i].id
 		}
-		if _, err := tx.Exec(ctx, r.d.deleteAcked.SQL(), r.d.deleteAcked.Args(r.d.f.ids(ids))...); err != nil {
+		if _, err := tx.Exec(ctx, r.d.deleteAcked.SQL(), r.d.deleteAcked.Args(r.d.ids(ids))...); err != nil {
 			return p, dead, charged, pubErr, fmt.Errorf("outbox: relay: acknowledge %d rows: %w", len(ids), err)
 		}
 	}
@@ -888,7 +889,7 @@ func (r *Relay) claim(ctx context.Context, tx sqlstore.Executor) ([]claimedRow, 
 			return nil, err
 		}
 		batch, err := r.fetch(ctx, tx, ids)
-		if err != nil || len(batch) > 0 || r.d.f.claimLocks {
+		if err != nil || len(batch) > 0 || r.d.claimLocks() {
 			return batch, err
 		}
 		// MySQL: other relays hold every row of this prefix; look past
@@ -936,7 +937,7 @@ func (r *Relay) fetch(ctx context.Context, tx sqlstore.Executor, ids []int64) ([
 	// moment on the relay's clock just before it: a row's lag counts no
 	// part of the claim twice.
 	start := time.Now()
-	rows, err := tx.Query(ctx, r.d.fetch.SQL(), r.d.fetch.Args(r.d.f.ids(ids), start.UnixMicro())...)
+	rows, err := tx.Query(ctx, r.d.fetch.SQL(), r.d.fetch.Args(r.d.ids(ids), start.UnixMicro())...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: read claimed rows: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // Eight writers whose transactions commit out of order: writer 0 takes the
@@ -29,7 +30,7 @@ func TestOutOfOrderCommitsAreNotSkipped(t *testing.T) {
 		t.Skip("-short: hundreds of messages per database; make test runs it")
 	}
 	forEachBackend(t, func(t *testing.T, b backend) {
-		if b.dialect == outbox.SQLite {
+		if b.dialect == sqldialect.SQLite {
 			sqliteCommitsInIDOrder(t, b)
 			return
 		}
@@ -295,7 +296,7 @@ func (c *relayCounter) BatchFailed(error)                  {}
 // With polling effectively off, NOTIFY alone wakes the relay.
 func TestNotifyWakesRelay(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
-		if b.dialect != outbox.PostgreSQL {
+		if b.dialect != sqldialect.PostgreSQL {
 			t.Skip("LISTEN/NOTIFY is PostgreSQL only; MariaDB polls")
 		}
 		s := newSink(t, nil, "t")

@@ -7,21 +7,22 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // The migration files are what Migrate applies: for the default table
 // SchemaDDL is the file itself.
 func TestSchemaFilesMatchMigrate(t *testing.T) {
-	require.Equal(t, outbox.PostgresSchemaSQL, outbox.SchemaDDL(outbox.PostgreSQL, outbox.DefaultTableName))
-	require.Equal(t, outbox.MySQLSchemaSQL, outbox.SchemaDDL(outbox.MySQL, outbox.DefaultTableName))
-	require.Equal(t, outbox.SQLiteSchemaSQL, outbox.SchemaDDL(outbox.SQLite, outbox.DefaultTableName))
+	require.Equal(t, outbox.PostgresSchemaSQL, outbox.SchemaDDL(sqldialect.PostgreSQL, outbox.DefaultTableName))
+	require.Equal(t, outbox.MySQLSchemaSQL, outbox.SchemaDDL(sqldialect.MySQL, outbox.DefaultTableName))
+	require.Equal(t, outbox.SQLiteSchemaSQL, outbox.SchemaDDL(sqldialect.SQLite, outbox.DefaultTableName))
 }
 
 // Another table name renames the table, its dead-letter table, and on
 // PostgreSQL the notify function (in the table's schema), its trigger
 // and the NOTIFY channel; nothing keeps the default name.
 func TestSchemaDDLRendersTableNames(t *testing.T) {
-	ddl := outbox.SchemaDDL(outbox.PostgreSQL, "app.orders_outbox")
+	ddl := outbox.SchemaDDL(sqldialect.PostgreSQL, "app.orders_outbox")
 	for _, want := range []string{
 		`CREATE TABLE IF NOT EXISTS "app"."orders_outbox" (`,
 		`CREATE TABLE IF NOT EXISTS "app"."orders_outbox_dead_letters" (`,
@@ -31,7 +32,7 @@ func TestSchemaDDLRendersTableNames(t *testing.T) {
 	} {
 		require.Contains(t, ddl, want)
 	}
-	for _, d := range []outbox.Dialect{outbox.PostgreSQL, outbox.MySQL, outbox.SQLite} {
+	for _, d := range []outbox.Dialect{sqldialect.PostgreSQL, sqldialect.MySQL, sqldialect.SQLite} {
 		ddl := outbox.SchemaDDL(d, "app.orders_outbox")
 		require.NotEmpty(t, ddl, d)
 		require.False(t, strings.Contains(ddl, outbox.DefaultTableName), "%s: %s", d, ddl)
@@ -58,7 +59,7 @@ func TestMigrateIsRecorded(t *testing.T) {
 			return out
 		}
 		want := []int{1}
-		if b.dialect == outbox.MySQL {
+		if b.dialect == sqldialect.MySQL {
 			want = []int{1, 2}
 		}
 		require.Equal(t, want, versions())

@@ -36,6 +36,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 func main() {
@@ -120,7 +121,7 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 	}
 	// The outbox table (and its dead letters) in the same database, so
 	// payment events commit with the charge.
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.SQLite})
+	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.SQLite})
 	if err != nil {
 		return Summary{}, err
 	}
@@ -265,7 +266,7 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 
 	// The relay publishes committed outbox rows to the broker. SQLite
 	// has no LISTEN: it polls.
-	relay, err := outbox.NewRelay(db, pubSub, outbox.RelayConfig{Dialect: outbox.SQLite, PollInterval: 10 * time.Millisecond}, logger)
+	relay, err := outbox.NewRelay(db, pubSub, outbox.RelayConfig{Dialect: sqldialect.SQLite, PollInterval: 10 * time.Millisecond}, logger)
 	if err != nil {
 		return Summary{}, err
 	}

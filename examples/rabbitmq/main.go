@@ -38,6 +38,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 type config struct {
@@ -79,7 +80,7 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	if err := repo.Migrate(ctx); err != nil {
 		return err
 	}
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
+	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL})
 	if err != nil {
 		return err
 	}
@@ -117,7 +118,7 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL}, logger)
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL}, logger)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -146,9 +145,9 @@ func batchRow(d *Dialect, seen map[[2]string]bool, i int, p repository.ClaimPara
 func (s *Inbox) insertBatch(ctx context.Context, ex Executor, n int, args []any) (map[[2]string]bool, error) {
 	st := s.batchInsert(n, false)
 	claimed := make(map[[2]string]bool, n)
-	if s.d.IgnoreConflict == "" {
+	if !strings.Contains(st.text, "RETURNING") {
 		_, err := st.exec(ctx, ex, args...)
-		if s.d.IsUniqueViolation(err) {
+		if s.d.isUniqueViolation(err) {
 			return nil, nil
 		}
 		for r := range n {
@@ -173,27 +172,18 @@ type batchStmtKey struct {
 	plain bool
 }
 
-// batchInsert is the claim of n rows: a plain multi-row INSERT, with
-// IgnoreConflict and RETURNING where the dialect ignores conflicts unless
-// plain.
+// batchInsert is the claim of n rows: the dialect's ClaimBatch, or
+// if plain its ClaimWithBegin (PostgreSQL), with the VALUES row repeated.
 func (s *Inbox) batchInsert(n int, plain bool) Stmt {
 	k := batchStmtKey{n, plain}
 	if st, ok := s.batches.Load(k); ok {
 		return st.(Stmt)
 	}
-	var b strings.Builder
-	b.WriteString(claimInto + `VALUES `)
-	for r := range n {
-		if r > 0 {
-			b.WriteString(", ")
-		}
-		p := func(k int) string { return "$" + strconv.Itoa(5*r+k) }
-		b.WriteString("(" + p(1) + ", " + p(2) + ", 'completed', " + p(3) + ", 1, " + p(4) + ", " + p(4) + ", " + p(5) + ")")
+	one := s.d.Inbox.ClaimBatch
+	if plain && s.d.Inbox.ClaimWithBegin.Text != "" {
+		one = s.d.Inbox.ClaimWithBegin
 	}
-	if s.d.IgnoreConflict != "" && !plain {
-		b.WriteString(s.d.IgnoreConflict + ` RETURNING consumer, dedup_key`)
-	}
-	st := s.d.Statement(s.t.quoted, b.String())
+	st := s.d.Bound(s.t.quoted, s.d.Repeat(one, n, 5))
 	s.batches.Store(k, st)
 	return st
 }
@@ -204,7 +194,7 @@ func (s *Inbox) RetryableTx(err error) bool {
 	if err == nil {
 		return false
 	}
-	return (s.d.IsRetryable != nil && s.d.IsRetryable(err)) || repository.IsSerializationFailure(err)
+	return s.d.isRetryable(err) || repository.IsSerializationFailure(err)
 }
 
 var _ repository.BatchTransactional = (*Inbox)(nil)

@@ -15,18 +15,6 @@ import (
 // before it could be read, or that was a deadlock victim.
 const attempts = 32
 
-const (
-	columns = `consumer, dedup_key, state, payload_hash, result, attempts, lease_owner, lease_until, created_at, completed_at, expires_at`
-	byKey   = ` WHERE consumer = $1 AND dedup_key = $2`
-	fenced  = byKey + ` AND state = 'in_progress' AND lease_owner = $3`
-	// operatorFence adds an expired lease and a live record at $4.
-	operatorFence = fenced + ` AND lease_until <= $4 AND expires_at > $4`
-	// claimInto and acquireInto start the inserts of a completed marker
-	// (ClaimOn, batches) and of an in-progress record (Acquire).
-	claimInto   = `INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at) `
-	acquireInto = `INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, lease_owner, lease_until, created_at, expires_at) `
-)
-
 // Inbox stores inbox records in one SQL table. It implements
 // repository.Transactional, BatchTransactional, TwoPhase, Reader, Cleaner,
 // Operator and Stats and is safe for concurrent use.
@@ -49,39 +37,17 @@ func NewInbox(d *Dialect, db DB, config Config) (*Inbox, error) {
 		return nil, err
 	}
 	s := &Inbox{migrator: m}
-	b := func(q string) Stmt {
-		st := d.Statement(m.t.quoted, q)
+	b := func(q SQL) Stmt {
+		st := d.Bound(m.t.quoted, q)
 		st.inline = d.Bind == Question // MySQL: see Stmt.send
 		return st
 	}
-	s.q.claim = b(claimInto + `VALUES ($1, $2, 'completed', $3, 1, $4, $4, $5)` + d.IgnoreConflict)
-	s.q.get = b(`SELECT ` + columns + ` FROM {T}` + byKey)
-	s.q.lockedGet = b(`SELECT ` + columns + ` FROM {T}` + byKey + d.LockingRead)
-	s.q.save = b(`UPDATE {T} SET result = $3` + byKey)
-	s.q.exists = b(`SELECT COUNT(*) FROM {T}` + byKey + d.LockingRead)
-	s.q.deleteExpired = b(d.DeleteExpired)
-	s.q.pickExpired = b(d.PickExpired)
-	s.q.acquire = b(acquireInto + `VALUES ($1, $2, 'in_progress', $3, 1, $4, $5, $6, $7)` + d.IgnoreConflict)
-	reclaim := `UPDATE {T} SET lease_owner = $4, lease_until = $6, attempts = attempts + 1` + fenced + ` AND lease_until <= $5`
-	if d.Returning {
-		reclaim += ` RETURNING ` + columns
-	}
-	s.q.reclaim = b(reclaim)
-	s.q.extend = b(`UPDATE {T} SET lease_until = $4` + fenced)
-	s.q.extendCheck = b(`SELECT COUNT(*) FROM {T}` + fenced + ` AND lease_until = $4`)
-	s.q.complete = b(`UPDATE {T} SET state = 'completed', result = $4, completed_at = $5` + fenced)
-	s.q.release = b(`DELETE FROM {T}` + fenced)
-	s.q.list = b(`SELECT ` + columns + ` FROM {T} WHERE state = 'in_progress' AND lease_until <= $1 AND expires_at > $1 AND ($2 = '' OR consumer = $2)
-ORDER BY lease_until, consumer` + d.ByteOrder + `, dedup_key` + d.ByteOrder + ` LIMIT $3`)
-	s.q.resolveComplete = b(`UPDATE {T} SET state = 'completed', result = $5, completed_at = $4` + operatorFence)
-	s.q.resolveRelease = b(`DELETE FROM {T}` + operatorFence)
-	s.q.live = b(`SELECT COUNT(*) FROM {T}` + byKey + ` AND expires_at > $3`)
-	s.q.count = b(`SELECT consumer,
-	COUNT(CASE WHEN state = 'in_progress' AND lease_until > $1 THEN 1 END),
-	COUNT(CASE WHEN state = 'in_progress' AND lease_until <= $1 THEN 1 END),
-	COUNT(CASE WHEN state = 'completed' THEN 1 END)
-FROM {T} WHERE expires_at > $1
-GROUP BY consumer ORDER BY consumer` + d.ByteOrder)
+	in := &d.Inbox
+	s.q.claim, s.q.get, s.q.lockedGet, s.q.save, s.q.exists = b(in.Claim), b(in.Get), b(in.LockedGet), b(in.Save), b(in.Exists)
+	s.q.deleteExpired, s.q.pickExpired = b(in.DeleteExpired), b(in.PickExpired)
+	s.q.acquire, s.q.reclaim, s.q.extend, s.q.extendCheck = b(in.Acquire), b(in.Reclaim), b(in.Extend), b(in.ExtendCheck)
+	s.q.complete, s.q.release, s.q.list = b(in.Complete), b(in.Release), b(in.List)
+	s.q.resolveComplete, s.q.resolveRelease, s.q.live, s.q.count = b(in.ResolveComplete), b(in.ResolveRelease), b(in.Live), b(in.Count)
 	return s, nil
 }
 
@@ -120,7 +86,7 @@ func (s *Inbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimPara
 // insert runs a conditional insert; if the key is taken, it reads it.
 func (s *Inbox) insert(ctx context.Context, ex Executor, insert, read Stmt, args []any) (bool, repository.Record, error) {
 	n, err := insert.exec(ctx, ex, args...)
-	if s.d.IsUniqueViolation(err) {
+	if s.d.isUniqueViolation(err) {
 		n, err = 0, nil
 	}
 	if err != nil || n == 1 {
@@ -170,7 +136,7 @@ func (s *Inbox) DeleteExpired(ctx context.Context, before time.Time, limit int) 
 	if err != nil {
 		return 0, s.wrap("delete expired", err)
 	}
-	if s.d.DeleteByKeys == nil {
+	if s.d.Inbox.DeleteByKeys == nil {
 		n, err := s.q.deleteExpired.exec(ctx, s.db, args...)
 		return int(n), s.wrap("delete expired", err)
 	}
@@ -188,7 +154,7 @@ func (s *Inbox) DeleteExpired(ctx context.Context, before time.Time, limit int) 
 				keys = append(keys, pk[0], pk[1])
 			}
 			var n int64
-			n, err = tx.Exec(ctx, s.d.Statement(s.t.quoted, s.d.DeleteByKeys(len(chunk))).text, keys...)
+			n, err = s.d.Bound(s.t.quoted, s.d.Inbox.DeleteByKeys(len(chunk))).exec(ctx, tx, keys...)
 			deleted += int(n)
 		}
 		return err
@@ -237,7 +203,7 @@ func (s *Inbox) write(ctx context.Context, st Stmt, args ...any) (n int64, err e
 func (s *Inbox) retry(fn func() error) error {
 	var err error
 	for range attempts {
-		if err = fn(); err == nil || s.d.IsRetryable == nil || !s.d.IsRetryable(err) {
+		if err = fn(); !s.d.isRetryable(err) {
 			return err
 		}
 	}
@@ -248,7 +214,7 @@ func (s *Inbox) retry(fn func() error) error {
 // again (up to attempts times): its record vanished before it could be
 // read, or it was a deadlock victim.
 func (s *Inbox) again(err error) bool {
-	return errors.Is(err, repository.ErrNotFound) || s.d.IsRetryable != nil && s.d.IsRetryable(err)
+	return errors.Is(err, repository.ErrNotFound) || s.d.isRetryable(err)
 }
 
 func (s *Inbox) count(ctx context.Context, ex Executor, st Stmt, args ...any) (n int64, err error) {

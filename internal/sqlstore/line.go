@@ -75,22 +75,5 @@ func (l Line) DDL(table string) (string, error) {
 	return b.String(), nil
 }
 
-// The migration locks of the databases. Every migration line of one
-// database takes the same one (the stores' inbox and versions lines in
-// repository/postgres and repository/mysql, the outbox's line), so no two
-// migrations of any kind run at once; SQLite needs none: its write
-// transaction is the lock.
-const (
-	// PostgresMigrateLock is a transaction-level advisory lock:
-	// concurrent CREATE … IF NOT EXISTS can still fail on the catalog's
-	// unique index.
-	PostgresMigrateLock = `SELECT 1 FROM pg_advisory_xact_lock(hashtext('watermill-idempotent-migrate'))`
-	// MySQLMigrateLock belongs to a session; if the connection dies, the
-	// server drops it. It waits up to a minute. MySQLMigrateUnlock
-	// releases it.
-	MySQLMigrateLock   = `SELECT GET_LOCK('watermill_idempotent_migrate', 60)`
-	MySQLMigrateUnlock = `DO RELEASE_LOCK('watermill_idempotent_migrate')`
-)
-
 // nilDB lets DDL build a migrator without a database; it is never used.
 type nilDB struct{ DB }

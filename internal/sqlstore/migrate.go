@@ -49,7 +49,7 @@ func (m *migrator) wrap(op string, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case m.d.IsRetryable != nil && m.d.IsRetryable(err):
+	case m.d.isRetryable(err):
 		return fmt.Errorf("%s: %s: deadlock: the database rolled the whole transaction back; roll back and retry: %w", m.d.Name, op, err)
 	}
 	return fmt.Errorf("%s: %s: %w", m.d.Name, op, err)
@@ -79,11 +79,11 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 	if err != nil {
 		return nil, m.wrap("migrate", err)
 	}
-	probe := m.d.Statement(m.t.quoted, `SELECT COUNT(*) FROM {T} WHERE 1 = 0`).text
+	probe := m.d.Bound(m.t.quoted, m.d.Migrate.Probe).text
 	missing := m.db.QueryRow(ctx, probe).Scan(new(int)) != nil
 	table, subject := m.d.sibling(m.t, MigrationsTable), m.l.Name+":"+m.t.name
-	exec := func(ex Executor, q string, args ...any) error {
-		_, err := m.d.Statement(table, q).exec(ctx, ex, args...)
+	exec := func(ex Executor, q SQL, args ...any) error {
+		_, err := m.d.Bound(table, q).exec(ctx, ex, args...)
 		return err
 	}
 	var applied []Migration
@@ -101,15 +101,15 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 			// may have migrated meanwhile and MySQL's files cannot run twice.
 			missing = missing && ex.QueryRow(ctx, probe).Scan(new(int)) != nil
 		}
-		if err := exec(ex, migrationsDDL); err != nil {
+		if _, err := ex.Exec(ctx, strings.ReplaceAll(migrationsDDL, "{T}", table)); err != nil {
 			return err
 		}
 		if missing { // records of a dropped table are void
-			if err := exec(ex, `DELETE FROM {T} WHERE subject = $1`, subject); err != nil {
+			if err := exec(ex, m.d.Migrate.Forget, subject); err != nil {
 				return err
 			}
 		}
-		done, err := collect(ctx, ex, m.d.Statement(table, `SELECT version FROM {T} WHERE subject = $1`), func(r Row) (v int, err error) {
+		done, err := collect(ctx, ex, m.d.Bound(table, m.d.Migrate.Applied), func(r Row) (v int, err error) {
 			err = r.Scan(&v)
 			return
 		}, subject)
@@ -122,11 +122,11 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 			}
 			start := time.Now()
 			for _, st := range statements(m.d.render(f.sql, m.l.Default, m.t, m.extra...)) {
-				if _, err := ex.Exec(ctx, st); err != nil && (m.d.IsApplied == nil || !m.d.IsApplied(err)) {
+				if _, err := ex.Exec(ctx, st); err != nil && !m.d.isAlreadyDone(err) {
 					return fmt.Errorf("%04d_%s: %w", f.Version, f.Name, err)
 				}
 			}
-			if err := exec(ex, `INSERT INTO {T} (subject, version, name) VALUES ($1, $2, $3)`, subject, f.Version, f.Name); err != nil {
+			if err := exec(ex, m.d.Migrate.Record, subject, f.Version, f.Name); err != nil {
 				return err
 			}
 			f.Duration = time.Since(start)

@@ -119,9 +119,8 @@ func NewPartitionedInbox(d *Dialect, db DB, config PartitionConfig) (*Partitione
 	// only under READ COMMITTED does the next statement see a row that
 	// the transaction we waited for committed.
 	s.lockClaim = `SELECT current_setting('transaction_isolation') FROM pg_advisory_xact_lock($1)`
-	absent := ` WHERE NOT EXISTS (SELECT 1 FROM {T}` + byKey + `)`
-	s.insert = b(claimInto + `SELECT $1::varchar, $2::varchar, 'completed', $3::bytea, 1, $4::timestamptz, $4::timestamptz, $5::timestamptz` + absent)
-	s.acquire = b(acquireInto + `SELECT $1::varchar, $2::varchar, 'in_progress', $3::bytea, 1, $4::varchar, $5::timestamptz, $6::timestamptz, $7::timestamptz` + absent)
+	s.insert = b(d.Inbox.PartitionedClaim.Text)
+	s.acquire = b(d.Inbox.PartitionedAcquire.Text)
 	return s, nil
 }
 

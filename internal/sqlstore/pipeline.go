@@ -29,8 +29,7 @@ func (s *Inbox) ClaimLiteral(p repository.ClaimParams) (string, error) {
 	if s.d.Bind != Dollar {
 		return "", fmt.Errorf("%s: claim literal: %w: only PostgreSQL sends the claim with BEGIN", s.d.Name, repository.ErrInvalidParams)
 	}
-	plain := s.q.claim
-	plain.text = s.ClaimStatement()
+	plain := s.d.Bound(s.t.quoted, s.d.Inbox.ClaimWithBegin)
 	return s.claimInlined("claim literal", plain, p)
 }
 
@@ -39,7 +38,7 @@ func (s *Inbox) ClaimLiteral(p repository.ClaimParams) (string, error) {
 // $4 now, $5 expiry) left in, for preparing it on a connection (see
 // ClaimExecute). Only PostgreSQL dialects use it.
 func (s *Inbox) ClaimStatement() string {
-	return strings.TrimSuffix(s.q.claim.text, s.d.IgnoreConflict)
+	return s.d.Bound(s.t.quoted, s.d.Inbox.ClaimWithBegin).text
 }
 
 // ClaimExecute is ClaimLiteral for a connection on which ClaimStatement
@@ -89,7 +88,7 @@ func inlined(b Bind, st Stmt, args []any) (text string, ok bool) {
 	var ph *regexp.Regexp
 	switch b {
 	case Dollar:
-		ph = dollarRe
+		ph = numberedRe
 	case Question:
 		ph = questionRe
 	default:

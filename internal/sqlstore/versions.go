@@ -27,12 +27,10 @@ func NewVersions(d *Dialect, db DB, config Config) (*Versions, error) {
 		return nil, err
 	}
 	s := &Versions{migrator: m}
-	for _, q := range m.d.Advance {
-		s.advance = append(s.advance, d.Statement(m.t.quoted, q))
+	for _, q := range d.Versions.Advance {
+		s.advance = append(s.advance, d.Bound(m.t.quoted, q))
 	}
-	// math.MinInt64 (refused by PrepareAdvance) marks a row locked before
-	// any version applied (MySQL).
-	s.last = d.Statement(m.t.quoted, `SELECT version FROM {T} WHERE consumer = $1 AND entity = $2 AND version > -9223372036854775808`)
+	s.last = d.Bound(m.t.quoted, d.Versions.Last)
 	return s, nil
 }
 

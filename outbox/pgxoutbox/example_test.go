@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // Inbox, outbox and relay on one pgx pool: the handler's writes, the
@@ -30,7 +31,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
+	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -60,7 +61,7 @@ func Example() {
 	})
 
 	var broker message.Publisher // e.g. amqp.NewPublisher(…)
-	relay, err := pgxoutbox.NewRelay(pool, broker, outbox.RelayConfig{Dialect: outbox.PostgreSQL}, watermill.NopLogger{})
+	relay, err := pgxoutbox.NewRelay(pool, broker, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL}, watermill.NopLogger{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -3,11 +3,11 @@
 // the outbox on a pgxpool.Pool, and LISTEN/NOTIFY wakes it on a native
 // pgx connection.
 //
-//	ob, _ := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
+//	ob, _ := outbox.New(outbox.Config{Dialect: postgres.Dialect})
 //	_ = pgxoutbox.Migrate(ctx, ob, pool)
 //	// in a transaction of yours, or an inbox handler's (pgxinbox):
 //	_ = pgxoutbox.WriteTx(ctx, ob, tx, outbox.Outgoing{Topic: "orders", Message: msg})
-//	relay, _ := pgxoutbox.NewRelay(pool, publisher, outbox.RelayConfig{Dialect: outbox.PostgreSQL}, logger)
+//	relay, _ := pgxoutbox.NewRelay(pool, publisher, outbox.RelayConfig{Dialect: postgres.Dialect}, logger)
 //
 // A relay on database/sql (outbox.NewRelay with the pgx stdlib driver)
 // gets its wake-up from Notifier. This package is the outbox's only link

@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 func TestMain(m *testing.M) {
@@ -35,7 +36,7 @@ func setup(t *testing.T) (*pgxpool.Pool, *postgres.Repository, *outbox.Outbox) {
 	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
 	require.NoError(t, err)
 	require.NoError(t, repo.Migrate(t.Context()))
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
+	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL})
 	require.NoError(t, err)
 	require.NoError(t, pgxoutbox.Migrate(t.Context(), ob, pool))
 	return pool, repo, ob
@@ -142,7 +143,7 @@ func TestPgxInboxOutboxRelay(t *testing.T) {
 
 	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	got := subscribe(t, pubSub, "audit", "shipments")
-	relay, err := pgxoutbox.NewRelay(pool, pubSub, outbox.RelayConfig{Dialect: outbox.PostgreSQL, PollInterval: time.Hour}, nil)
+	relay, err := pgxoutbox.NewRelay(pool, pubSub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, PollInterval: time.Hour}, nil)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(context.Background()) }()

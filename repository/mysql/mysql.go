@@ -4,15 +4,14 @@ import (
 	"database/sql"
 	"embed"
 	"errors"
-	"fmt"
 	"slices"
-	"strings"
-	"time"
+	"strconv"
 
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // Migrations holds the schema as numbered migration files, inbox/ and
@@ -27,35 +26,17 @@ var Migrations embed.FS
 // payload_hash column holds. A SHA-256 (repository.HashPayload) is 32.
 const MaxPayloadHashLength = 255
 
-var dialect = &sqlstore.Dialect{
-	Name: "mysql", Quote: "`", Bind: sqlstore.Question, Migrations: Migrations,
-	// The session lock every migration line takes, the outbox's too.
-	MigrateLock:   sqlstore.MySQLMigrateLock,
-	MigrateUnlock: sqlstore.MySQLMigrateUnlock,
-	IsApplied:     func(err error) bool { return hasNumber(err, 1050, 1061) }, // table, index exists
-	// Sees the latest committed row, not the REPEATABLE READ snapshot;
-	// MySQL 8 and every MariaDB understand LOCK IN SHARE MODE.
-	LockingRead: ` LOCK IN SHARE MODE`,
-	ChangedRows: true,
-	PickExpired: `SELECT consumer, dedup_key FROM {T} WHERE expires_at < $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED`,
-	DeleteByKeys: func(n int) string {
-		return `DELETE x FROM (SELECT ? AS consumer, ? AS dedup_key` + strings.Repeat(` UNION ALL SELECT ?, ?`, n-1) +
-			`) AS d STRAIGHT_JOIN {T} AS x ON x.consumer = d.consumer AND x.dedup_key = d.dedup_key`
-	},
-	// The first statement creates the row at "nothing applied"
-	// (math.MinInt64, refused as a version) or changes nothing, and locks
-	// it either way. In the second a matched row is a changed row, so its
-	// count is exact whatever the DSN's clientFoundRows says.
-	Advance: []string{
-		`INSERT INTO {T} (consumer, entity, version) VALUES ($1, $2, -9223372036854775808) ON DUPLICATE KEY UPDATE version = version`,
-		`UPDATE {T} SET version = $3 WHERE consumer = $1 AND entity = $2 AND version < $3`,
-	},
-	MaxPayloadHash:    MaxPayloadHashLength,
-	EncodeTime:        encodeTime,
-	DecodeTime:        decodeTime,
-	IsUniqueViolation: IsUniqueViolation,
-	IsRetryable:       func(err error) bool { return hasNumber(err, 1213) }, // ER_LOCK_DEADLOCK
-}
+// Dialect names this database to the outbox, so a program names it once:
+// outbox.Config{Dialect: mysql.Dialect}.
+const Dialect = sqldialect.MySQL
+
+var dialect = sqlstore.MySQL.With(Migrations, func(err error) string {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return strconv.Itoa(int(me.Number))
+	}
+	return ""
+})
 
 type (
 	// Config configures a Repository: Table is the inbox table, optionally
@@ -116,32 +97,4 @@ func IsDataException(err error) bool {
 func hasNumber(err error, numbers ...uint16) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && slices.Contains(numbers, me.Number)
-}
-
-// DATETIME holds years 1000 to 9999; the layout is what MySQL prints for
-// DATETIME(6), so strings compare like the times they spell.
-const datetimeLayout = "2006-01-02 15:04:05.000000"
-
-// encodeTime formats t in UTC for a DATETIME(6) column, truncated to the
-// microsecond. Sending the text ourselves (the driver would send text too,
-// in the DSN's loc) keeps stored values UTC whatever the DSN says.
-func encodeTime(t time.Time) (any, error) {
-	u := t.UTC()
-	if u.Year() < 1000 || u.Year() > 9999 {
-		return "", fmt.Errorf("%w: %s is outside the DATETIME range (years 1000 to 9999)", repository.ErrInvalidParams, t)
-	}
-	return u.Format(datetimeLayout), nil
-}
-
-// decodeTime reads a DATETIME written by encodeTime as UTC, whether the
-// driver hands it over as text (parseTime=false) or as a time.Time in the
-// DSN's loc (parseTime=true), whose wall clock is the stored UTC value.
-func decodeTime(v any) (time.Time, error) {
-	switch v := v.(type) {
-	case time.Time:
-		return time.Date(v.Year(), v.Month(), v.Day(), v.Hour(), v.Minute(), v.Second(), v.Nanosecond(), time.UTC), nil
-	case []byte:
-		return time.ParseInLocation("2006-01-02 15:04:05.999999999", string(v), time.UTC)
-	}
-	return time.Time{}, fmt.Errorf("mysql: cannot scan %T into a timestamp", v)
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore/pgxexec"
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // Migrations holds the schema as numbered migration files, inbox/ and
@@ -18,19 +18,11 @@ import (
 //go:embed migrations
 var Migrations embed.FS
 
-var dialect = &sqlstore.Dialect{
-	Name: "postgres", Quote: `"`, Bind: sqlstore.Dollar, Migrations: Migrations,
-	MigrateLock:    sqlstore.PostgresMigrateLock, // the lock every migration line takes
-	IgnoreConflict: ` ON CONFLICT (consumer, dedup_key) DO NOTHING`,
-	ByteOrder:      ` COLLATE "C"`,
-	Returning:      true,
-	DeleteExpired: `DELETE FROM {T} WHERE (consumer, dedup_key) IN (
-	SELECT consumer, dedup_key FROM {T} WHERE expires_at < $1
-	ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
-	IsRetryable: func(err error) bool {
-		return sqlstate.Of(err) == "40P01" // deadlock_detected
-	},
-}
+// Dialect names this database to the outbox, so a program names it once:
+// outbox.Config{Dialect: postgres.Dialect}.
+const Dialect = sqldialect.PostgreSQL
+
+var dialect = sqlstore.Postgres.With(Migrations, nil)
 
 type (
 	// Config configures a Repository: Table is the inbox table, optionally

@@ -5,9 +5,9 @@ import (
 	"embed"
 	"fmt"
 	"net/url"
-	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -19,22 +19,11 @@ import (
 //go:embed migrations
 var Migrations embed.FS
 
-var dialect = &sqlstore.Dialect{
-	Name: "sqlite", Quote: `"`, Bind: sqlstore.QuestionNumbered, Migrations: Migrations,
-	QualifyIndex:   true,
-	IgnoreConflict: ` ON CONFLICT (consumer, dedup_key) DO NOTHING`,
-	Returning:      true,
-	// One writer at a time: nothing is ever locked by another writer.
-	DeleteExpired: `DELETE FROM {T} WHERE rowid IN (SELECT rowid FROM {T} WHERE expires_at < $1 ORDER BY expires_at LIMIT $2)`,
-	EncodeTime:    func(t time.Time) (any, error) { return t.UnixMicro(), nil },
-	DecodeTime: func(v any) (time.Time, error) {
-		us, ok := v.(int64)
-		if !ok {
-			return time.Time{}, fmt.Errorf("sqlite: cannot scan %T into a timestamp", v)
-		}
-		return time.UnixMicro(us).UTC(), nil
-	},
-}
+// Dialect names this database to the outbox, so a program names it once:
+// outbox.Config{Dialect: sqlite.Dialect}.
+const Dialect = sqldialect.SQLite
+
+var dialect = sqlstore.SQLite.With(Migrations, nil)
 
 // DSN returns the modernc.org/sqlite data source name for the file at path
 // with the settings the inbox relies on: WAL, a 5 s busy timeout, BEGIN

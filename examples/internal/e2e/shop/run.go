@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // Defaults of Config.
@@ -340,7 +341,7 @@ func (s *scenario) play(ctx context.Context) (err error) {
 
 	if s.store.Outbox != nil {
 		relay, err := outbox.NewRelay(s.store.DB, s.publisher, outbox.RelayConfig{
-			Dialect: outbox.PostgreSQL, Table: s.store.Tables.Outbox, RetryInterval: 100 * time.Millisecond,
+			Dialect: sqldialect.PostgreSQL, Table: s.store.Tables.Outbox, RetryInterval: 100 * time.Millisecond,
 			Notifier: pgxoutbox.Notifier(s.store.DB),
 			Metrics:  s.config.RelayMetrics,
 		}, s.config.Logger)

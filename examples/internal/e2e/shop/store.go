@@ -10,6 +10,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // Database names a supported database.
@@ -69,7 +70,7 @@ func NewStore(ctx context.Context, db *sql.DB, database Database, run string) (*
 			return nil, fmt.Errorf("inbox schema: %w", err)
 		}
 		s.Inbox = repo
-		ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: s.Tables.Outbox})
+		ob, err := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL, Table: s.Tables.Outbox})
 		if err != nil {
 			return nil, err
 		}

@@ -8,12 +8,13 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 func main() {
 	db, _ := sql.Open("mysql", "root@tcp(127.0.0.1:3306)/test")
 	repo, _ := mysql.NewRepository(db, mysql.Config{})
-	ob, _ := outbox.New(outbox.Config{Dialect: outbox.MySQL})
+	ob, _ := outbox.New(outbox.Config{Dialect: sqldialect.MySQL})
 	_, _ = middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Outputs: ob.Outputs("out")})
-	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: outbox.MySQL}, nil)
+	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: sqldialect.MySQL}, nil)
 }

@@ -14,12 +14,13 @@ import (
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 func main() {
 	pool, _ := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:5432/test")
 	repo, _ := postgres.NewPgxRepository(pool, postgres.Config{})
-	ob, _ := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
+	ob, _ := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL})
 	_, _ = middleware.NewInbox(middleware.Config{Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}), Outputs: pgxoutbox.Outputs(ob, "out")})
-	_, _ = pgxoutbox.NewRelay(pool, nil, outbox.RelayConfig{Dialect: outbox.PostgreSQL}, nil)
+	_, _ = pgxoutbox.NewRelay(pool, nil, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL}, nil)
 }

@@ -6,12 +6,13 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 func main() {
 	db, _ := sqlite.Open("app.db")
 	repo, _ := sqlite.NewRepository(db, sqlite.Config{})
-	ob, _ := outbox.New(outbox.Config{Dialect: outbox.SQLite})
+	ob, _ := outbox.New(outbox.Config{Dialect: sqldialect.SQLite})
 	_, _ = middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Outputs: ob.Outputs("out")})
-	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: outbox.SQLite}, nil)
+	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: sqldialect.SQLite}, nil)
 }
