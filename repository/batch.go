@@ -3,7 +3,7 @@ package repository
 import (
 	"context"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // BatchTransactional is the optional capability behind the inbox's group
@@ -37,6 +37,6 @@ type BatchTransactional interface {
 // (deadlock_detected, PostgreSQL), from any error with a SQLState()
 // string method: the whole transaction was rolled back and may run again.
 func IsSerializationFailure(err error) bool {
-	state := sqlstate.Of(err)
+	state := sqldialect.SQLState(err)
 	return state == "40001" || state == "40P01"
 }

@@ -3,7 +3,7 @@ package repository
 import (
 	"strings"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // sqlStateClassDataException is the SQLSTATE class (first two characters)
@@ -42,5 +42,5 @@ func RegisterDataException(detector func(error) bool) {
 // default). Constraint violations (class 23), connection, lock and
 // serialization errors are not data exceptions. A nil err is not one.
 func IsDataException(err error) bool {
-	return err != nil && (strings.HasPrefix(sqlstate.Of(err), sqlStateClassDataException) || dataDetectors.match(err))
+	return err != nil && (strings.HasPrefix(sqldialect.SQLState(err), sqlStateClassDataException) || dataDetectors.match(err))
 }

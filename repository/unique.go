@@ -4,7 +4,7 @@ import (
 	"errors"
 	"sync"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // PostgreSQL SQLSTATE and SQLite extended result codes that mean a unique
@@ -76,7 +76,7 @@ func IsUniqueViolation(err error) bool {
 	if err == nil {
 		return false
 	}
-	if sqlstate.Of(err) == sqlStateUniqueViolation {
+	if sqldialect.SQLState(err) == sqlStateUniqueViolation {
 		return true
 	}
 	var lite interface{ Code() int }

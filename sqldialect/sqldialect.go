@@ -10,6 +10,8 @@
 // sqlite.go).
 package sqldialect
 
+import "errors"
+
 // Dialect names a SQL database.
 type Dialect string
 
@@ -29,3 +31,15 @@ const (
 
 // Valid reports whether d is one of the dialects above.
 func (d Dialect) Valid() bool { return d == PostgreSQL || d == MySQL || d == SQLite }
+
+// SQLState returns the SQLSTATE of the first error in err's chain with a
+// SQLState() string method (pgx's *pgconn.PgError, lib/pq's *pq.Error),
+// or "" when there is none: the way the module recognises PostgreSQL
+// errors, by code.
+func SQLState(err error) string {
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) {
+		return coded.SQLState()
+	}
+	return ""
+}

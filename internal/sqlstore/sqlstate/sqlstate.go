@@ -6,15 +6,9 @@
 //	}
 package sqlstate
 
-import "errors"
+import "github.com/idemkit/watermill-idempotent/sqldialect"
 
 // Of returns the SQLSTATE of the first error in err's chain with a
 // SQLState() string method (pgx's *pgconn.PgError, lib/pq's *pq.Error),
-// or "" when there is none.
-func Of(err error) string {
-	var coded interface{ SQLState() string }
-	if errors.As(err, &coded) {
-		return coded.SQLState()
-	}
-	return ""
-}
+// or "" when there is none; it is sqldialect.SQLState.
+func Of(err error) string { return sqldialect.SQLState(err) }
