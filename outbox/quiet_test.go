@@ -78,6 +78,19 @@ func (f *failedBatches) times() []time.Time {
 	return append([]time.Time(nil), f.end...)
 }
 
+// backingOffRelay returns a relay of b's outbox into pub with
+// MaxAttempts 1, the given retry intervals, and its failed batches.
+func backingOffRelay(t *testing.T, b backend, pub message.Publisher, retry, maxRetry time.Duration) (*outbox.Relay, *failedBatches) {
+	failed := &failedBatches{}
+	cfg := b.relayConfig()
+	cfg.MaxAttempts = 1
+	cfg.RetryInterval, cfg.MaxRetryInterval = retry, maxRetry
+	cfg.Metrics = failed
+	relay, err := b.newRelay(pub, cfg, testLogger(t))
+	require.NoError(t, err)
+	return relay, failed
+}
+
 func writePoison(t *testing.T, b backend, n int) {
 	msgs := make([]*message.Message, n)
 	for i := range msgs {
@@ -149,22 +162,20 @@ func ids(letters []outbox.DeadLetter) []int64 {
 // Rows refused with an error not known to be permanent, alone in a
 // quiet outbox: the relay presumes the publisher down, charges nothing
 // and backs off, the pause doubling up to MaxRetryInterval; once there,
-// each batch is one Publish call per MaxRetryInterval.
+// each batch is one Publish call per MaxRetryInterval. OUTBOX_REAL_TIME
+// runs it with the default intervals (1 s, 30 s) for 7 batches, 61 s.
 func TestQuietUnknownRefusalsBackOff(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		const retry, maxRetry, batches = 5 * time.Millisecond, 80 * time.Millisecond, 10
+		retry, maxRetry, batches := 5*time.Millisecond, 80*time.Millisecond, 10
+		if realTime() {
+			retry, maxRetry, batches = time.Second, 30*time.Second, 7 // the defaults; 61 s
+		}
 		pub := &callLog{Publisher: newSink(t, nil, "t"), err: errors.New("broker said no")}
 		writePoison(t, b, 2)
-		failed := &failedBatches{}
-		cfg := b.relayConfig()
-		cfg.MaxAttempts = 1
-		cfg.RetryInterval, cfg.MaxRetryInterval = retry, maxRetry
-		cfg.Metrics = failed
-		relay, err := b.newRelay(pub, cfg, testLogger(t))
-		require.NoError(t, err)
+		relay, failed := backingOffRelay(t, b, pub, retry, maxRetry)
 		runRelay(t, relay)
-		poll(t, 30*time.Second, fmt.Sprintf("%d failed batches", batches), func() bool { return len(failed.times()) >= batches })
+		poll(t, 30*time.Second+3*maxRetry, fmt.Sprintf("%d failed batches", batches), func() bool { return len(failed.times()) >= batches })
 		require.NoError(t, relay.Close())
 
 		ends := failed.times()
@@ -206,13 +217,7 @@ func TestPublisherOutageDeadLettersNothing(t *testing.T) {
 		pub := &failAll{Publisher: s}
 		pub.down.Store(true)
 		b.write(t, "t", newMessages("m", rows)...)
-		failed := &failedBatches{}
-		cfg := b.relayConfig()
-		cfg.MaxAttempts = 1
-		cfg.RetryInterval, cfg.MaxRetryInterval = retry, maxRetry
-		cfg.Metrics = failed
-		relay, err := b.newRelay(pub, cfg, testLogger(t))
-		require.NoError(t, err)
+		relay, failed := backingOffRelay(t, b, pub, retry, maxRetry)
 		start := time.Now()
 		up := time.AfterFunc(outage, func() { pub.down.Store(false) })
 		defer up.Stop()
