@@ -21,7 +21,8 @@ import (
 
 // refuseLarge stands for a broker with a message size limit, such as
 // Kafka's 1 MB message.max.bytes: a Publish call holding a larger
-// message fails as a whole, whatever else it holds.
+// message fails as a whole, whatever else it holds, with an error marked
+// permanent (as RelayConfig.IsPermanent would recognise the broker's).
 type refuseLarge struct {
 	message.Publisher
 	limit   int
@@ -34,7 +35,7 @@ func (p *refuseLarge) Publish(topic string, msgs ...*message.Message) error {
 	for _, m := range msgs {
 		if len(m.Payload) > p.limit {
 			p.refused.Add(1)
-			return fmt.Errorf("kafka: message %s too large: %d bytes > %d", m.UUID, len(m.Payload), p.limit)
+			return outbox.Permanent(fmt.Errorf("kafka: message %s too large: %d bytes > %d", m.UUID, len(m.Payload), p.limit))
 		}
 	}
 	return p.Publisher.Publish(topic, msgs...)

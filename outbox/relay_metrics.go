@@ -1,0 +1,108 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// RelayMetrics receives the relay's measurements; metrics.RelayObserver
+// implements it for Prometheus. Methods are called on the relay's goroutine, so
+// they must be fast; they must be safe for concurrent use when one value
+// is shared by several relays.
+type RelayMetrics interface {
+	// BatchForwarded reports a batch that claimed at least one row,
+	// including one that failed partway (then Published < Claimed).
+	BatchForwarded(BatchStats)
+	// BatchFailed reports a batch that failed; the relay retries after
+	// RelayConfig.RetryInterval.
+	BatchFailed(err error)
+}
+
+// BacklogObserver is an optional extension of RelayMetrics: when
+// RelayConfig.Metrics implements it, Run samples Backlog when it starts
+// and then every RelayConfig.BacklogInterval, on a goroutine of its own,
+// and reports each successful sample. A failed sample is logged and
+// skipped. ObserveBacklog must be safe for concurrent use with the
+// RelayMetrics methods.
+type BacklogObserver interface {
+	ObserveBacklog(Backlog)
+}
+
+// Backlog is the state of the outbox table at one moment.
+type Backlog struct {
+	// Messages is the number of rows not yet acknowledged, including
+	// rows claimed by a batch in flight.
+	Messages int
+	// OldestAge is the age of the oldest row by the database's clock
+	// (now minus its created_at); 0 when the outbox is empty.
+	OldestAge time.Duration
+	// DeadLetters is the number of rows in the dead-letter table.
+	DeadLetters int
+}
+
+// BatchStats describes one relay batch.
+type BatchStats struct {
+	// Claimed is the number of rows read and locked.
+	Claimed int
+	// Published is the number of messages published and acknowledged
+	// (deleted) in the batch's commit — 0 if the commit failed.
+	Published int
+	// DeadLettered is the number of rows moved to the dead-letter table
+	// in the batch's commit.
+	DeadLettered int
+	// Duration is the batch's wall time from BEGIN to COMMIT.
+	Duration time.Duration
+	// Lag holds, for each of the Published messages in publish order,
+	// the time from its row's created_at until its Publish call
+	// returned. The part up to the statement that reads the row is
+	// measured by the database's clock (created_at is the writing
+	// transaction's start on PostgreSQL and the INSERT on MySQL, in the
+	// session time zone, so writers and relay must share one), the rest
+	// by the relay's
+	// monotonic clock, so skew between the two clocks does not enter.
+	// A negative age (the database clock stepped back) counts as 0.
+	Lag []time.Duration
+}
+
+// sampleBacklog reports Backlog to o now and every BacklogInterval until
+// ctx ends.
+func (r *Relay) sampleBacklog(ctx context.Context, o BacklogObserver) {
+	ticker := time.NewTicker(r.config.BacklogInterval)
+	defer ticker.Stop()
+	for {
+		b, err := r.Backlog(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			r.logger.Error("Outbox backlog sample failed", err, nil)
+		default:
+			o.ObserveBacklog(b)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// Backlog counts the outbox's rows, the age of the oldest and the rows of
+// the dead-letter table with one query, a full scan of both tables
+// (COUNT(*) and MIN(created_at)). It takes
+// no locks: rows claimed by a batch in flight are counted until that
+// batch commits. Safe to call at any time, concurrently with Run.
+func (r *Relay) Backlog(ctx context.Context) (Backlog, error) {
+	var n, dead int
+	var ageMicros int64
+	if err := r.db.QueryRow(ctx, r.d.backlog.SQL(), r.d.backlog.Args(time.Now().UnixMicro())...).Scan(&n, &ageMicros, &dead); err != nil {
+		return Backlog{}, fmt.Errorf("outbox: relay: backlog: %w", err)
+	}
+	return Backlog{Messages: n, OldestAge: microseconds(ageMicros), DeadLetters: dead}, nil
+}
+
+// microseconds converts an age computed by the database, never negative.
+func microseconds(n int64) time.Duration {
+	return time.Duration(max(n, 0)) * time.Microsecond
+}
