@@ -26,10 +26,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
 
+	"github.com/idemkit/watermill-idempotent/internal/dsn"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -52,7 +54,6 @@ type Globals struct {
 
 	stdout, stderr io.Writer
 	stdin          *os.File
-	secrets        secrets
 	createSQLite   bool // migrate up may create the SQLite file
 }
 
@@ -79,6 +80,11 @@ func main() {
 
 // run is main without the process: it returns the exit status.
 func run(args []string, stdin *os.File, stdout, stderr io.Writer) int {
+	// Everything idemctl prints, kong's messages included, goes through
+	// the scrubber, which knows the secrets of every DSN given before
+	// anything is parsed (a DSN can be echoed by a parse error).
+	scrubber := dsnScrubber(args)
+	stdout, stderr = scrubber.Writer(stdout), scrubber.Writer(stderr)
 	var cli CLI
 	cli.stdout, cli.stderr, cli.stdin = stdout, stderr, stdin
 	exit := -1
@@ -100,18 +106,42 @@ func run(args []string, stdin *os.File, stdout, stderr io.Writer) int {
 		return exit
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "idemctl:", cli.secrets.scrub(err.Error()))
+		fmt.Fprintln(stderr, "idemctl:", err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	if err := kctx.Run(&cli.Globals); err != nil {
-		fmt.Fprintln(stderr, "idemctl:", cli.secrets.scrub(err.Error()))
+		fmt.Fprintln(stderr, "idemctl:", err)
 		if errors.As(err, new(usageError)) {
 			return 2
 		}
 		return 1
 	}
 	return 0
+}
+
+// dsnScrubber knows the secrets of the DSNs in IDEMCTL_DSN, IDEMCTL_REDIS
+// and args: the values of --dsn and --redis, and any argument shaped like
+// a URL (a DSN given without its flag).
+func dsnScrubber(args []string) *dsn.Scrubber {
+	var sc dsn.Scrubber
+	sc.Add(os.Getenv("IDEMCTL_DSN"))
+	sc.Add(os.Getenv("IDEMCTL_REDIS"))
+	for i, a := range args {
+		switch flag, value, hasValue := strings.Cut(a, "="); {
+		case flag == "--dsn" || flag == "--redis":
+			if hasValue {
+				sc.Add(value)
+			} else if i+1 < len(args) {
+				sc.Add(args[i+1])
+			}
+		case strings.HasPrefix(a, "-") && strings.Contains(value, "://"):
+			sc.Add(value) // --other-flag=DSN
+		case strings.Contains(a, "://"):
+			sc.Add(a)
+		}
+	}
+	return &sc
 }
