@@ -9,11 +9,12 @@
 //	idemctl stuck resolve --consumer billing --key order-7 --complete
 //
 // --dsn (or IDEMCTL_DSN) selects the store by scheme: postgres://,
-// mysql://, sqlite:// or file:; --redis (or IDEMCTL_REDIS) a Redis inbox;
+// mysql://, sqlite:// or file:, or by form: a PostgreSQL keyword/value
+// string, a go-sql-driver/mysql DSN; --redis (or IDEMCTL_REDIS) a Redis inbox;
 // --layout partitioned the partitioned PostgreSQL inbox. migrate up and
 // migrate status take --outbox and --versions for the outbox's and the
 // version guard's tables.
-// Passwords in DSNs are never printed. resolve, purge and requeue show
+// Secrets in DSNs are never printed, in any DSN form (internal/dsn). resolve, purge and requeue show
 // what they will change and ask for confirmation; without a terminal they
 // refuse unless --yes is given. Exit status: 0 on success, 1 on failure,
 // 2 on a usage error. See docs/operations.md.
@@ -38,8 +39,8 @@ import (
 
 // Globals are the flags every command takes.
 type Globals struct {
-	DSN           string `help:"SQL store: postgres://…, mysql://user:pass@host:3306/db, sqlite:///path/to.db or file:path." env:"IDEMCTL_DSN" placeholder:"URL"`
-	Redis         string `help:"Redis store: redis://[:password@]host:6379/0." env:"IDEMCTL_REDIS" placeholder:"URL"`
+	DSN           string `help:"SQL store: postgres://…, host=… dbname=… (PostgreSQL), mysql://user:pass@host:3306/db, user:pass@tcp(host:3306)/db, sqlite:///path/to.db or file:path." env:"IDEMCTL_DSN" placeholder:"DSN"`
+	Redis         string `help:"Redis store: redis://[[user]:password@]host:6379/0 or rediss://…." env:"IDEMCTL_REDIS" placeholder:"URL"`
 	RedisPrefix   string `help:"Key prefix of the Redis inbox (default: the backend's)." placeholder:"PREFIX"`
 	Table         string `help:"Inbox table." default:"${inbox_table}"`
 	OutboxTable   string `help:"Outbox table." default:"${outbox_table}"`
