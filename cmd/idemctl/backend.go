@@ -367,16 +367,20 @@ func (s *store) checkConsumer(ctx context.Context, consumer string) error {
 	if err != nil {
 		return err
 	}
-	for _, n := range names {
-		if n == consumer {
-			return nil
-		}
+	return knownConsumer(consumer, names, "live records")
+}
+
+// knownConsumer fails with a clear message when consumer is not in names,
+// the consumers that have records (which: "live records", "records").
+func knownConsumer(consumer string, names []string, which string) error {
+	if slices.Contains(names, consumer) {
+		return nil
 	}
 	known := "none"
 	if len(names) > 0 {
 		known = strings.Join(names, ", ")
 	}
-	return usagef("unknown consumer %q: the store has no live records for it (consumers with records: %s)", consumer, known)
+	return usagef("unknown consumer %q: the store has no %s for it (consumers with %s: %s)", consumer, which, which, known)
 }
 
 // isMissingTable reports an error for a table that does not exist
@@ -394,6 +398,17 @@ func isMissingTable(err error) bool {
 
 // countExpired counts the records a purge would delete, for its progress.
 func (s *store) countExpired(ctx context.Context, before time.Time) (int, error) {
+	by, err := s.expiredByConsumer(ctx, before)
+	total := 0
+	for _, n := range by {
+		total += n
+	}
+	return total, err
+}
+
+// expiredByConsumer counts the records that expired before before, the
+// ones purge deletes, per consumer.
+func (s *store) expiredByConsumer(ctx context.Context, before time.Time) (map[string]int, error) {
 	quote := `"`
 	var arg any = before
 	switch s.kind {
@@ -404,20 +419,35 @@ func (s *store) countExpired(ctx context.Context, before time.Time) (int, error)
 	}
 	q, err := repository.QuoteTableName(s.table, quote)
 	if err != nil {
-		return 0, usagef("%v", err)
+		return nil, usagef("%v", err)
 	}
 	ph := "?"
 	if s.kind == kindPostgres {
 		ph = "$1"
 	}
-	var n int
-	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+q+" WHERE expires_at < "+ph, arg).Scan(&n); err != nil {
+	rows, err := s.db.QueryContext(ctx, "SELECT consumer, COUNT(*) FROM "+q+" WHERE expires_at < "+ph+" GROUP BY consumer", arg)
+	if err != nil {
 		if isMissingTable(err) {
-			return 0, usagef("table %s does not exist (wrong --table, or run idemctl migrate up)", s.table)
+			return nil, usagef("table %s does not exist (wrong --table, or run idemctl migrate up)", s.table)
 		}
-		return 0, fmt.Errorf("counting expired records: %w", err)
+		return nil, fmt.Errorf("counting expired records: %w", err)
 	}
-	return n, nil
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var (
+			consumer string
+			n        int
+		)
+		if err := rows.Scan(&consumer, &n); err != nil {
+			return nil, fmt.Errorf("counting expired records: %w", err)
+		}
+		out[consumer] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("counting expired records: %w", err)
+	}
+	return out, nil
 }
 
 // migrationLine is one table's numbered migrations: the files a package

@@ -27,6 +27,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -61,12 +62,13 @@ type Globals struct {
 // CLI is idemctl's command tree.
 type CLI struct {
 	Globals
+	Version kong.VersionFlag `help:"Print idemctl's version and exit."`
 
 	Stats       StatsCmd       `cmd:"" help:"Records per consumer and state; outbox backlog, oldest message age and dead letters."`
 	Stuck       StuckCmd       `cmd:"" help:"Two-phase records whose lease expired mid-effect."`
 	Purge       PurgeCmd       `cmd:"" help:"Delete expired records in batches, with progress."`
 	Deadletters DeadlettersCmd `cmd:"" aliases:"dl" help:"Messages the outbox relay gave up on."`
-	Migrate     MigrateCmd     `cmd:"" help:"Create or upgrade the inbox (and outbox, version guard) tables."`
+	Migrate     MigrateCmd     `cmd:"" help:"Create or upgrade the inbox (and outbox, version guard) tables. There is no migrate down, on purpose: see migrate --help."`
 }
 
 // The inbox layouts of --layout.
@@ -92,9 +94,10 @@ func run(args []string, stdin *os.File, stdout, stderr io.Writer) int {
 	parser, err := kong.New(&cli,
 		kong.Name("idemctl"),
 		kong.Description("Operate watermill-idempotent stores: stats, stuck two-phase records, cleanup, outbox dead letters, migrations."),
-		kong.UsageOnError(),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		kong.Vars{"inbox_table": repository.DefaultTableName, "outbox_table": outbox.DefaultTableName, "versions_table": repository.DefaultVersionsTableName},
+		kong.Help(helpPrinter),
+		kong.Vars{"inbox_table": repository.DefaultTableName, "outbox_table": outbox.DefaultTableName, "versions_table": repository.DefaultVersionsTableName,
+			"version": version()},
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { exit = code }),
 	)
@@ -103,10 +106,16 @@ func run(args []string, stdin *os.File, stdout, stderr io.Writer) int {
 		return 1
 	}
 	kctx, err := parser.Parse(args)
-	if exit >= 0 { // --help
+	if exit >= 0 { // --help, --version
 		return exit
 	}
 	if err != nil {
+		// Without a command (bare idemctl, idemctl stuck) the usage of
+		// what was typed says what can follow.
+		var perr *kong.ParseError
+		if errors.As(err, &perr) && missingCommand(perr.Context) {
+			_ = perr.Context.PrintUsage(false)
+		}
 		fmt.Fprintln(stderr, "idemctl:", err)
 		return 2
 	}
@@ -121,6 +130,61 @@ func run(args []string, stdin *os.File, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// missingCommand reports whether ctx stops before a command: at the top
+// or at a group such as stuck, which only its subcommands run.
+func missingCommand(ctx *kong.Context) bool {
+	if ctx == nil {
+		return false
+	}
+	n := ctx.Selected()
+	return n == nil || len(n.Children) > 0
+}
+
+// helpPrinter is kong's, except that a command's help lists its own
+// flags and names the global ones (idemctl --help describes them) instead
+// of repeating their descriptions under every command.
+func helpPrinter(options kong.HelpOptions, ctx *kong.Context) error {
+	if ctx.Selected() == nil {
+		return kong.DefaultHelpPrinter(options, ctx)
+	}
+	line := "Global flags (idemctl --help describes them):"
+	lines := []string{}
+	for _, f := range ctx.Model.Flags {
+		if f.Hidden || f.Name == "help" {
+			continue
+		}
+		f.Hidden = true
+		defer func() { f.Hidden = false }()
+		if f.Name == "version" {
+			continue
+		}
+		if len(line)+len(f.Name)+4 > 80 {
+			lines = append(lines, line)
+			line = " "
+		}
+		line += " --" + f.Name + ","
+	}
+	lines = append(lines, strings.TrimSuffix(line, ",")+".")
+	if err := kong.DefaultHelpPrinter(options, ctx); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(ctx.Stdout, "\n%s\n", strings.Join(lines, "\n"))
+	return err
+}
+
+// version is idemctl's module version from its build information:
+// "(devel)" for a build from a source tree without one.
+func version() string {
+	v, goVersion := "(devel)", ""
+	if info, ok := debug.ReadBuildInfo(); ok {
+		if info.Main.Version != "" {
+			v = info.Main.Version
+		}
+		goVersion = " " + info.GoVersion
+	}
+	return "idemctl " + v + goVersion
 }
 
 // dsnScrubber knows the secrets of the DSNs in IDEMCTL_DSN, IDEMCTL_REDIS
