@@ -9,29 +9,17 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
-	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
 // stats counts the expired records purge would delete, per consumer, in
 // a column of their own and in JSON whose keys are all snake_case; a
 // consumer with only expired records has a line; bare purge deletes them.
 func TestStatsCountsExpiredRecords(t *testing.T) {
-	dsn := pgDSN(t)
-	db := testenv.Postgres(t)
-	table := "idemctl_inbox_" + suffix()
-	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(t.Context()))
-	_, err = db.Exec(`INSERT INTO ` + table + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
-		SELECT 'billing', 'k' || g, 'completed', '\x00', 1, now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
-		FROM generate_series(1, 2500) g`)
-	require.NoError(t, err)
-	_, err = db.Exec(`INSERT INTO ` + table + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
-		VALUES ('billing', 'live', 'completed', '\x00', 1, now(), now(), now() + interval '1 day'),
-		       ('shipping', 'old', 'completed', '\x00', 1, now() - interval '2 days', now() - interval '2 days', now() - interval '1 day')`)
+	dsn, db, repo, table := pgInbox(t)
+	insertExpired(t, db, table, "billing", 2500)
+	insertExpired(t, db, table, "shipping", 1)
+	_, err := db.Exec(`INSERT INTO ` + table + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
+		VALUES ('billing', 'live', 'completed', '\x00', 1, now(), now(), now() + interval '1 day')`)
 	require.NoError(t, err)
 	leaveStuck(t, repo, "stuck")
 	env := []string{"IDEMCTL_DSN=" + dsn}

@@ -146,6 +146,31 @@ func idemctl(t *testing.T, env []string, stdin string, args ...string) result {
 	return result{out.String(), errOut.String(), code}
 }
 
+// pgInbox creates a plain PostgreSQL inbox table for t, dropped when t
+// ends, and returns the DSN idemctl takes, the database, the repository
+// and the table.
+func pgInbox(t *testing.T) (string, *sql.DB, *postgres.Repository, string) {
+	t.Helper()
+	dsn := pgDSN(t)
+	db := testenv.Postgres(t)
+	table := "idemctl_inbox_" + suffix()
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	return dsn, db, repo, table
+}
+
+// insertExpired inserts n completed records of consumer into table that
+// expired a day ago, what purge deletes.
+func insertExpired(t *testing.T, db *sql.DB, table, consumer string, n int) {
+	t.Helper()
+	_, err := db.Exec(`INSERT INTO `+table+` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
+		SELECT $1, 'k' || g, 'completed', '\x00', 1, now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
+		FROM generate_series(1, $2::int) g`, consumer, n)
+	require.NoError(t, err)
+}
+
 func pgDSN(t *testing.T) string {
 	testenv.Postgres(t) // skips (or fails under CI) without PostgreSQL
 	return testenv.PostgresDSN()
@@ -261,13 +286,7 @@ func TestStuckRecordOfAKilledConsumer(t *testing.T) {
 }
 
 func TestCompleteWithResultReplaysIt(t *testing.T) {
-	dsn := pgDSN(t)
-	db := testenv.Postgres(t)
-	table := "idemctl_inbox_" + suffix()
-	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(t.Context()))
+	dsn, _, repo, table := pgInbox(t)
 	leaveStuck(t, repo, "k1")
 	file := filepath.Join(t.TempDir(), "result.json")
 	require.NoError(t, os.WriteFile(file, []byte(`[{"uuid":"pay-1","metadata":{"k":"v"},"payload":"{\"paid\":42}"}]`), 0o600))
@@ -286,19 +305,13 @@ func TestCompleteWithResultReplaysIt(t *testing.T) {
 }
 
 func TestReleaseDeletesTheRecord(t *testing.T) {
-	dsn := pgDSN(t)
-	db := testenv.Postgres(t)
-	table := "idemctl_inbox_" + suffix()
-	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(t.Context()))
+	dsn, _, repo, table := pgInbox(t)
 	leaveStuck(t, repo, "k1")
 	env := []string{"IDEMCTL_DSN=" + dsn}
 	r := idemctl(t, env, "", "--table", table, "--json", "stuck", "resolve", "--consumer", "billing", "--key", "k1", "--release", "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.JSONEq(t, `{"consumer":"billing","key":"k1","action":"release","lease_owner":"dead-owner"}`, r.stdout)
-	_, err = repo.Get(t.Context(), "billing", "k1")
+	_, err := repo.Get(t.Context(), "billing", "k1")
 	require.ErrorIs(t, err, repository.ErrNotFound)
 }
 
@@ -306,18 +319,9 @@ func TestPurgeWithProgress(t *testing.T) {
 	if testing.Short() {
 		t.Skip("inserts 30,000 rows")
 	}
-	dsn := pgDSN(t)
-	db := testenv.Postgres(t)
-	table := "idemctl_inbox_" + suffix()
-	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(t.Context()))
-	_, err = db.Exec(`INSERT INTO ` + table + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
-		SELECT 'billing', 'k' || g, 'completed', '\x00', 1, now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
-		FROM generate_series(1, 30000) g`)
-	require.NoError(t, err)
-	_, err = db.Exec(`INSERT INTO ` + table + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
+	dsn, db, _, table := pgInbox(t)
+	insertExpired(t, db, table, "billing", 30000)
+	_, err := db.Exec(`INSERT INTO ` + table + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
 		VALUES ('billing', 'live', 'completed', '\x00', 1, now(), now(), now() + interval '1 day')`)
 	require.NoError(t, err)
 	env := []string{"IDEMCTL_DSN=" + dsn}
