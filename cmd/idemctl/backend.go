@@ -16,9 +16,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/watermill-idempotent/internal/dsn"
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
 	"github.com/idemkit/watermill-idempotent/outbox"
@@ -70,37 +72,6 @@ func (s *store) Close() error {
 	return nil
 }
 
-// secrets collects the passwords of the DSNs given on the command line;
-// scrub replaces them in every message idemctl prints.
-type secrets []string
-
-func (s *secrets) add(u *url.URL) {
-	if u == nil || u.User == nil {
-		return
-	}
-	if p, ok := u.User.Password(); ok && p != "" {
-		*s = append(*s, p, url.QueryEscape(p), url.PathEscape(p))
-	}
-}
-
-func (s secrets) scrub(msg string) string {
-	for _, p := range s {
-		if p != "" {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
-		}
-	}
-	return msg
-}
-
-// redactDSN returns dsn with its password replaced, for display.
-func redactDSN(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "(unparsable DSN)"
-	}
-	return u.Redacted()
-}
-
 // open connects to what g names: --dsn (PostgreSQL, MySQL, SQLite) or
 // --redis. It never puts the DSN itself into an error.
 func open(ctx context.Context, g *Globals) (*store, error) {
@@ -119,21 +90,18 @@ func openRedis(ctx context.Context, g *Globals) (*store, error) {
 	if g.Layout == layoutPartitioned {
 		return nil, usagef("--layout partitioned is PostgreSQL's (postgres.NewPartitionedRepository); redis has one layout")
 	}
-	u, err := url.Parse(g.Redis)
-	if err != nil {
-		return nil, usagef("--redis is not a valid URL (want redis://[:password@]host:port/db)")
-	}
-	g.secrets.add(u)
+	// go-redis's errors can quote the URL (net/url's do); run's scrubber
+	// masks the password in them.
 	opts, err := goredis.ParseURL(g.Redis)
 	if err != nil {
-		return nil, usagef("--redis %s: %v", u.Redacted(), g.secrets.scrub(err.Error()))
+		return nil, usagef("--redis %s: %v (want redis://[user:password@]host:port/db)", dsn.Redact(g.Redis), err)
 	}
 	client := goredis.NewClient(opts)
 	pingCtx, cancel := context.WithTimeout(ctx, g.ConnectTimeout)
 	defer cancel()
 	if err := client.Ping(pingCtx).Err(); err != nil {
 		_ = client.Close()
-		return nil, fmt.Errorf("redis %s does not answer: %w", u.Redacted(), err)
+		return nil, fmt.Errorf("redis %s does not answer: %w", dsn.Redact(g.Redis), err)
 	}
 	repo, err := redisrepo.NewRepository(client, redisrepo.Config{KeyPrefix: g.RedisPrefix})
 	if err != nil {
@@ -144,38 +112,48 @@ func openRedis(ctx context.Context, g *Globals) (*store, error) {
 }
 
 func openSQL(ctx context.Context, g *Globals) (*store, error) {
-	dsn := g.DSN
 	var (
 		k          kind
 		driver     string
 		driverDSN  string
 		sqlitePath string
 	)
-	switch {
-	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return nil, usagef("--dsn is not a valid postgres:// URL")
+	switch s := g.DSN; {
+	case strings.HasPrefix(s, "postgres://"), strings.HasPrefix(s, "postgresql://"), pgKeywordValue.MatchString(s):
+		// What pgconn's parse errors say is masked on a best-effort basis;
+		// run's scrubber masks what they miss.
+		if _, err := pgconn.ParseConfig(s); err != nil {
+			if cause := errors.Unwrap(err); cause != nil {
+				err = cause // without pgconn's copy of the DSN
+			}
+			return nil, usagef("--dsn %s is not a valid PostgreSQL URL or keyword/value string: %v", dsn.Redact(s), err)
 		}
-		g.secrets.add(u)
-		k, driver, driverDSN = kindPostgres, "pgx", dsn
-	case strings.HasPrefix(dsn, "mysql://"):
-		u, err := url.Parse(dsn)
+		k, driver, driverDSN = kindPostgres, "pgx", s
+	case strings.HasPrefix(s, "mysql://"):
+		u, err := url.Parse(s)
 		if err != nil {
 			return nil, usagef("--dsn is not a valid mysql:// URL")
 		}
-		g.secrets.add(u)
 		cfg, err := mysqlConfig(u)
 		if err != nil {
 			return nil, err
 		}
 		k, driver, driverDSN = kindMySQL, "mysql", cfg.FormatDSN()
-	case strings.HasPrefix(dsn, "sqlite://"):
-		k, sqlitePath = kindSQLite, strings.TrimPrefix(dsn, "sqlite://")
-	case strings.HasPrefix(dsn, "file:"):
-		k, sqlitePath = kindSQLite, strings.TrimPrefix(dsn, "file:")
+	case strings.HasPrefix(s, "sqlite://"):
+		k, sqlitePath = kindSQLite, strings.TrimPrefix(s, "sqlite://")
+	case strings.HasPrefix(s, "file:"):
+		k, sqlitePath = kindSQLite, strings.TrimPrefix(s, "file:")
+	case mysqlDriverDSN.MatchString(s):
+		cfg, err := mysql.ParseDSN(s)
+		if err != nil {
+			return nil, usagef("--dsn %s is not a valid MySQL DSN: %v", dsn.Redact(s), err)
+		}
+		if err := mysqlDefaults(cfg); err != nil {
+			return nil, err
+		}
+		k, driver, driverDSN = kindMySQL, "mysql", cfg.FormatDSN()
 	default:
-		return nil, usagef("--dsn must start with postgres://, postgresql://, mysql://, sqlite:// or file:")
+		return nil, usagef("--dsn must start with postgres://, postgresql://, mysql://, sqlite:// or file:, or be a PostgreSQL keyword/value string (host=… dbname=…) or a MySQL DSN (user:pass@tcp(host:3306)/db)")
 	}
 	if g.Layout == layoutPartitioned && k != kindPostgres {
 		return nil, usagef("--layout partitioned is PostgreSQL's (postgres.NewPartitionedRepository); %s has one layout", k)
@@ -204,7 +182,7 @@ func openSQL(ctx context.Context, g *Globals) (*store, error) {
 		defer cancel()
 		if err := db.PingContext(pingCtx); err != nil {
 			_ = db.Close()
-			return nil, fmt.Errorf("%s database %s does not answer: %w", k, redactDSN(dsn), err)
+			return nil, fmt.Errorf("%s database %s does not answer: %w", k, dsn.Redact(g.DSN), err)
 		}
 	}
 	s := &store{kind: k, db: db, table: g.Table, outboxTable: g.OutboxTable, versionsTable: g.VersionsTable}
@@ -265,8 +243,18 @@ func (s *store) checkLayout(ctx context.Context, g *Globals) error {
 	return nil
 }
 
+// The --dsn forms that name no scheme: PostgreSQL's keyword/value
+// string and go-sql-driver/mysql's own DSN.
+var (
+	pgKeywordValue = regexp.MustCompile(`^\s*[A-Za-z_]+\s*=`)
+	mysqlDriverDSN = regexp.MustCompile(`^[^/]*@[a-z]*(\(.*\))?/`)
+)
+
 // mysqlConfig turns mysql://user:pass@host:port/db?params into the
 // driver's configuration, with the settings the MySQL backend expects.
+// The password may be given as ?password= too; it is never passed on as
+// a session variable (the driver would run SET password=…, and the
+// server's error would quote it).
 func mysqlConfig(u *url.URL) (*mysql.Config, error) {
 	cfg := mysql.NewConfig()
 	if u.User != nil {
@@ -279,18 +267,30 @@ func mysqlConfig(u *url.URL) (*mysql.Config, error) {
 		cfg.Addr = u.Hostname() + ":3306"
 	}
 	cfg.DBName = strings.TrimPrefix(u.Path, "/")
-	if cfg.DBName == "" {
-		return nil, usagef("the mysql:// DSN names no database (mysql://user@host:3306/db)")
-	}
-	cfg.ParseTime = true
-	cfg.Loc = time.UTC
 	for k, v := range u.Query() {
+		if k == "password" {
+			if cfg.Passwd != "" {
+				return nil, usagef("the mysql:// DSN gives a password twice (user:password@ and ?password=)")
+			}
+			cfg.Passwd = v[0]
+			continue
+		}
 		if cfg.Params == nil {
 			cfg.Params = map[string]string{}
 		}
 		cfg.Params[k] = v[0]
 	}
-	return cfg, nil
+	return cfg, mysqlDefaults(cfg)
+}
+
+// mysqlDefaults sets what the MySQL backend expects of a connection.
+func mysqlDefaults(cfg *mysql.Config) error {
+	if cfg.DBName == "" {
+		return usagef("the MySQL DSN names no database (mysql://user@host:3306/db)")
+	}
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	return nil
 }
 
 // The capabilities commands need, with errors naming what is missing.
@@ -367,16 +367,20 @@ func (s *store) checkConsumer(ctx context.Context, consumer string) error {
 	if err != nil {
 		return err
 	}
-	for _, n := range names {
-		if n == consumer {
-			return nil
-		}
+	return knownConsumer(consumer, names, "live records")
+}
+
+// knownConsumer fails with a clear message when consumer is not in names,
+// the consumers that have records (which: "live records", "records").
+func knownConsumer(consumer string, names []string, which string) error {
+	if slices.Contains(names, consumer) {
+		return nil
 	}
 	known := "none"
 	if len(names) > 0 {
 		known = strings.Join(names, ", ")
 	}
-	return usagef("unknown consumer %q: the store has no live records for it (consumers with records: %s)", consumer, known)
+	return usagef("unknown consumer %q: the store has no %s for it (consumers with %s: %s)", consumer, which, which, known)
 }
 
 // isMissingTable reports an error for a table that does not exist
@@ -394,6 +398,17 @@ func isMissingTable(err error) bool {
 
 // countExpired counts the records a purge would delete, for its progress.
 func (s *store) countExpired(ctx context.Context, before time.Time) (int, error) {
+	by, err := s.expiredByConsumer(ctx, before)
+	total := 0
+	for _, n := range by {
+		total += n
+	}
+	return total, err
+}
+
+// expiredByConsumer counts the records that expired before before, the
+// ones purge deletes, per consumer.
+func (s *store) expiredByConsumer(ctx context.Context, before time.Time) (map[string]int, error) {
 	quote := `"`
 	var arg any = before
 	switch s.kind {
@@ -404,20 +419,35 @@ func (s *store) countExpired(ctx context.Context, before time.Time) (int, error)
 	}
 	q, err := repository.QuoteTableName(s.table, quote)
 	if err != nil {
-		return 0, usagef("%v", err)
+		return nil, usagef("%v", err)
 	}
 	ph := "?"
 	if s.kind == kindPostgres {
 		ph = "$1"
 	}
-	var n int
-	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+q+" WHERE expires_at < "+ph, arg).Scan(&n); err != nil {
+	rows, err := s.db.QueryContext(ctx, "SELECT consumer, COUNT(*) FROM "+q+" WHERE expires_at < "+ph+" GROUP BY consumer", arg)
+	if err != nil {
 		if isMissingTable(err) {
-			return 0, usagef("table %s does not exist (wrong --table, or run idemctl migrate up)", s.table)
+			return nil, usagef("table %s does not exist (wrong --table, or run idemctl migrate up)", s.table)
 		}
-		return 0, fmt.Errorf("counting expired records: %w", err)
+		return nil, fmt.Errorf("counting expired records: %w", err)
 	}
-	return n, nil
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var (
+			consumer string
+			n        int
+		)
+		if err := rows.Scan(&consumer, &n); err != nil {
+			return nil, fmt.Errorf("counting expired records: %w", err)
+		}
+		out[consumer] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("counting expired records: %w", err)
+	}
+	return out, nil
 }
 
 // migrationLine is one table's numbered migrations: the files a package

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -96,8 +97,19 @@ type StatsCmd struct {
 }
 
 type statsOutput struct {
-	Consumers []repository.RecordCount `json:"consumers"`
-	Outbox    *outboxStats             `json:"outbox,omitempty"`
+	Consumers []consumerStats `json:"consumers"`
+	Outbox    *outboxStats    `json:"outbox,omitempty"`
+}
+
+// consumerStats is one consumer's line of stats: its live records by
+// state (repository.RecordCount) and its expired records, which wait for
+// purge (none on Redis, whose keys expire).
+type consumerStats struct {
+	Consumer   string `json:"consumer"`
+	InProgress int    `json:"in_progress"`
+	Stale      int    `json:"stale"`
+	Completed  int    `json:"completed"`
+	Expired    int    `json:"expired"`
 }
 
 type outboxStats struct {
@@ -115,17 +127,31 @@ func (c *StatsCmd) Run(ctx context.Context, g *Globals) error {
 		if err != nil {
 			return err
 		}
-		if err := s.checkConsumer(ctx, c.Consumer); err != nil {
-			return err
-		}
-		counts, err := st.CountRecords(ctx, time.Now())
+		now := time.Now()
+		counts, err := st.CountRecords(ctx, now)
 		if err != nil {
 			return err
 		}
-		out := statsOutput{Consumers: []repository.RecordCount{}}
-		for _, rc := range counts {
-			if c.Consumer == "" || rc.Consumer == c.Consumer {
-				out.Consumers = append(out.Consumers, rc)
+		expired := map[string]int{}
+		if s.db != nil {
+			if expired, err = s.expiredByConsumer(ctx, now); err != nil {
+				return err
+			}
+		}
+		all := mergeCounts(counts, expired)
+		if c.Consumer != "" {
+			var names []string
+			for _, cs := range all {
+				names = append(names, cs.Consumer)
+			}
+			if err := knownConsumer(c.Consumer, names, "records"); err != nil {
+				return err
+			}
+		}
+		out := statsOutput{Consumers: []consumerStats{}}
+		for _, cs := range all {
+			if c.Consumer == "" || cs.Consumer == c.Consumer {
+				out.Consumers = append(out.Consumers, cs)
 			}
 		}
 		if s.outbox.Dialect != "" {
@@ -144,11 +170,11 @@ func (c *StatsCmd) Run(ctx context.Context, g *Globals) error {
 		}
 		rows := [][]string{}
 		for _, rc := range out.Consumers {
-			rows = append(rows, []string{rc.Consumer, fmt.Sprint(rc.InProgress), fmt.Sprint(rc.Stale), fmt.Sprint(rc.Completed)})
+			rows = append(rows, []string{rc.Consumer, fmt.Sprint(rc.InProgress), fmt.Sprint(rc.Stale), fmt.Sprint(rc.Completed), fmt.Sprint(rc.Expired)})
 		}
 		if len(rows) == 0 {
-			fmt.Fprintln(g.stdout, "no live records")
-		} else if err := table(g.stdout, "CONSUMER\tIN_PROGRESS\tSTALE\tCOMPLETED", rows); err != nil {
+			fmt.Fprintln(g.stdout, "no records")
+		} else if err := table(g.stdout, "CONSUMER\tIN_PROGRESS\tSTALE\tCOMPLETED\tEXPIRED", rows); err != nil {
 			return err
 		}
 		switch {
@@ -162,6 +188,27 @@ func (c *StatsCmd) Run(ctx context.Context, g *Globals) error {
 		}
 		return nil
 	})
+}
+
+// mergeCounts joins the live counts and the expired ones by consumer, in
+// consumer order; a consumer with only expired records has a line too.
+func mergeCounts(live []repository.RecordCount, expired map[string]int) []consumerStats {
+	by := map[string]*consumerStats{}
+	for _, rc := range live {
+		by[rc.Consumer] = &consumerStats{Consumer: rc.Consumer, InProgress: rc.InProgress, Stale: rc.Stale, Completed: rc.Completed}
+	}
+	for consumer, n := range expired {
+		if by[consumer] == nil {
+			by[consumer] = &consumerStats{Consumer: consumer}
+		}
+		by[consumer].Expired = n
+	}
+	out := make([]consumerStats, 0, len(by))
+	for _, cs := range by {
+		out = append(out, *cs)
+	}
+	slices.SortFunc(out, func(a, b consumerStats) int { return strings.Compare(a.Consumer, b.Consumer) })
+	return out
 }
 
 // ---- stuck ----
@@ -275,7 +322,8 @@ func (c *StuckResolveCmd) Run(ctx context.Context, g *Globals) error {
 		case rec.State != repository.StateInProgress:
 			return fmt.Errorf("record %s/%s is %s, not stuck: nothing to resolve", c.Consumer, c.Key, rec.State)
 		case rec.LeaseOwner != owner:
-			return fmt.Errorf("record %s/%s is leased by %q, not %q: another attempt took it over; list it again", c.Consumer, c.Key, rec.LeaseOwner, owner)
+			return usagef("no in-progress record %s/%s is owned by %q: its lease owner is %q (check --owner against stuck list; if stuck list showed %q, another attempt has taken the record over since)",
+				c.Consumer, c.Key, owner, rec.LeaseOwner, owner)
 		case rec.LeaseUntil.After(now):
 			return fmt.Errorf("record %s/%s is leased by %q for %s more: an attempt is running; wait for it", c.Consumer, c.Key, owner, rec.LeaseUntil.Sub(now).Round(time.Second))
 		}
@@ -368,7 +416,7 @@ func readResult(path string) ([]*message.Message, error) {
 
 // PurgeCmd deletes expired records.
 type PurgeCmd struct {
-	Expired   bool          `required:"" help:"Delete records whose retention expired (required: the only thing purge deletes)."`
+	Expired   bool          `help:"Delete records whose retention expired: what purge does, with or without this flag (kept for scripts)."`
 	BatchSize int           `help:"Records deleted per statement." default:"1000"`
 	Before    time.Time     `help:"Delete records that expired before this time (RFC 3339). Default: now." format:"2006-01-02T15:04:05Z07:00"`
 	Every     time.Duration `help:"Least time between progress lines." default:"1s"`
@@ -620,6 +668,20 @@ func (c *DLRequeueCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 // ---- migrate ----
+
+// noMigrateDown is why idemctl has no migrate down, for migrate's help.
+const noMigrateDown = `There is no "migrate down", on purpose. The shipped .down.sql files (for
+migration tools that require them) drop the inbox table, and with it the
+markers of the messages already processed: every redelivery of one of them
+would then run its handler again, the duplicate effect the inbox exists to
+prevent. To undo a migration, restore a backup, or write the reverse by
+hand knowing which markers it drops.`
+
+// Help implements kong.HelpProvider: migrate --help says why there is no down.
+func (MigrateCmd) Help() string { return noMigrateDown }
+
+// Help implements kong.HelpProvider: migrate up --help says why there is no down.
+func (MigrateUpCmd) Help() string { return noMigrateDown }
 
 // MigrateCmd groups the migration commands.
 type MigrateCmd struct {

@@ -146,6 +146,31 @@ func idemctl(t *testing.T, env []string, stdin string, args ...string) result {
 	return result{out.String(), errOut.String(), code}
 }
 
+// pgInbox creates a plain PostgreSQL inbox table for t, dropped when t
+// ends, and returns the DSN idemctl takes, the database, the repository
+// and the table.
+func pgInbox(t *testing.T) (string, *sql.DB, *postgres.Repository, string) {
+	t.Helper()
+	dsn := pgDSN(t)
+	db := testenv.Postgres(t)
+	table := "idemctl_inbox_" + suffix()
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	return dsn, db, repo, table
+}
+
+// insertExpired inserts n completed records of consumer into table that
+// expired a day ago, what purge deletes.
+func insertExpired(t *testing.T, db *sql.DB, table, consumer string, n int) {
+	t.Helper()
+	_, err := db.Exec(`INSERT INTO `+table+` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
+		SELECT $1, 'k' || g, 'completed', '\x00', 1, now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
+		FROM generate_series(1, $2::int) g`, consumer, n)
+	require.NoError(t, err)
+}
+
 func pgDSN(t *testing.T) string {
 	testenv.Postgres(t) // skips (or fails under CI) without PostgreSQL
 	return testenv.PostgresDSN()
@@ -228,10 +253,11 @@ func TestStuckRecordOfAKilledConsumer(t *testing.T) {
 	require.Contains(t, r.stderr, "will mark it completed")
 	require.Contains(t, r.stderr, "refusing to complete record billing/"+key+" without confirmation")
 
-	// A wrong expected owner is refused.
+	// A wrong (mistyped) expected owner is refused, saying whose it is.
 	r = idemctl(t, env, "", "--table", table, "stuck", "resolve", "--consumer", "billing", "--key", key, "--owner", "someone-else", "--complete", "--yes")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, `not "someone-else"`)
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, `no in-progress record billing/`+key+` is owned by "someone-else": its lease owner is "`+stuck[0].LeaseOwner+`"`)
+	require.NotContains(t, r.stderr, "took it over;")
 
 	r = idemctl(t, env, "", "--table", table, "stuck", "resolve", "--consumer", "billing", "--key", key, "--owner", stuck[0].LeaseOwner, "--complete", "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -260,13 +286,7 @@ func TestStuckRecordOfAKilledConsumer(t *testing.T) {
 }
 
 func TestCompleteWithResultReplaysIt(t *testing.T) {
-	dsn := pgDSN(t)
-	db := testenv.Postgres(t)
-	table := "idemctl_inbox_" + suffix()
-	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(t.Context()))
+	dsn, _, repo, table := pgInbox(t)
 	leaveStuck(t, repo, "k1")
 	file := filepath.Join(t.TempDir(), "result.json")
 	require.NoError(t, os.WriteFile(file, []byte(`[{"uuid":"pay-1","metadata":{"k":"v"},"payload":"{\"paid\":42}"}]`), 0o600))
@@ -285,19 +305,13 @@ func TestCompleteWithResultReplaysIt(t *testing.T) {
 }
 
 func TestReleaseDeletesTheRecord(t *testing.T) {
-	dsn := pgDSN(t)
-	db := testenv.Postgres(t)
-	table := "idemctl_inbox_" + suffix()
-	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(t.Context()))
+	dsn, _, repo, table := pgInbox(t)
 	leaveStuck(t, repo, "k1")
 	env := []string{"IDEMCTL_DSN=" + dsn}
 	r := idemctl(t, env, "", "--table", table, "--json", "stuck", "resolve", "--consumer", "billing", "--key", "k1", "--release", "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.JSONEq(t, `{"consumer":"billing","key":"k1","action":"release","lease_owner":"dead-owner"}`, r.stdout)
-	_, err = repo.Get(t.Context(), "billing", "k1")
+	_, err := repo.Get(t.Context(), "billing", "k1")
 	require.ErrorIs(t, err, repository.ErrNotFound)
 }
 
@@ -305,23 +319,14 @@ func TestPurgeWithProgress(t *testing.T) {
 	if testing.Short() {
 		t.Skip("inserts 30,000 rows")
 	}
-	dsn := pgDSN(t)
-	db := testenv.Postgres(t)
-	table := "idemctl_inbox_" + suffix()
-	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
-	require.NoError(t, err)
-	require.NoError(t, repo.Migrate(t.Context()))
-	_, err = db.Exec(`INSERT INTO ` + table + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
-		SELECT 'billing', 'k' || g, 'completed', '\x00', 1, now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
-		FROM generate_series(1, 30000) g`)
-	require.NoError(t, err)
-	_, err = db.Exec(`INSERT INTO ` + table + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
+	dsn, db, _, table := pgInbox(t)
+	insertExpired(t, db, table, "billing", 30000)
+	_, err := db.Exec(`INSERT INTO ` + table + ` (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
 		VALUES ('billing', 'live', 'completed', '\x00', 1, now(), now(), now() + interval '1 day')`)
 	require.NoError(t, err)
 	env := []string{"IDEMCTL_DSN=" + dsn}
 
-	r := idemctl(t, env, "", "--table", table, "purge", "--expired")
+	r := idemctl(t, env, "", "--table", table, "purge") // --expired is the default
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "30000 records expired before")
 	require.Contains(t, r.stderr, "refusing to delete 30000 expired records")
@@ -396,34 +401,6 @@ func listAndShowDeadLetter(t *testing.T, env []string, table string, listArgs ..
 	return id
 }
 
-// A password in a DSN never appears in idemctl's output, whatever fails.
-func TestPasswordNeverEchoed(t *testing.T) {
-	const pw = "Sup3r-s3cret-pw"
-	for _, dsn := range []string{
-		"postgres://app:" + pw + "@127.0.0.1:1/db?sslmode=disable&connect_timeout=2",
-		"mysql://app:" + pw + "@127.0.0.1:1/db",
-		"postgres://app:" + pw + "@127.0.0.1:5432/db%zz",
-		"mysql://app:" + pw + "@127.0.0.1:3306",
-		"postgres://app:" + pw + "@[::1/db",
-	} {
-		for _, args := range [][]string{{"--dsn", dsn, "stats"}, {"stats"}} {
-			r := idemctl(t, []string{"IDEMCTL_DSN=" + dsn}, "", args...)
-			require.NotEqual(t, 0, r.code, "%s: %s", dsn, r.stdout)
-			require.NotContains(t, r.stdout+r.stderr, pw)
-			require.NotEmpty(t, r.stderr)
-		}
-	}
-	r := idemctl(t, nil, "", "--redis", "redis://:"+pw+"@127.0.0.1:1/0", "--connect-timeout", "2s", "stats")
-	require.Equal(t, 1, r.code)
-	require.NotContains(t, r.stdout+r.stderr, pw)
-	require.Contains(t, r.stderr, "xxxxx")
-	// When the server itself refuses the password.
-	my := "mysql://root:" + pw + "@127.0.0.1:3306/test"
-	r = idemctl(t, []string{"IDEMCTL_DSN=" + my}, "", "stats")
-	require.Equal(t, 1, r.code)
-	require.NotContains(t, r.stdout+r.stderr, pw)
-}
-
 func TestErrorsAndHelp(t *testing.T) {
 	r := idemctl(t, nil, "", "stats")
 	require.Equal(t, 2, r.code)
@@ -463,7 +440,7 @@ func TestSQLite(t *testing.T) {
 
 	r = idemctl(t, env, "", "stats")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `billing\s+0\s+1\s+0`, r.stdout)
+	require.Regexp(t, `billing\s+0\s+1\s+0\s+1\n`, r.stdout)
 	r = idemctl(t, []string{"IDEMCTL_DSN=file:" + path}, "", "--json", "stuck", "list")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, `"lease_owner": "dead-owner"`)
@@ -473,7 +450,7 @@ func TestSQLite(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "deleted 1 expired records")
 	r = idemctl(t, env, "", "stats")
-	require.Regexp(t, `billing\s+0\s+0\s+1`, r.stdout)
+	require.Regexp(t, `billing\s+0\s+0\s+1\s+0\n`, r.stdout)
 	r = idemctl(t, env, "", "deadletters", "list")
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "the outbox lives in PostgreSQL or MySQL")
@@ -488,7 +465,7 @@ func TestMariaDBStats(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	r = idemctl(t, env, "", "--table", table, "--outbox-table", "idemctl_none_"+suffix(), "stats")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "no live records")
+	require.Contains(t, r.stdout, "no records")
 	require.Contains(t, r.stdout, ": no such table")
 	r = idemctl(t, env, "", "--table", table, "--json", "migrate", "status")
 	require.Equal(t, 0, r.code, r.stderr)

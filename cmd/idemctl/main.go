@@ -9,11 +9,12 @@
 //	idemctl stuck resolve --consumer billing --key order-7 --complete
 //
 // --dsn (or IDEMCTL_DSN) selects the store by scheme: postgres://,
-// mysql://, sqlite:// or file:; --redis (or IDEMCTL_REDIS) a Redis inbox;
+// mysql://, sqlite:// or file:, or by form: a PostgreSQL keyword/value
+// string, a go-sql-driver/mysql DSN; --redis (or IDEMCTL_REDIS) a Redis inbox;
 // --layout partitioned the partitioned PostgreSQL inbox. migrate up and
 // migrate status take --outbox and --versions for the outbox's and the
 // version guard's tables.
-// Passwords in DSNs are never printed. resolve, purge and requeue show
+// Secrets in DSNs are never printed, in any DSN form (internal/dsn). resolve, purge and requeue show
 // what they will change and ask for confirmation; without a terminal they
 // refuse unless --yes is given. Exit status: 0 on success, 1 on failure,
 // 2 on a usage error. See docs/operations.md.
@@ -26,18 +27,21 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
 
+	"github.com/idemkit/watermill-idempotent/internal/dsn"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 // Globals are the flags every command takes.
 type Globals struct {
-	DSN           string `help:"SQL store: postgres://…, mysql://user:pass@host:3306/db, sqlite:///path/to.db or file:path." env:"IDEMCTL_DSN" placeholder:"URL"`
-	Redis         string `help:"Redis store: redis://[:password@]host:6379/0." env:"IDEMCTL_REDIS" placeholder:"URL"`
+	DSN           string `help:"SQL store: postgres://…, host=… dbname=… (PostgreSQL), mysql://user:pass@host:3306/db, user:pass@tcp(host:3306)/db, sqlite:///path/to.db or file:path." env:"IDEMCTL_DSN" placeholder:"DSN"`
+	Redis         string `help:"Redis store: redis://[[user]:password@]host:6379/0 or rediss://…." env:"IDEMCTL_REDIS" placeholder:"URL"`
 	RedisPrefix   string `help:"Key prefix of the Redis inbox (default: the backend's)." placeholder:"PREFIX"`
 	Table         string `help:"Inbox table." default:"${inbox_table}"`
 	OutboxTable   string `help:"Outbox table." default:"${outbox_table}"`
@@ -52,19 +56,19 @@ type Globals struct {
 
 	stdout, stderr io.Writer
 	stdin          *os.File
-	secrets        secrets
 	createSQLite   bool // migrate up may create the SQLite file
 }
 
 // CLI is idemctl's command tree.
 type CLI struct {
 	Globals
+	Version kong.VersionFlag `help:"Print idemctl's version and exit."`
 
 	Stats       StatsCmd       `cmd:"" help:"Records per consumer and state; outbox backlog, oldest message age and dead letters."`
 	Stuck       StuckCmd       `cmd:"" help:"Two-phase records whose lease expired mid-effect."`
 	Purge       PurgeCmd       `cmd:"" help:"Delete expired records in batches, with progress."`
 	Deadletters DeadlettersCmd `cmd:"" aliases:"dl" help:"Messages the outbox relay gave up on."`
-	Migrate     MigrateCmd     `cmd:"" help:"Create or upgrade the inbox (and outbox, version guard) tables."`
+	Migrate     MigrateCmd     `cmd:"" help:"Create or upgrade the inbox (and outbox, version guard) tables. There is no migrate down, on purpose: see migrate --help."`
 }
 
 // The inbox layouts of --layout.
@@ -79,15 +83,21 @@ func main() {
 
 // run is main without the process: it returns the exit status.
 func run(args []string, stdin *os.File, stdout, stderr io.Writer) int {
+	// Everything idemctl prints, kong's messages included, goes through
+	// the scrubber, which knows the secrets of every DSN given before
+	// anything is parsed (a DSN can be echoed by a parse error).
+	scrubber := dsnScrubber(args)
+	stdout, stderr = scrubber.Writer(stdout), scrubber.Writer(stderr)
 	var cli CLI
 	cli.stdout, cli.stderr, cli.stdin = stdout, stderr, stdin
 	exit := -1
 	parser, err := kong.New(&cli,
 		kong.Name("idemctl"),
 		kong.Description("Operate watermill-idempotent stores: stats, stuck two-phase records, cleanup, outbox dead letters, migrations."),
-		kong.UsageOnError(),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		kong.Vars{"inbox_table": repository.DefaultTableName, "outbox_table": outbox.DefaultTableName, "versions_table": repository.DefaultVersionsTableName},
+		kong.Help(helpPrinter),
+		kong.Vars{"inbox_table": repository.DefaultTableName, "outbox_table": outbox.DefaultTableName, "versions_table": repository.DefaultVersionsTableName,
+			"version": version()},
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { exit = code }),
 	)
@@ -96,22 +106,107 @@ func run(args []string, stdin *os.File, stdout, stderr io.Writer) int {
 		return 1
 	}
 	kctx, err := parser.Parse(args)
-	if exit >= 0 { // --help
+	if exit >= 0 { // --help, --version
 		return exit
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "idemctl:", cli.secrets.scrub(err.Error()))
+		// Without a command (bare idemctl, idemctl stuck) the usage of
+		// what was typed says what can follow.
+		var perr *kong.ParseError
+		if errors.As(err, &perr) && missingCommand(perr.Context) {
+			_ = perr.Context.PrintUsage(false)
+		}
+		fmt.Fprintln(stderr, "idemctl:", err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	if err := kctx.Run(&cli.Globals); err != nil {
-		fmt.Fprintln(stderr, "idemctl:", cli.secrets.scrub(err.Error()))
+		fmt.Fprintln(stderr, "idemctl:", err)
 		if errors.As(err, new(usageError)) {
 			return 2
 		}
 		return 1
 	}
 	return 0
+}
+
+// missingCommand reports whether ctx stops before a command: at the top
+// or at a group such as stuck, which only its subcommands run.
+func missingCommand(ctx *kong.Context) bool {
+	if ctx == nil {
+		return false
+	}
+	n := ctx.Selected()
+	return n == nil || len(n.Children) > 0
+}
+
+// helpPrinter is kong's, except that a command's help lists its own
+// flags and names the global ones (idemctl --help describes them) instead
+// of repeating their descriptions under every command.
+func helpPrinter(options kong.HelpOptions, ctx *kong.Context) error {
+	if ctx.Selected() == nil {
+		return kong.DefaultHelpPrinter(options, ctx)
+	}
+	line := "Global flags (idemctl --help describes them):"
+	lines := []string{}
+	for _, f := range ctx.Model.Flags {
+		if f.Hidden || f.Name == "help" {
+			continue
+		}
+		f.Hidden = true
+		defer func() { f.Hidden = false }()
+		if f.Name == "version" {
+			continue
+		}
+		if len(line)+len(f.Name)+4 > 80 {
+			lines = append(lines, line)
+			line = " "
+		}
+		line += " --" + f.Name + ","
+	}
+	lines = append(lines, strings.TrimSuffix(line, ",")+".")
+	if err := kong.DefaultHelpPrinter(options, ctx); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(ctx.Stdout, "\n%s\n", strings.Join(lines, "\n"))
+	return err
+}
+
+// version is idemctl's module version from its build information:
+// "(devel)" for a build from a source tree without one.
+func version() string {
+	v, goVersion := "(devel)", ""
+	if info, ok := debug.ReadBuildInfo(); ok {
+		if info.Main.Version != "" {
+			v = info.Main.Version
+		}
+		goVersion = " " + info.GoVersion
+	}
+	return "idemctl " + v + goVersion
+}
+
+// dsnScrubber knows the secrets of the DSNs in IDEMCTL_DSN, IDEMCTL_REDIS
+// and args: the values of --dsn and --redis, and any argument shaped like
+// a URL (a DSN given without its flag).
+func dsnScrubber(args []string) *dsn.Scrubber {
+	var sc dsn.Scrubber
+	sc.Add(os.Getenv("IDEMCTL_DSN"))
+	sc.Add(os.Getenv("IDEMCTL_REDIS"))
+	for i, a := range args {
+		switch flag, value, hasValue := strings.Cut(a, "="); {
+		case flag == "--dsn" || flag == "--redis":
+			if hasValue {
+				sc.Add(value)
+			} else if i+1 < len(args) {
+				sc.Add(args[i+1])
+			}
+		case strings.HasPrefix(a, "-") && strings.Contains(value, "://"):
+			sc.Add(value) // --other-flag=DSN
+		case strings.Contains(a, "://"):
+			sc.Add(a)
+		}
+	}
+	return &sc
 }

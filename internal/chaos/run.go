@@ -22,6 +22,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/watermill-idempotent/internal/dsn"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -175,7 +176,7 @@ func lockCluster(cl cluster, out io.Writer) (func(), error) {
 func checkAMQP(url string) error {
 	conn, err := amqp091.DialConfig(url, amqp091.Config{Dial: amqp091.DefaultDial(5 * time.Second)})
 	if err != nil {
-		return fmt.Errorf("%w: RabbitMQ (%s=%s): %v", ErrPrerequisite, AMQPEnv, url, err)
+		return fmt.Errorf("%w: RabbitMQ (%s=%s): %v", ErrPrerequisite, AMQPEnv, dsn.Redact(url), err)
 	}
 	return conn.Close()
 }

@@ -37,7 +37,7 @@ func NATS(t testing.TB) string {
 		}
 	}
 	if err != nil {
-		Missing(t, "NATS with JetStream ("+NATSEnv+"="+url+")", err)
+		missingAt(t, "NATS with JetStream", NATSEnv, url, err)
 	}
 	return url
 }

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
+	"github.com/idemkit/watermill-idempotent/internal/dsn"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
@@ -46,6 +48,16 @@ func Missing(t testing.TB, service string, err error) {
 		t.Fatalf("%s is not available (CI=true requires it): %v", service, err)
 	}
 	t.Skipf("skipping: %s is not available: %v (start it, or set CI=true to make this a failure)", service, err)
+}
+
+// missingAt is Missing for a service found at value, the setting of the
+// environment variable env: the message names both, with the value's
+// secrets masked (CI logs have many readers).
+func missingAt(t testing.TB, service, env, value string, err error) {
+	t.Helper()
+	var sc dsn.Scrubber
+	sc.Add(value)
+	Missing(t, service+" ("+env+"="+dsn.Redact(value)+")", errors.New(sc.Scrub(err.Error())))
 }
 
 func getenv(name, def string) string {
@@ -77,7 +89,7 @@ func PgxPool(t testing.TB) *pgxpool.Pool {
 		}
 	}
 	if err != nil {
-		Missing(t, "PostgreSQL ("+PostgresEnv+"="+PostgresDSN()+")", err)
+		missingAt(t, "PostgreSQL", PostgresEnv, PostgresDSN(), err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
@@ -115,7 +127,7 @@ func Postgres(t testing.TB) *sql.DB {
 		}
 	}
 	if err != nil {
-		Missing(t, "PostgreSQL ("+PostgresEnv+"="+PostgresDSN()+")", err)
+		missingAt(t, "PostgreSQL", PostgresEnv, PostgresDSN(), err)
 	}
 	db.SetMaxOpenConns(MaxConns)
 	t.Cleanup(func() { _ = db.Close() })
@@ -137,7 +149,7 @@ func MySQL(t testing.TB) *sql.DB {
 		}
 	}
 	if err != nil {
-		Missing(t, "MySQL/MariaDB ("+MySQLEnv+"="+MySQLDSN()+")", err)
+		missingAt(t, "MySQL/MariaDB", MySQLEnv, MySQLDSN(), err)
 	}
 	db.SetMaxOpenConns(MaxConns)
 	t.Cleanup(func() { _ = db.Close() })
