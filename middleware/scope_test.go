@@ -79,8 +79,10 @@ func TestInboxesRequireConsumer(t *testing.T) {
 		})
 	}
 	config.Consumer, twoPhase.Consumer = "payments", "payments"
-	require.NoError(t, config.Validate())
-	require.NoError(t, twoPhase.Validate())
+	_, err := middleware.NewInbox(config)
+	require.NoError(t, err)
+	_, err = middleware.NewTwoPhaseInbox(twoPhase)
+	require.NoError(t, err)
 }
 
 // Without a router, a delivery has no handler name: Consumer alone is its
