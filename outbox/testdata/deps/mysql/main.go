@@ -14,6 +14,6 @@ func main() {
 	db, _ := sql.Open("mysql", "root@tcp(127.0.0.1:3306)/test")
 	repo, _ := mysql.NewRepository(db, mysql.Config{})
 	ob, _ := outbox.New(outbox.Config{Dialect: outbox.MySQL})
-	_, _ = middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Outputs: ob.Outputs("out")})
+	_, _ = middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Consumer: "shop", Outputs: ob.Outputs("out")})
 	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: outbox.MySQL}, nil)
 }

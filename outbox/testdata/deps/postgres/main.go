@@ -20,6 +20,6 @@ func main() {
 	pool, _ := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:5432/test")
 	repo, _ := postgres.NewPgxRepository(pool, postgres.Config{})
 	ob, _ := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL})
-	_, _ = middleware.NewInbox(middleware.Config{Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}), Outputs: pgxoutbox.Outputs(ob, "out")})
+	_, _ = middleware.NewInbox(middleware.Config{Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}), Consumer: "shop", Outputs: pgxoutbox.Outputs(ob, "out")})
 	_, _ = pgxoutbox.NewRelay(pool, nil, outbox.RelayConfig{Dialect: outbox.PostgreSQL}, nil)
 }

@@ -12,6 +12,6 @@ func main() {
 	db, _ := sqlite.Open("app.db")
 	repo, _ := sqlite.NewRepository(db, sqlite.Config{})
 	ob, _ := outbox.New(outbox.Config{Dialect: outbox.SQLite})
-	_, _ = middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Outputs: ob.Outputs("out")})
+	_, _ = middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Consumer: "shop", Outputs: ob.Outputs("out")})
 	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: outbox.SQLite}, nil)
 }
