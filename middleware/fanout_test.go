@@ -361,21 +361,26 @@ func chargeEffect(s *store) func(msg *message.Message, handler, orderID string) 
 	}
 }
 
+// fanoutBackend is a broker and a store for fan-out tests.
+type fanoutBackend struct {
+	bus   func(*testing.T) *bus
+	store func(testing.TB) *store
+}
+
+// fanoutBackends are the in-memory broker on SQLite and RabbitMQ on
+// PostgreSQL.
+var fanoutBackends = map[string]fanoutBackend{
+	"gochannel+sqlite":  {goChannelBus, newSQLiteStore},
+	"rabbitmq+postgres": {amqpBus, newPostgresStore},
+}
+
 // TestRouterWideInboxScopesEachHandler is issue 11's reproduction: the
 // inbox added with router.AddMiddleware under one Consumer, and two or
 // three handlers subscribed to the same topic. Each handler must run
 // exactly once per order and publish only its own output, while copies
 // with the same UUID stay duplicates per handler.
 func TestRouterWideInboxScopesEachHandler(t *testing.T) {
-	type backend struct {
-		bus   func(*testing.T) *bus
-		store func(testing.TB) *store
-	}
-	backends := map[string]backend{
-		"gochannel+sqlite":  {goChannelBus, newSQLiteStore},
-		"rabbitmq+postgres": {amqpBus, newPostgresStore},
-	}
-	for name, b := range backends {
+	for name, b := range fanoutBackends {
 		for _, mode := range inboxModes {
 			for _, handlers := range [][]string{{"billing", "audit"}, {"billing", "audit", "shipping"}} {
 				t.Run(fmt.Sprintf("%s/%s/%d-handlers", name, mode.name, len(handlers)), func(t *testing.T) {

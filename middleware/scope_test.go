@@ -199,17 +199,9 @@ func TestUpgradeKeepsBareHandlerScopes(t *testing.T) {
 // scope: each event then runs once in all, in whichever service claimed
 // it first, and the other acknowledges it as a duplicate.
 func TestTwoServicesShareTableAndTopic(t *testing.T) {
-	type backend struct {
-		bus   func(*testing.T) *bus
-		store func(testing.TB) *store
-	}
-	backends := map[string]backend{
-		"gochannel+sqlite":  {goChannelBus, newSQLiteStore},
-		"rabbitmq+postgres": {amqpBus, newPostgresStore},
-	}
 	services := []string{"payments", "analytics"}
 	const orders, copies = 20, 2
-	for name, b := range backends {
+	for name, b := range fanoutBackends {
 		for _, mode := range inboxModes {
 			t.Run(name+"/"+mode.name, func(t *testing.T) {
 				if testing.Short() && strings.HasPrefix(name, "rabbitmq") {
