@@ -134,7 +134,7 @@ func TestInjectorPassesWithTheInbox(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			st := backends.Open(t, name)
 			acct := newAccount(t, st)
-			inbox, err := middleware.NewInbox(middleware.Config{DB: st.DB, Repository: st.SQL})
+			inbox, err := middleware.NewInbox(middleware.Config{DB: st.DB, Repository: st.SQL, Consumer: "payments"})
 			require.NoError(t, err)
 
 			dupes := dupetest.New(dupetest.Config{Seed: 42, Fraction: 0.5, FailFirst: 0.2})

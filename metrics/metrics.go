@@ -5,7 +5,7 @@
 //	reg := prometheus.NewRegistry()
 //	m, err := metrics.New(metrics.Config{Registerer: reg})
 //	if err != nil { … }
-//	inbox, err := middleware.NewInbox(middleware.Config{…, Observer: m})
+//	inbox, err := middleware.NewInbox(middleware.Config{…, Consumer: "shop", Observer: m})
 //	jan, err := janitor.NewJanitor(repo, janitor.Config{
 //		OnBatch:  m.ObserveJanitorBatch,
 //		OnSample: m.ObserveRecordCounts,

@@ -125,7 +125,7 @@ func TestBatchConfigValidation(t *testing.T) {
 		{middleware.BatchConfig{MaxMessages: middleware.MaxBatchMessages + 1}, "MaxMessages"},
 		{middleware.BatchConfig{MaxMessages: 8, MaxWait: -time.Second}, "MaxWait"},
 	} {
-		_, err := middleware.NewInbox(middleware.Config{DB: &sql.DB{}, Repository: s.repo, Batch: c.batch})
+		_, err := middleware.NewInbox(middleware.Config{DB: &sql.DB{}, Repository: s.repo, Consumer: "shop", Batch: c.batch})
 		require.ErrorContains(t, err, c.want)
 	}
 }

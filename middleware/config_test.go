@@ -21,7 +21,7 @@ func TestConfigValidate(t *testing.T) {
 	valid := middleware.Config{DB: db, Repository: repo, Consumer: "billing"}
 	// A Beginner replaces DB, and Repository is then optional.
 	beginner := pgxinbox.Beginner(nil, nil, pgx.TxOptions{})
-	_, err = middleware.NewInbox(middleware.Config{Beginner: beginner})
+	_, err = middleware.NewInbox(middleware.Config{Beginner: beginner, Consumer: "billing"})
 	require.NoError(t, err)
 
 	_, err = middleware.NewInbox(valid)
@@ -67,11 +67,6 @@ func TestConfigValidate(t *testing.T) {
 	}
 
 	c := valid
-	c.Consumer = ""
-	_, err = middleware.NewInbox(c)
-	require.NoError(t, err, "Consumer is optional: the scope is then the handler name")
-
-	c = valid
 	c.Retention, c.RedeliveryWindow = 24*time.Hour, 24*time.Hour
 	_, err = middleware.NewInbox(c)
 	require.NoError(t, err, "retention equal to the redelivery window is enough")

@@ -55,9 +55,9 @@ func KeyFromContext(ctx context.Context) (key string, ok bool) {
 }
 
 // ScopeFromContext returns the scope of the message being handled: the
-// consumer part of the (consumer, key) its record is stored under — the
-// handler name, Consumer + ScopeSeparator + handler name, a
-// HandlerScopes entry, or Consumer alone outside a router (see Config).
+// consumer part of the (consumer, key) its record is stored under —
+// Consumer + ScopeSeparator + handler name, a HandlerScopes entry, or
+// Consumer alone outside a router (see Config).
 // Use it to name what the handler derives per scope, as the inbox does
 // with OutputUUID(scope, key, position). ok is false outside an inbox
 // handler.

@@ -6,7 +6,7 @@
 //	inbox, err := middleware.NewInbox(middleware.Config{
 //		DB:         db,
 //		Repository: repo,
-//		Consumer:   "shop", // optional namespace of the scopes
+//		Consumer:   "shop", // this service's name; required
 //	})
 //	if err != nil { … }
 //	router.AddMiddleware(inbox.Middleware)
@@ -19,11 +19,13 @@
 //	}
 //
 // Records are kept per (scope, key). The scope is the Watermill handler's
-// name (message.HandlerNameFromCtx), prefixed with Consumer and
-// ScopeSeparator when Consumer is set ("shop/billing" above), so one inbox added to the whole router
-// keeps every handler's keys apart; Config.HandlerScopes maps a handler to
-// an explicit scope (to keep keys across a rename). The handler sees its
-// scope and key through ScopeFromContext and KeyFromContext.
+// name (message.HandlerNameFromCtx) prefixed with the service's Consumer
+// and ScopeSeparator ("shop/billing" above), so one inbox added to the
+// whole router keeps every handler's keys apart, and services sharing the
+// table keep theirs apart; Config.HandlerScopes maps a handler to an
+// explicit scope (to keep keys across a rename or an upgrade). The
+// handler sees its scope and key through ScopeFromContext and
+// KeyFromContext.
 //
 // Permanent errors — ErrNoKey, ErrPayloadMismatch, ErrNeedsIntervention
 // (two-phase mode), ErrNoScope and ErrInvalidScope — are recognised by

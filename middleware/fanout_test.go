@@ -100,6 +100,7 @@ func amqpBus(t *testing.T) *bus {
 type fanout struct {
 	bus      *bus
 	input    string
+	service  string // "" or the service the router belongs to, naming its subscriptions and output topics
 	handlers []string
 	router   *message.Router
 
@@ -111,15 +112,32 @@ type fanout struct {
 	effect  func(msg *message.Message, handler, orderID string) error // optional, inside the run
 }
 
-func (f *fanout) outputTopic(handler string) string { return f.input + "_" + handler }
+// group is the consumer group of a handler's subscription: the handler
+// name, prefixed with the service's when there is one, so that each
+// service gets its own copy of every message.
+func (f *fanout) group(handler string) string {
+	if f.service == "" {
+		return handler
+	}
+	return f.service + "_" + handler
+}
+
+func (f *fanout) outputTopic(handler string) string { return f.input + "_" + f.group(handler) }
 
 // newFanout builds the router: inbox is added router-wide after a counter
 // of acknowledged deliveries. Handlers are registered under their names
 // and tag their output with the handler that produced it.
 func newFanout(t *testing.T, b *bus, inbox message.HandlerMiddleware, handlers ...string) *fanout {
+	return newServiceFanout(t, b, randomName("orders"), "", inbox, handlers...)
+}
+
+// newServiceFanout is newFanout for one of several services consuming
+// the topic input: each has its own subscriptions and output topics.
+func newServiceFanout(t *testing.T, b *bus, input, service string, inbox message.HandlerMiddleware, handlers ...string) *fanout {
 	f := &fanout{
 		bus:      b,
-		input:    randomName("orders"),
+		input:    input,
+		service:  service,
 		handlers: handlers,
 		runs:     map[string]map[string]int{},
 		scopes:   map[string]map[string]bool{},
@@ -133,7 +151,7 @@ func newFanout(t *testing.T, b *bus, inbox message.HandlerMiddleware, handlers .
 	for _, name := range handlers {
 		f.runs[name] = map[string]int{}
 		f.scopes[name] = map[string]bool{}
-		r.AddHandler(name, f.input, b.subscribe(t, name), f.outputTopic(name), b.publisher, f.handler(name))
+		r.AddHandler(name, f.input, b.subscribe(t, f.group(name)), f.outputTopic(name), b.publisher, f.handler(name))
 	}
 	return f
 }
@@ -178,6 +196,14 @@ func (f *fanout) handler(name string) message.HandlerFunc {
 // producer retrying). It returns once every handler acknowledged every
 // copy and every output topic received one message per copy.
 func (f *fanout) run(t *testing.T, orders, copies int) {
+	f.start(t)
+	f.publish(t, orders, copies)
+	f.wait(t, orders*copies)
+}
+
+// start subscribes collectors to every output topic and starts the
+// router; it returns once the router runs.
+func (f *fanout) start(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	for _, name := range f.handlers {
 		msgs, err := f.bus.subscribe(t, "collector").Subscribe(ctx, f.outputTopic(name))
@@ -198,14 +224,22 @@ func (f *fanout) run(t *testing.T, orders, copies int) {
 		require.NoError(t, <-done)
 	})
 	<-f.router.Running()
+}
 
+// publish publishes orders orders to the input topic, each copies times
+// with the same UUID.
+func (f *fanout) publish(t *testing.T, orders, copies int) {
 	for i := range orders {
 		for range copies {
 			require.NoError(t, f.bus.publisher.Publish(f.input,
 				orderMessage(fmt.Sprintf("%s-uuid-%d", f.input, i), order{ID: fmt.Sprintf("o-%d", i), Amount: 10 + i})))
 		}
 	}
-	published := orders * copies
+}
+
+// wait returns once every handler acknowledged published deliveries and
+// every output topic received published messages.
+func (f *fanout) wait(t *testing.T, published int) {
 	require.Eventually(t, func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -248,13 +282,22 @@ func (f *fanout) summary(orders, copies int) string {
 	return strings.Join(lines, "\n")
 }
 
+func (f *fanout) log(t *testing.T, orders, copies int) {
+	t.Helper()
+	service := ""
+	if f.service != "" {
+		service = "service " + f.service + ", "
+	}
+	t.Logf("%s, %s%d handlers, %d orders × %d copies:\n%s", f.bus.name, service, len(f.handlers), orders, copies, f.summary(orders, copies))
+}
+
 // requireEachHandlerOnce checks the fan-out outcome: every handler ran
 // exactly once per order, its output topic carries only its own messages
 // — one per published copy (first run or replay), with one UUID per
 // order — and every handler acknowledged every copy.
 func (f *fanout) requireEachHandlerOnce(t *testing.T, orders, copies int) {
 	t.Helper()
-	t.Logf("%s, %d handlers, %d orders × %d copies:\n%s", f.bus.name, len(f.handlers), orders, copies, f.summary(orders, copies))
+	f.log(t, orders, copies)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, name := range f.handlers {
@@ -318,21 +361,26 @@ func chargeEffect(s *store) func(msg *message.Message, handler, orderID string) 
 	}
 }
 
+// fanoutBackend is a broker and a store for fan-out tests.
+type fanoutBackend struct {
+	bus   func(*testing.T) *bus
+	store func(testing.TB) *store
+}
+
+// fanoutBackends are the in-memory broker on SQLite and RabbitMQ on
+// PostgreSQL.
+var fanoutBackends = map[string]fanoutBackend{
+	"gochannel+sqlite":  {goChannelBus, newSQLiteStore},
+	"rabbitmq+postgres": {amqpBus, newPostgresStore},
+}
+
 // TestRouterWideInboxScopesEachHandler is issue 11's reproduction: the
 // inbox added with router.AddMiddleware under one Consumer, and two or
 // three handlers subscribed to the same topic. Each handler must run
 // exactly once per order and publish only its own output, while copies
 // with the same UUID stay duplicates per handler.
 func TestRouterWideInboxScopesEachHandler(t *testing.T) {
-	type backend struct {
-		bus   func(*testing.T) *bus
-		store func(testing.TB) *store
-	}
-	backends := map[string]backend{
-		"gochannel+sqlite":  {goChannelBus, newSQLiteStore},
-		"rabbitmq+postgres": {amqpBus, newPostgresStore},
-	}
-	for name, b := range backends {
+	for name, b := range fanoutBackends {
 		for _, mode := range inboxModes {
 			for _, handlers := range [][]string{{"billing", "audit"}, {"billing", "audit", "shipping"}} {
 				t.Run(fmt.Sprintf("%s/%s/%d-handlers", name, mode.name, len(handlers)), func(t *testing.T) {

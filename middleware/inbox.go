@@ -35,38 +35,40 @@ type Config struct {
 	// needs DB; Outputs then needs a writer for that driver
 	// (outbox/pgxoutbox.Outputs). Default: nil (use DB).
 	Beginner Beginner
-	// Consumer is an optional namespace for the scopes of this inbox's
-	// deliveries. Records are stored per (scope, key), and each delivery's
-	// scope comes from the Watermill handler that runs it
-	// (message.HandlerNameFromCtx), so handlers sharing a topic and a
-	// table never suppress each other, even with the inbox added to the
-	// whole router:
-	//
-	//   - the handler name when Consumer is empty ("billing");
-	//   - Consumer + ScopeSeparator + handler name when it is set
-	//     ("shop/billing");
-	//   - Consumer alone for a delivery without a handler name (the
-	//     middleware called outside a router); without Consumer either,
-	//     such a delivery fails with the permanent ErrNoScope.
+	// Consumer names the service that owns this inbox ("payments"). It is
+	// required: records are stored per (scope, key), and each delivery's
+	// scope is Consumer + ScopeSeparator + the name of the Watermill
+	// handler that runs it (message.HandlerNameFromCtx): "payments/billing".
+	// So neither two handlers of one router sharing a topic, even with the
+	// inbox added to the whole router, nor two services sharing the table
+	// and a handler name ever suppress each other's messages. A delivery
+	// without a handler name (the middleware called outside a router) uses
+	// Consumer alone. Give every service its own Consumer: two services
+	// with the same one and a handler of the same name consuming one topic
+	// acknowledge each other's messages as duplicates.
 	//
 	// A derived scope longer than 255 bytes, not valid UTF-8 or holding a
 	// NUL byte fails each delivery with the permanent ErrInvalidScope.
 	// Scopes must stay stable across deployments: renaming a handler (or
 	// changing Consumer) forgets its processed keys, so copies of messages
 	// it already handled are processed once more until their retention
-	// would have ended. Keep them with HandlerScopes. Default: "" (scope =
-	// handler name). At most 255 bytes, valid UTF-8, no NUL byte.
+	// would have ended. Keep them with HandlerScopes. At most 255 bytes,
+	// valid UTF-8, no NUL byte.
 	Consumer string
 	// HandlerScopes maps a Watermill handler name to the scope its
 	// deliveries use, overriding the rule above. Use it to keep a handler's
-	// remembered keys across a rename ({"charge-card": "shop/billing"}
+	// remembered keys across a rename ({"charge-card": "payments/billing"}
 	// after renaming handler "billing" to "charge-card" under Consumer
-	// "shop"), to keep keys stored
-	// under an earlier version's Consumer ({"billing": "billing"}: before
-	// scopes were per handler, the scope was Consumer alone), or to make
-	// handlers share one scope on purpose (competing handlers of one
-	// consumer). Entries are used as they are, without Consumer. Default:
-	// nil. Each scope at most 255 bytes, valid UTF-8, no NUL byte.
+	// "payments"), to keep keys stored by an earlier version: under the
+	// bare handler name ({"billing": "billing"}: before Consumer was
+	// required, an inbox without one scoped by handler name alone) or
+	// under its Consumer alone ({"billing": "shop"}: before scopes were
+	// per handler); or to make handlers share one scope on purpose
+	// (competing handlers of one service). Entries are used as they are,
+	// without Consumer, so a mapped scope is shared by every service that
+	// maps to it: once Retention has passed since the upgrade, the old
+	// keys have expired and the mapping can go. Default: nil. Each scope
+	// at most 255 bytes, valid UTF-8, no NUL byte.
 	HandlerScopes map[string]string
 	// Key extracts the deduplication key. Default: UUIDKey.
 	Key KeyFunc
@@ -257,7 +259,7 @@ func (c Config) Validate() error {
 	if c.Repository == nil && c.Beginner == nil {
 		errs = append(errs, errors.New("missing Config.Repository"))
 	}
-	errs = append(errs, validateScoping("Config", c.Consumer, c.HandlerScopes)...)
+	errs = append(errs, validateScoping("Config", c.Consumer, c.HandlerScopes, true)...)
 	errs = append(errs, validateShared(c.Retention, c.RedeliveryWindow)...)
 	errs = append(errs, c.Batch.validate()...)
 	if _, ok := c.Repository.(repository.Reader); c.ReadFirst && !ok {
@@ -286,8 +288,8 @@ func validateShared(retention, redeliveryWindow time.Duration) []error {
 
 // Inbox is a router middleware that makes a handler's effects happen once
 // per (scope, key), however often the broker delivers the message. The
-// scope is the handler's (see Config.Consumer), so one Inbox can be added
-// to a whole router.
+// scope is the service's and the handler's (see Config.Consumer), so one
+// Inbox can be added to a whole router and services can share a table.
 //
 // For each delivery it begins a transaction, claims the key with one
 // atomic conditional insert and, on a fresh claim, runs the handler with
@@ -304,7 +306,7 @@ func validateShared(retention, redeliveryWindow time.Duration) []error {
 //     publish loses nothing and downstream inboxes dedupe the repeat;
 //   - duplicate with another payload: ErrPayloadMismatch (permanent);
 //   - no key: ErrNoKey (permanent);
-//   - no scope or an invalid one: ErrNoScope, ErrInvalidScope (permanent).
+//   - a handler name giving an invalid scope: ErrInvalidScope (permanent).
 //
 // A concurrent delivery of the same key waits on the database until the
 // first transaction ends. Inbox is safe for concurrent use.

@@ -25,7 +25,8 @@ type NaturalKeyConfig struct {
 	// the Observer, with the inbox's rule: the handler name, prefixed with
 	// Consumer and ScopeSeparator when it is set, or Consumer alone
 	// outside a router. NaturalKey stores nothing under it — the business
-	// row is the marker — so it only labels. Default: "" (the handler
+	// row is the marker — so it only labels, and is optional; set it to
+	// the service's name, like the inbox's. Default: "" (the handler
 	// name).
 	Consumer string
 	// IsDuplicate reports whether a handler error means "this message was

@@ -37,7 +37,7 @@ const (
 	OutcomeNoKey Outcome = "no_key"
 	// OutcomeNoScope: the delivery had no scope or an invalid one
 	// (ErrNoScope, ErrInvalidScope); Delivery.Consumer is then the
-	// configured Consumer, possibly empty.
+	// configured Consumer (package httpidem: its Namespace).
 	OutcomeNoScope Outcome = "no_scope"
 	// OutcomeStaleVersion: the handler reported a stale version
 	// (ErrStaleVersion); acknowledged and skipped.

@@ -294,7 +294,7 @@ func TestRouterConcurrentCopiesAcrossHandlers(t *testing.T) {
 				_, err := h.Handle(msg)
 				return err
 			})
-			hd.AddMiddleware(f.count, s.newInbox(t, "", func(c *middleware.Config) { c.HandlerScopes = shared }).Middleware)
+			hd.AddMiddleware(f.count, s.newInbox(t, "shop", func(c *middleware.Config) { c.HandlerScopes = shared }).Middleware)
 		}
 		f.run(t)
 

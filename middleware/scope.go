@@ -14,16 +14,16 @@ import (
 )
 
 // ScopeSeparator joins Config.Consumer and the handler name into a
-// delivery's scope: Consumer "shop" and handler "billing" give
-// "shop/billing".
+// delivery's scope: Consumer "payments" and handler "billing" give
+// "payments/billing".
 const ScopeSeparator = "/"
 
 var (
-	// ErrNoScope is returned for a delivery that has no scope: it carries
-	// no Watermill handler name (the middleware was called outside a
-	// router) and the inbox has no Consumer. It is permanent: add the inbox
-	// to a router (router.AddMiddleware or handler.AddMiddleware) or set
-	// Consumer.
+	// ErrNoScope is returned for a delivery or a call that has no scope:
+	// a VersionGuard used outside an inbox handler without
+	// VersionGuardConfig.Consumer, or an HTTP request without a principal
+	// (package httpidem). The inboxes require a Consumer, so their
+	// deliveries always have one. It is permanent.
 	ErrNoScope = errors.New("delivery has no inbox scope")
 	// ErrInvalidScope is returned for a delivery whose scope, derived from
 	// its handler name, cannot be stored: longer than
@@ -38,13 +38,14 @@ var (
 // the Watermill handler h (message.HandlerNameFromCtx):
 //
 //   - HandlerScopes[h], if present;
-//   - else h when Consumer is empty, Consumer + ScopeSeparator + h when it
-//     is set;
+//   - else Consumer + ScopeSeparator + h (h alone when Consumer is empty,
+//     which only NaturalKey, which stores nothing, allows);
 //   - a delivery without a handler name (the middleware called directly)
 //     uses Consumer alone, and fails with ErrNoScope if it is empty.
 //
-// Two handlers of one router therefore never share a scope unless
-// HandlerScopes maps them to the same one on purpose.
+// Two handlers of one router, or of two services with their own Consumer,
+// therefore never share a scope unless HandlerScopes maps them to the same
+// one on purpose.
 type scoping struct {
 	consumer string
 	handlers map[string]string
@@ -106,13 +107,21 @@ func checkScope(scope string) error {
 }
 
 // validateScoping checks Consumer and HandlerScopes of the config named
-// configName.
-func validateScoping(configName, consumer string, handlerScopes map[string]string) []error {
+// configName; an inbox's config requires a Consumer.
+func validateScoping(configName, consumer string, handlerScopes map[string]string, required bool) []error {
 	var errs []error
-	if consumer != "" {
+	switch {
+	case consumer != "":
 		if err := checkScope(consumer); err != nil {
 			errs = append(errs, fmt.Errorf("%s.Consumer %w", configName, err))
 		}
+	case required:
+		errs = append(errs, fmt.Errorf("missing %s.Consumer: set it to the name of this service (\"payments\"), "+
+			"so that services sharing the inbox table never suppress each other's messages: "+
+			"records are scoped by Consumer and handler name, and without Consumer two services with a handler "+
+			"of the same name, consuming the same messages, would acknowledge each other's as duplicates. "+
+			"To keep the keys stored before Consumer was required (under the bare handler name), "+
+			"also map each handler to its old scope: HandlerScopes: map[string]string{\"billing\": \"billing\"}", configName))
 	}
 	handlers := make([]string, 0, len(handlerScopes))
 	for h := range handlerScopes {

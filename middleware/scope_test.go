@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -48,66 +49,211 @@ func (o *scopeObserver) get(scope string, outcome middleware.Outcome) int {
 	return o.counts[scope][outcome]
 }
 
-// Without a router, a delivery has no handler name: Consumer alone is its
-// scope, and with no Consumer either it is refused before anything is
-// claimed, permanently, in both modes.
-func TestInboxWithoutHandlerNameOrConsumerFailsPermanently(t *testing.T) {
+// TestInboxesRequireConsumer: an inbox without Consumer is refused at
+// construction, by NewInbox, NewTwoPhaseInbox and Validate, with an error
+// that says why (services sharing a table would suppress each other's
+// messages) and how to keep the keys stored under the bare handler name.
+func TestInboxesRequireConsumer(t *testing.T) {
 	s := newSQLiteStore(t)
-	obs := &scopeObserver{}
-	var runs atomic.Int64
-	handler := func(msg *message.Message) ([]*message.Message, error) {
-		runs.Add(1)
-		return nil, nil
-	}
 	twoPhaseRepo, ok := s.repo.(leaseRepo)
 	require.True(t, ok)
-	twoPhase, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: twoPhaseRepo, Observer: obs})
-	require.NoError(t, err)
-	for mode, mw := range map[string]message.HandlerFunc{
-		"transactional": s.newInbox(t, "", func(c *middleware.Config) { c.Observer = obs }).Middleware(handler),
-		"two-phase":     twoPhase.Middleware(handler),
+	config := middleware.Config{DB: s.db, Repository: s.repo}
+	twoPhase := middleware.TwoPhaseConfig{Repository: twoPhaseRepo}
+	_, newErr := middleware.NewInbox(config)
+	_, newTwoPhaseErr := middleware.NewTwoPhaseInbox(twoPhase)
+	for name, c := range map[string]struct {
+		err    error
+		config string
+	}{
+		"NewInbox":                {newErr, "Config"},
+		"Config.Validate":         {config.Validate(), "Config"},
+		"NewTwoPhaseInbox":        {newTwoPhaseErr, "TwoPhaseConfig"},
+		"TwoPhaseConfig.Validate": {twoPhase.Validate(), "TwoPhaseConfig"},
+		"Config.Validate, only HandlerScopes": {middleware.Config{DB: s.db, Repository: s.repo,
+			HandlerScopes: map[string]string{"billing": "billing"}}.Validate(), "Config"},
 	} {
-		t.Run(mode, func(t *testing.T) {
-			_, err := mw(orderMessage("uuid-"+mode, order{ID: "o-1", Amount: 1}))
-			require.ErrorIs(t, err, middleware.ErrNoScope)
-			require.True(t, middleware.IsPermanent(err), "the poison queue takes it")
-			require.ErrorContains(t, err, "add the inbox to a router", "the error says how to fix the wiring")
+		t.Run(name, func(t *testing.T) {
+			require.ErrorContains(t, c.err, "missing "+c.config+".Consumer: set it to the name of this service")
+			require.ErrorContains(t, c.err, "services sharing the inbox table never suppress each other's messages")
+			require.ErrorContains(t, c.err, `HandlerScopes: map[string]string{"billing": "billing"}`, "the error says how to keep old keys")
 		})
 	}
-	require.Zero(t, runs.Load())
-	require.Equal(t, 2, obs.get("", middleware.OutcomeNoScope))
-	var records int
-	require.NoError(t, s.db.QueryRow(`SELECT COUNT(*) FROM `+s.inbox).Scan(&records))
-	require.Zero(t, records, "nothing was claimed")
-
-	// With a Consumer the same call is scoped by it, as before scopes
-	// were per handler.
-	scoped := s.newInbox(t, "billing").Middleware(handler)
-	_, err = scoped(orderMessage("uuid-3", order{ID: "o-3", Amount: 1}))
+	config.Consumer, twoPhase.Consumer = "payments", "payments"
+	_, err := middleware.NewInbox(config)
 	require.NoError(t, err)
-	rec, err := s.repo.Get(t.Context(), "billing", "uuid-3")
+	_, err = middleware.NewTwoPhaseInbox(twoPhase)
 	require.NoError(t, err)
-	require.Equal(t, repository.StateCompleted, rec.State)
 }
 
-// TestRouterWideInboxWithoutConsumer: with no Consumer at all the scope is
-// the bare handler name, and handlers still keep apart.
-func TestRouterWideInboxWithoutConsumer(t *testing.T) {
+// Without a router, a delivery has no handler name: Consumer alone is its
+// scope, in both modes.
+func TestInboxWithoutHandlerNameUsesConsumer(t *testing.T) {
 	for _, mode := range inboxModes {
 		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel()
 			s := newSQLiteStore(t)
-			f := newFanout(t, goChannelBus(t), mode.new(t, s, ""), "billing", "audit")
-			f.run(t, 10, 3)
-			f.requireEachHandlerOnce(t, 10, 3)
-			require.Contains(t, f.scopes["billing"], "billing")
-			require.Contains(t, f.scopes["audit"], "audit")
-			for _, h := range f.handlers {
-				_, err := s.repo.Get(t.Context(), h, f.input+"-uuid-0")
-				require.NoError(t, err, "%s's record is stored under its name", h)
+			var runs atomic.Int64
+			mw := mode.new(t, s, "payments")(func(msg *message.Message) ([]*message.Message, error) {
+				runs.Add(1)
+				return nil, nil
+			})
+			for range 2 {
+				_, err := mw(orderMessage("uuid-1", order{ID: "o-1", Amount: 1}))
+				require.NoError(t, err)
 			}
+			require.EqualValues(t, 1, runs.Load(), "the copy is a duplicate")
+			rec, err := s.repo.Get(t.Context(), "payments", "uuid-1")
+			require.NoError(t, err)
+			require.Equal(t, repository.StateCompleted, rec.State)
 		})
 	}
+}
+
+// writeLegacyRecords stores msgs as processed under scope, the way an
+// inbox of an earlier version did: a completed record per (scope, UUID)
+// with the payload's hash.
+func writeLegacyRecords(t *testing.T, s *store, scope string, msgs []*message.Message) {
+	t.Helper()
+	now := time.Now()
+	for _, m := range msgs {
+		tx, err := s.db.BeginTx(t.Context(), nil)
+		require.NoError(t, err)
+		claim, err := s.repo.ClaimTx(t.Context(), tx, repository.ClaimParams{
+			Consumer: scope, Key: m.UUID, PayloadHash: repository.HashPayload(m.Payload),
+			Now: now, ExpiresAt: now.Add(middleware.DefaultRetention),
+		})
+		require.NoError(t, err)
+		require.True(t, claim.Claimed)
+		require.NoError(t, tx.Commit())
+	}
+}
+
+// upgradeRun runs handler "billing" under a router-wide inbox built by
+// mw, publishes msgs, waits until all are acknowledged and returns how
+// often the handler ran.
+func upgradeRun(t *testing.T, mw message.HandlerMiddleware, msgs []*message.Message) int64 {
+	t.Helper()
+	f := newFlow(t)
+	var runs atomic.Int64
+	f.router.AddMiddleware(f.count, mw)
+	f.router.AddConsumerHandler("billing", ordersTopic, f.pubSub, func(*message.Message) error {
+		runs.Add(1)
+		return nil
+	})
+	f.run(t)
+	for _, m := range msgs {
+		f.publish(t, m.Copy())
+	}
+	f.waitCompleted(t, len(msgs))
+	return runs.Load()
+}
+
+// TestUpgradeKeepsBareHandlerScopes: an earlier version without Consumer
+// stored handler "billing"'s keys under scope "billing". After the
+// upgrade, with Consumer required, the one-line mapping
+// HandlerScopes{"billing": "billing"} keeps them: every redelivery is a
+// duplicate. Without it the scope is "payments/billing", which has never
+// seen these keys, so they run once more.
+func TestUpgradeKeepsBareHandlerScopes(t *testing.T) {
+	for _, b := range []struct {
+		name string
+		open func(testing.TB) *store
+	}{{"sqlite", newSQLiteStore}, {"postgres", newPostgresStore}} {
+		for _, mode := range inboxModes {
+			t.Run(b.name+"/"+mode.name, func(t *testing.T) {
+				t.Parallel()
+				s := b.open(t)
+				var msgs []*message.Message
+				for i := range 5 {
+					msgs = append(msgs, orderMessage(fmt.Sprintf("uuid-%d", i), order{ID: fmt.Sprintf("o-%d", i), Amount: 1}))
+				}
+				writeLegacyRecords(t, s, "billing", msgs)
+
+				upgraded := s.newInbox(t, "payments", func(c *middleware.Config) {
+					c.HandlerScopes = map[string]string{"billing": "billing"}
+				}).Middleware
+				if mode.name == "two-phase" {
+					repo, ok := s.repo.(leaseRepo)
+					require.True(t, ok)
+					inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: repo, Consumer: "payments",
+						HandlerScopes: map[string]string{"billing": "billing"}})
+					require.NoError(t, err)
+					upgraded = inbox.Middleware
+				}
+				require.Zero(t, upgradeRun(t, upgraded, msgs), "every redelivery is a duplicate of the earlier version's run")
+
+				require.EqualValues(t, len(msgs), upgradeRun(t, mode.new(t, s, "payments"), msgs),
+					"without the mapping the keys are forgotten")
+				_, err := s.repo.Get(t.Context(), "payments"+middleware.ScopeSeparator+"billing", "uuid-0")
+				require.NoError(t, err)
+			})
+		}
+	}
+}
+
+// TestTwoServicesShareTableAndTopic is issue 24's reproduction: two
+// services, each wired like the README's router (one inbox for the whole
+// router, a handler named "billing"), share one inbox table and consume
+// one fan-out topic. Each service's own Consumer keeps their scopes
+// apart, so each runs every event once. The legacy mapping to the bare
+// handler name (what an inbox without Consumer used to do) shares the
+// scope: each event then runs once in all, in whichever service claimed
+// it first, and the other acknowledges it as a duplicate.
+func TestTwoServicesShareTableAndTopic(t *testing.T) {
+	services := []string{"payments", "analytics"}
+	const orders, copies = 20, 2
+	for name, b := range fanoutBackends {
+		for _, mode := range inboxModes {
+			t.Run(name+"/"+mode.name, func(t *testing.T) {
+				if testing.Short() && strings.HasPrefix(name, "rabbitmq") {
+					t.Skip("RabbitMQ fan-out runs take seconds; skipped with -short")
+				}
+				t.Parallel()
+				s, bus, input := b.store(t), b.bus(t), randomName("orders")
+				var routers []*fanout
+				for _, service := range services {
+					f := newServiceFanout(t, bus, input, service, mode.new(t, s, service), "billing")
+					f.effect = chargeEffect(s)
+					f.start(t)
+					routers = append(routers, f)
+				}
+				routers[0].publish(t, orders, copies)
+				for i, f := range routers {
+					f.wait(t, orders*copies)
+					f.requireEachHandlerOnce(t, orders, copies)
+					require.Equal(t, map[string]bool{services[i] + middleware.ScopeSeparator + "billing": true}, f.scopes["billing"])
+					_, err := s.repo.Get(t.Context(), services[i]+middleware.ScopeSeparator+"billing", input+"-uuid-0")
+					require.NoError(t, err, "%s's record is stored under its scope", services[i])
+				}
+				if mode.name == "transactional" {
+					require.Equal(t, orders*len(services), s.totalCharges(t), "each service charged every order")
+				}
+			})
+		}
+	}
+
+	t.Run("legacy mapping shares the scope", func(t *testing.T) {
+		t.Parallel()
+		s, bus, input := newSQLiteStore(t), goChannelBus(t), randomName("orders")
+		var routers []*fanout
+		for _, service := range services {
+			inbox := s.newInbox(t, service, func(c *middleware.Config) { c.HandlerScopes = map[string]string{"billing": "billing"} })
+			f := newServiceFanout(t, bus, input, service, inbox.Middleware, "billing")
+			f.start(t)
+			routers = append(routers, f)
+		}
+		routers[0].publish(t, orders, copies)
+		runs := 0
+		for _, f := range routers {
+			f.wait(t, orders*copies)
+			f.log(t, orders, copies)
+			f.mu.Lock()
+			for _, n := range f.runs["billing"] {
+				runs += n
+			}
+			f.mu.Unlock()
+		}
+		require.Equal(t, orders, runs, "one scope: each order ran in one service only")
+	})
 }
 
 // renameRun runs one router generation: handler name under a router-wide
@@ -350,11 +496,11 @@ func TestVersionGuardTwoHandlers(t *testing.T) {
 				obs := &scopeObserver{}
 				var mw message.HandlerMiddleware
 				if mode == "transactional" {
-					inbox, err := middleware.NewInbox(middleware.Config{DB: v.d.db, Repository: v.repo, Observer: obs})
+					inbox, err := middleware.NewInbox(middleware.Config{DB: v.d.db, Repository: v.repo, Consumer: "shop", Observer: obs})
 					require.NoError(t, err)
 					mw = inbox.Middleware
 				} else {
-					inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: v.repo, Observer: obs})
+					inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: v.repo, Consumer: "shop", Observer: obs})
 					require.NoError(t, err)
 					mw = inbox.Middleware
 				}
@@ -415,8 +561,9 @@ func TestVersionGuardTwoHandlers(t *testing.T) {
 				defer mu.Unlock()
 				for _, name := range []string{"orders-view", "search-index"} {
 					require.Equal(t, []int64{1, 2, 3, 4}, applied[name], "%s applied every version once, in order", name)
-					require.Equal(t, 4, obs.get(name, middleware.OutcomeProcessed))
-					require.Equal(t, 1, obs.get(name, middleware.OutcomeStaleVersion), "%s: only the republished version 2 is stale", name)
+					scope := "shop" + middleware.ScopeSeparator + name
+					require.Equal(t, 4, obs.get(scope, middleware.OutcomeProcessed))
+					require.Equal(t, 1, obs.get(scope, middleware.OutcomeStaleVersion), "%s: only the republished version 2 is stale", name)
 				}
 			})
 		}

@@ -52,11 +52,10 @@ const DefaultLease = 30 * time.Second
 type TwoPhaseConfig struct {
 	// Repository stores the records. Required.
 	Repository repository.TwoPhase
-	// Consumer is an optional namespace for the scopes of this inbox's
-	// deliveries, exactly as in Config: the scope is the handler name,
-	// Consumer + ScopeSeparator + handler name, or Consumer alone outside
-	// a router (ErrNoScope without either). Default: "". At most 255
-	// bytes, valid UTF-8, no NUL byte.
+	// Consumer names the service that owns this inbox, exactly as in
+	// Config: the scope is Consumer + ScopeSeparator + handler name, or
+	// Consumer alone outside a router. Required. At most 255 bytes, valid
+	// UTF-8, no NUL byte.
 	Consumer string
 	// HandlerScopes maps a handler name to an explicit scope, as in
 	// Config. Default: nil.
@@ -143,7 +142,7 @@ func (c TwoPhaseConfig) Validate() error {
 	if c.Repository == nil {
 		errs = append(errs, errors.New("missing TwoPhaseConfig.Repository"))
 	}
-	errs = append(errs, validateScoping("TwoPhaseConfig", c.Consumer, c.HandlerScopes)...)
+	errs = append(errs, validateScoping("TwoPhaseConfig", c.Consumer, c.HandlerScopes, true)...)
 	errs = append(errs, validateShared(c.Retention, c.RedeliveryWindow)...)
 	if c.Lease <= 0 {
 		errs = append(errs, fmt.Errorf("config.Lease must be positive, got %s", c.Lease))

@@ -409,7 +409,7 @@ func TestTwoPhaseConfigValidate(t *testing.T) {
 	}{
 		"no repository":          {middleware.TwoPhaseConfig{Consumer: "c"}, "missing TwoPhaseConfig.Repository"},
 		"consumer with NUL":      {middleware.TwoPhaseConfig{Repository: repo, Consumer: "c\x00"}, "TwoPhaseConfig.Consumer contains a NUL byte"},
-		"invalid mapped scope":   {middleware.TwoPhaseConfig{Repository: repo, HandlerScopes: map[string]string{"mailer": "\xff"}}, `TwoPhaseConfig.HandlerScopes["mailer"] is not valid UTF-8`},
+		"invalid mapped scope":   {middleware.TwoPhaseConfig{Repository: repo, Consumer: "c", HandlerScopes: map[string]string{"mailer": "\xff"}}, `TwoPhaseConfig.HandlerScopes["mailer"] is not valid UTF-8`},
 		"extend not below lease": {middleware.TwoPhaseConfig{Repository: repo, Consumer: "c", Lease: time.Second, ExtendEvery: time.Second}, "ExtendEvery must be positive and shorter than Lease"},
 		"unknown policy":         {middleware.TwoPhaseConfig{Repository: repo, Consumer: "c", OnExpiredLease: 7}, "unknown policy"},
 		"retention below lease":  {middleware.TwoPhaseConfig{Repository: repo, Consumer: "c", Lease: time.Hour, Retention: time.Minute}, "must be longer than Lease"},
@@ -422,6 +422,4 @@ func TestTwoPhaseConfigValidate(t *testing.T) {
 	}
 	_, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: repo, Consumer: "c"})
 	require.NoError(t, err)
-	_, err = middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: repo})
-	require.NoError(t, err, "Consumer is optional: the scope is then the handler name")
 }

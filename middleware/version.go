@@ -35,7 +35,7 @@ func (c VersionGuardConfig) Validate() error {
 	if c.Guard == nil {
 		errs = append(errs, errors.New("missing VersionGuardConfig.Guard"))
 	}
-	errs = append(errs, validateScoping("VersionGuardConfig", c.Consumer, nil)...)
+	errs = append(errs, validateScoping("VersionGuardConfig", c.Consumer, nil, false)...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid version guard config: %w", err)
 	}

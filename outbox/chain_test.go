@@ -63,7 +63,7 @@ func TestChainInboxOutboxRelayInbox(t *testing.T) {
 		}
 		t.Cleanup(func() { _, _ = b.db.Exec(`DROP TABLE ` + inboxTable) })
 		billing, err := middleware.NewInbox(middleware.Config{
-			DB: b.db, Repository: repo, // scoped by the handler name, "billing"
+			DB: b.db, Repository: repo, Consumer: "shop", // scope "shop/billing"
 			Outputs: b.outbox.Outputs("payments"),
 		})
 		require.NoError(t, err)
@@ -167,7 +167,7 @@ func TestChainInboxOutboxRelayInbox(t *testing.T) {
 		defer got.Close()
 		want := map[string]bool{}
 		for i := range orders {
-			want[middleware.OutputUUID("billing", fmt.Sprintf("order-%d", i), 0)] = true
+			want[middleware.OutputUUID("shop/billing", fmt.Sprintf("order-%d", i), 0)] = true
 		}
 		for got.Next() {
 			var u string

@@ -15,7 +15,7 @@ import (
 // transaction:
 //
 //	inbox, _ := middleware.NewInbox(middleware.Config{
-//		DB: db, Repository: repo,
+//		DB: db, Repository: repo, Consumer: "shop",
 //		Outputs: ob.Outputs("payments"),
 //	})
 //

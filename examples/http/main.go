@@ -93,7 +93,7 @@ func run(ctx context.Context, dbPath string, out io.Writer, wrap ...message.Hand
 	if err != nil {
 		return s, err
 	}
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo})
+	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shipping"})
 	if err != nil {
 		return s, err
 	}

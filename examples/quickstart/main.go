@@ -141,14 +141,15 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 	}
 
 	// One inbox per handler. Both share the SQLite table; their keys are
-	// scoped by handler name ("billing", "receipts").
+	// scoped by this service's name and the handler's ("shop/billing",
+	// "shop/receipts"), so other services may share the table too.
 	// Billing's outputs go to the outbox, bound for "payments", inside its
 	// inbox transaction; the router publishes nothing for it.
-	billingInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Outputs: ob.Outputs("payments")})
+	billingInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs("payments")})
 	if err != nil {
 		return Summary{}, err
 	}
-	receiptsInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo})
+	receiptsInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop"})
 	if err != nil {
 		return Summary{}, err
 	}

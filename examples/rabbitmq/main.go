@@ -107,13 +107,14 @@ func run(ctx context.Context, c config, w io.Writer) error {
 		return err
 	}
 
-	// One inbox for the router: keys are scoped by handler name. A handler's
+	// One inbox for the router: keys are scoped by this service's name and
+	// the handler's ("shop/billing"). A handler's
 	// output goes to the outbox inside the inbox transaction, not to the
 	// publisher; the relay publishes it. seen counts the outcomes for the
 	// demo (a service would use the metrics package).
 	seen := &demo.Deliveries{}
 	inbox, err := middleware.NewInbox(middleware.Config{
-		DB: db, Repository: repo, Outputs: ob.Outputs(payments), Observer: seen, Logger: logger,
+		DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs(payments), Observer: seen, Logger: logger,
 	})
 	if err != nil {
 		return err

@@ -62,11 +62,13 @@ func run(ctx context.Context, dsn string, pub message.Publisher, sub message.Sub
 		return err
 	}
 
-	// One inbox for the whole router: keys are scoped by handler name
-	// ("billing"), so handlers sharing a topic never suppress each other.
+	// One inbox for the whole router: keys are scoped by this service's
+	// name and the handler's ("shop/billing"), so neither handlers sharing
+	// a topic nor services sharing the table suppress each other.
 	inbox, err := middleware.NewInbox(middleware.Config{
 		DB:               db,
 		Repository:       repo,
+		Consumer:         "shop",         // required: this service's name
 		RedeliveryWindow: 24 * time.Hour, // retention (default 7 days) must cover it
 		Logger:           logger,
 	})

@@ -185,8 +185,8 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 		if err != nil {
 			return err
 		}
-		// Each inbox's scope is its handler's name ("billing",
-		// "receipts", "effects"). With group commit, Batch handlers
+		// Each inbox's scope is its handler's, mapped by HandlerScopes
+		// ("billing", "receipts"), or "chaos/effects". With group commit, Batch handlers
 		// ("billing-1", …) consume each queue under one scope, so that
 		// one inbox sees Batch deliveries at once.
 		copies, batch := 1, middleware.BatchConfig{}
@@ -207,13 +207,13 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 		}
 		shared := &sharing{logger: logger, txs: map[*sql.Tx]int{}}
 		billing, err := middleware.NewInbox(middleware.Config{
-			DB: db, Repository: repo, Logger: logger, HandlerScopes: scopes, Batch: batch,
+			DB: db, Repository: repo, Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch,
 			Outputs: ob.Outputs(s.Names.Payments),
 		})
 		if err != nil {
 			return err
 		}
-		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Logger: logger, HandlerScopes: scopes, Batch: batch})
+		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch})
 		if err != nil {
 			return err
 		}
@@ -234,7 +234,7 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 			return err
 		}
 		inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{
-			Repository: repo, Lease: s.Lease, OnExpiredLease: s.Policy, Logger: logger,
+			Repository: repo, Consumer: "chaos", Lease: s.Lease, OnExpiredLease: s.Policy, Logger: logger,
 		})
 		if err != nil {
 			return err

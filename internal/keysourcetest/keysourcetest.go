@@ -79,7 +79,7 @@ func Start(t *testing.T, c Config) *Consumer {
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + con.charges) })
 
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: c.Store.SQL, Key: c.Key})
+	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: c.Store.SQL, Consumer: "shop", Key: c.Key})
 	require.NoError(t, err)
 	poison, err := wmiddleware.PoisonQueueWithFilter(c.Poison, c.PoisonTopic, middleware.IsPermanent)
 	require.NoError(t, err)

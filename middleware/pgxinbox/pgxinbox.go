@@ -7,6 +7,7 @@
 //	inbox, _ := middleware.NewInbox(middleware.Config{
 //		Beginner:   pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
 //		Repository: repo, // optional: for ReadFirst and the adaptive read
+//		Consumer:   "shop",
 //	})
 //
 // A first delivery costs the round trips of the handler's own pgx

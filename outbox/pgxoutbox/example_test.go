@@ -45,6 +45,7 @@ func Example() {
 
 	inbox, err := middleware.NewInbox(middleware.Config{
 		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
+		Consumer: "shipping",
 		Outputs:  pgxoutbox.Outputs(ob, "orders.shipped"),
 	})
 	if err != nil {

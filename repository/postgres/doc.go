@@ -8,6 +8,7 @@
 //	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
 //	inbox, err := middleware.NewInbox(middleware.Config{
 //		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
+//		Consumer: "shop",
 //	})
 //	// in the handler, hand the pgx.Tx to sqlc's pgx-mode queries:
 //	tx, _ := pgxinbox.TxFromContext(msg.Context())

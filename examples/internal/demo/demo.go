@@ -83,22 +83,24 @@ func Run(ctx context.Context, w io.Writer, db *sql.DB, pub message.Publisher, to
 }
 
 // Deliveries is a middleware.Observer counting the inbox's outcomes per
-// handler ("billing") and per handler and outcome ("billing/duplicate").
-// The zero value is ready to use.
+// Watermill handler ("billing") and per handler and outcome
+// ("billing/duplicate"), whatever the inbox's Consumer. The zero value is
+// ready to use.
 type Deliveries struct {
 	mu     sync.Mutex
 	counts map[string]int
 }
 
 // ObserveDelivery implements middleware.Observer.
-func (d *Deliveries) ObserveDelivery(_ context.Context, x middleware.Delivery) {
+func (d *Deliveries) ObserveDelivery(ctx context.Context, x middleware.Delivery) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.counts == nil {
 		d.counts = map[string]int{}
 	}
-	d.counts[x.Consumer]++
-	d.counts[x.Consumer+"/"+string(x.Outcome)]++
+	handler := message.HandlerNameFromCtx(ctx)
+	d.counts[handler]++
+	d.counts[handler+"/"+string(x.Outcome)]++
 }
 
 func (d *Deliveries) count(key string) int {

@@ -112,9 +112,9 @@ func TestRabbitMQ(t *testing.T) {
 			for _, n := range names {
 				require.True(t, documented[n], "served metric %s is not in docs/observability.md", n)
 			}
-			require.Contains(t, body, fmt.Sprintf(`watermill_idempotent_deliveries_total{consumer="billing",outcome="processed"} %d`, orders))
-			require.Contains(t, body, fmt.Sprintf(`watermill_idempotent_deliveries_total{consumer="billing",outcome="failed"} %d`, failures))
-			require.Contains(t, body, `watermill_idempotent_deliveries_total{consumer="billing",outcome="payload_mismatch"} 1`)
+			require.Contains(t, body, fmt.Sprintf(`watermill_idempotent_deliveries_total{consumer="shop/billing",outcome="processed"} %d`, orders))
+			require.Contains(t, body, fmt.Sprintf(`watermill_idempotent_deliveries_total{consumer="shop/billing",outcome="failed"} %d`, failures))
+			require.Contains(t, body, `watermill_idempotent_deliveries_total{consumer="shop/billing",outcome="payload_mismatch"} 1`)
 			if db == shop.Postgres { // payments leave through the outbox relay
 				require.Contains(t, body, fmt.Sprintf(`watermill_idempotent_relay_published_messages_total{relay="payments"} %d`, orders))
 				// /healthz serves the relay's probe next to /metrics: the

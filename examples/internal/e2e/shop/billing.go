@@ -8,7 +8,7 @@
 // "already processed" marker, and they do not know which broker delivers
 // to them: Run wires them to whatever broker.Open returned.
 //
-//	inbox, _ := middleware.NewInbox(middleware.Config{DB: db, Repository: repo,
+//	inbox, _ := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop",
 //		Outputs: ob.Outputs("payments")}) // payments leave through the outbox
 //	billing := &shop.Billing{Store: store}
 //	router.AddHandler("billing", "orders", sub, "payments", pub, billing.Handle)

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
@@ -214,8 +216,9 @@ func (l *Ledger) Print(w io.Writer) {
 
 func dollars(cents int) string { return fmt.Sprintf("$%d.%02d", cents/100, cents%100) }
 
-// outcomeCounter is an inbox Observer counting outcomes per consumer and
-// passing every delivery on to next (metrics), if set.
+// outcomeCounter is an inbox Observer counting outcomes per Watermill
+// handler ("billing") and passing every delivery on to next (metrics), if
+// set.
 type outcomeCounter struct {
 	next middleware.Observer
 
@@ -228,28 +231,29 @@ func newOutcomeCounter(next middleware.Observer) *outcomeCounter {
 }
 
 func (c *outcomeCounter) ObserveDelivery(ctx context.Context, d middleware.Delivery) {
+	handler := message.HandlerNameFromCtx(ctx)
 	c.mu.Lock()
-	if c.counts[d.Consumer] == nil {
-		c.counts[d.Consumer] = Outcomes{}
+	if c.counts[handler] == nil {
+		c.counts[handler] = Outcomes{}
 	}
-	c.counts[d.Consumer][d.Outcome]++
+	c.counts[handler][d.Outcome]++
 	c.mu.Unlock()
 	if c.next != nil {
 		c.next.ObserveDelivery(ctx, d)
 	}
 }
 
-func (c *outcomeCounter) total(consumer string) int {
+func (c *outcomeCounter) total(handler string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.counts[consumer].Total()
+	return c.counts[handler].Total()
 }
 
-func (c *outcomeCounter) snapshot(consumer string) Outcomes {
+func (c *outcomeCounter) snapshot(handler string) Outcomes {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := Outcomes{}
-	for k, v := range c.counts[consumer] {
+	for k, v := range c.counts[handler] {
 		out[k] = v
 	}
 	return out

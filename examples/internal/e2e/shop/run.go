@@ -477,11 +477,13 @@ func startRouter(ctx context.Context, wg *sync.WaitGroup, errs chan<- error, r *
 }
 
 // newInbox returns an inbox for one handler; its keys are scoped by the
-// handler's name ("billing", "receipts"), which also labels its outcomes.
+// service's and the handler's name ("shop/billing", "shop/receipts"), the
+// consumer label of its metrics.
 func (s *scenario) newInbox(outputs middleware.OutputWriter) (*middleware.Inbox, error) {
 	return middleware.NewInbox(middleware.Config{
 		DB:               s.store.DB,
 		Repository:       s.store.Inbox,
+		Consumer:         "shop",
 		RedeliveryWindow: 24 * time.Hour,
 		Logger:           s.config.Logger,
 		Observer:         s.counter,

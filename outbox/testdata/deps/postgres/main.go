@@ -21,6 +21,6 @@ func main() {
 	pool, _ := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:5432/test")
 	repo, _ := postgres.NewPgxRepository(pool, postgres.Config{})
 	ob, _ := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL})
-	_, _ = middleware.NewInbox(middleware.Config{Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}), Outputs: pgxoutbox.Outputs(ob, "out")})
+	_, _ = middleware.NewInbox(middleware.Config{Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}), Consumer: "shop", Outputs: pgxoutbox.Outputs(ob, "out")})
 	_, _ = pgxoutbox.NewRelay(pool, nil, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL}, nil)
 }
