@@ -379,7 +379,8 @@ func runFailoverMode(parent context.Context, config FailoverConfig, exe string, 
 	if err := pr.a.ctl(ctx, "start"); err != nil {
 		return res, err
 	}
-	old, err := openDB(pr.a.DSN("chaos-admin"), 2)
+	// Its synchronous_standby_names has no standby left: commit locally.
+	old, err := openDB(pr.a.DSN("chaos-admin")+"&synchronous_commit=local", 2)
 	if err != nil {
 		return res, err
 	}
@@ -454,7 +455,7 @@ type failover struct {
 }
 
 func (f *failover) String() string {
-	return fmt.Sprintf("%s replication: the replica's %s stopped %s at 30%%, then stopped %s, the primary killed and the replica promoted %s later at 60%%",
+	return fmt.Sprintf("%s replication: the %s stopped %s at 30%%; at 60%% stopped %s, the primary killed and the replica promoted %s later",
 		f.mode, f.config.LagProcess, f.config.Stall, f.config.Lag, f.config.PromoteAfter)
 }
 
@@ -506,7 +507,7 @@ func (f *failover) run(ctx context.Context, t targets) error {
 	}
 	f.stallFrom, f.stallTo = from, time.Now()
 	t.faults.add(faultReplicaStall, 1)
-	f.say("replica's %s (pid %d) stopped for %s", f.config.LagProcess, pid, f.config.Stall)
+	f.say("%s (pid %d) stopped for %s", f.config.LagProcess, pid, f.config.Stall)
 
 	if err := sleep(ctx, time.Until(start.Add(f.config.Duration*6/10))); err != nil {
 		return nil
@@ -640,7 +641,7 @@ func (p *probe) measure(res *FailoverResult, f *failover, onNew map[int64]bool) 
 // Print writes the failover table and the service table.
 func (r *FailoverReport) Print(w io.Writer) {
 	c := r.Config
-	fmt.Fprintf(w, "\nfailover run %s, %s, %s in all; %d orders over %s (%d%% duplicates, %d workers); replica's %s stopped %s (stall), then %s before the SIGKILL; promotion %s after it\n\n",
+	fmt.Fprintf(w, "\nfailover run %s, %s, %s in all; %d orders over %s (%d%% duplicates, %d workers); %s stopped %s (stall), then %s before the SIGKILL; promotion %s after it\n\n",
 		r.Run, r.Started.Format("2006-01-02 15:04 UTC"), r.Elapsed.Round(time.Second), c.Orders, c.Duration, int(c.Duplicates*100),
 		c.Workers, c.LagProcess, c.Stall, c.Lag, c.PromoteAfter)
 	if len(r.Modes) > 0 {

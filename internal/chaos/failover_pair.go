@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -130,7 +131,7 @@ func (p pair) reset(ctx context.Context, mode string) error {
 	if !strings.HasSuffix(dir, "/ha-b") {
 		return fmt.Errorf("refusing to wipe %s", dir)
 	}
-	if err := os.RemoveAll(dir); err != nil {
+	if err := emptyDataDir(dir); err != nil {
 		return err
 	}
 	admin, err := openDB(a.DSN("chaos-admin"), 2)
@@ -171,6 +172,30 @@ func (p pair) reset(ctx context.Context, mode string) error {
 // stop stops both clusters (fast), leaving them for the next run.
 func (p pair) stop(ctx context.Context) error {
 	return errors.Join(p.a.stop(ctx), p.b.stop(ctx))
+}
+
+// emptyDataDir leaves dir empty, owned by the postgres user with mode
+// 0700, for pg_basebackup (its parent may belong to root).
+func emptyDataDir(dir string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return err
+	}
+	uid, err1 := strconv.Atoi(u.Uid)
+	gid, err2 := strconv.Atoi(u.Gid)
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
+	return os.Chown(dir, uid, gid)
 }
 
 // asPostgres runs a PostgreSQL tool as the postgres user when this
@@ -269,4 +294,26 @@ func walReceiver(ctx context.Context, replica *sql.DB) (int, error) {
 // promote promotes b (pg_ctl promote waits until it accepts writes).
 func (p pair) promote(ctx context.Context) error {
 	return p.b.ctl(ctx, "promote")
+}
+
+// StartPair makes the private pair of config ready in one replication
+// mode and leaves it running (for benchmarks against a synchronous
+// replica); it returns the primary's DSN. StopPair stops it.
+func StartPair(ctx context.Context, config FailoverConfig, mode string) (string, error) {
+	config.Modes = []string{mode}
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return "", err
+	}
+	pr := newPair(config.PGVersion, config.PrimaryPort, config.ReplicaPort)
+	if err := pr.reset(ctx, mode); err != nil {
+		return "", err
+	}
+	return pr.a.DSN("bench"), nil
+}
+
+// StopPair stops both clusters of config's pair.
+func StopPair(ctx context.Context, config FailoverConfig) error {
+	config.setDefaults()
+	return newPair(config.PGVersion, config.PrimaryPort, config.ReplicaPort).stop(ctx)
 }

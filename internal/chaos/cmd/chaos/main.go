@@ -6,6 +6,8 @@
 //	go run ./internal/chaos/cmd/chaos -config full   # make chaos
 //	go run ./internal/chaos/cmd/chaos -config ci     # make chaos-ci (.ci/run)
 //	go run ./internal/chaos/cmd/chaos -config failover   # primary + replica on ports 5440/5441, killed and promoted
+//	go run ./internal/chaos/cmd/chaos -config pair-start -replication sync   # the pair, left running
+//	go run ./internal/chaos/cmd/chaos -config pair-stop
 //
 // It exits 0 when every phase kept its promise, 1 when the ledger found a
 // doubled or lost effect or the suite failed. A missing prerequisite
@@ -42,7 +44,7 @@ func main() {
 }
 
 func run() int {
-	preset := flag.String("config", "ci", "preset: ci (small, under two minutes), full (thousands of orders, minutes) or failover (a primary and a streaming replica killed and promoted, per replication mode)")
+	preset := flag.String("config", "ci", "preset: ci (small, under two minutes), full (thousands of orders, minutes) or failover (a primary and a streaming replica killed and promoted, per replication mode); pair-start -replication MODE leaves the pair running in that mode and prints the primary's DSN (for go run ./bench), pair-stop stops it")
 	modes := flag.String("replication", "", "failover: comma-separated replication modes (async, sync, remote_apply; default all)")
 	lagProcess := flag.String("lag-process", chaos.LagWALReceiver, "failover: the process stopped to make the replica lag (walreceiver or walsender)")
 	lag := flag.Duration("lag", 0, "failover: how long the replica is stopped before the primary is killed (0: 3s)")
@@ -59,6 +61,22 @@ func run() int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	switch *preset {
+	case "pair-start":
+		dsn, err := chaos.StartPair(ctx, chaos.FailoverPreset(), *modes)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
+			return 1
+		}
+		fmt.Println(dsn)
+		return 0
+	case "pair-stop":
+		if err := chaos.StopPair(ctx, chaos.FailoverPreset()); err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	if *preset == "failover" {
 		config := chaos.FailoverPreset()
 		if *modes != "" {
