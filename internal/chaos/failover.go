@@ -41,7 +41,7 @@ const (
 // janitor take to resume on the new primary on each driver.
 type FailoverConfig struct {
 	// Modes are the replication modes to run, in order (Async, Sync,
-	// RemoteApply). Default: all three.
+	// RemoteApply). Default (nil): all three; empty: none (Service only).
 	Modes []string
 	// Orders, Duration, Workers, Duplicates, ExitAfterCommit: as in
 	// Config (the transactional phase).
@@ -88,7 +88,7 @@ func FailoverPreset() FailoverConfig {
 }
 
 func (c *FailoverConfig) setDefaults() {
-	if len(c.Modes) == 0 {
+	if c.Modes == nil {
 		c.Modes = []string{Async, Sync, RemoteApply}
 	}
 	if c.Workers == 0 {
@@ -671,11 +671,14 @@ func (r *FailoverReport) Print(w io.Writer) {
 			}
 		}
 	}
-	printServices(w, r.Services)
+	printServices(w, c.PromoteAfter, r.Services)
 	fmt.Fprintln(w)
 }
 
 func ms(d time.Duration) string {
+	if d < 0 {
+		return "never"
+	}
 	if d >= 10*time.Second {
 		return d.Round(100 * time.Millisecond).String()
 	}

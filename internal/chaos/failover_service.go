@@ -116,7 +116,7 @@ type recorder struct{ *events }
 
 func (r recorder) Publish(_ string, msgs ...*message.Message) error {
 	for _, m := range msgs {
-		r.mark(m.UUID)
+		r.mark(string(m.Payload)) // the input's UUID: see newService's handler
 	}
 	return nil
 }
@@ -196,7 +196,9 @@ func runService(parent context.Context, config FailoverConfig, pr pair, driver s
 		defer wg.Done()
 		_ = svc.janitor.Run(runCtx)
 	}()
-	var liveFailed bool
+	// Liveness fails until the janitor's first batch: it is watched from
+	// the end of the warm-up on.
+	var liveFailed, watching bool
 	var probeMu sync.Mutex
 	var readyAt []struct {
 		at time.Time
@@ -213,7 +215,7 @@ func runService(parent context.Context, config FailoverConfig, pr pair, driver s
 				at time.Time
 				ok bool
 			}{now, r.Status == health.StatusOK})
-			if l.Status != health.StatusOK && runCtx.Err() == nil {
+			if l.Status != health.StatusOK && watching && runCtx.Err() == nil {
 				liveFailed = true
 			}
 			probeMu.Unlock()
@@ -232,6 +234,9 @@ func runService(parent context.Context, config FailoverConfig, pr pair, driver s
 	}); err != nil {
 		return nil, fmt.Errorf("the service did not start: %w", err)
 	}
+	probeMu.Lock()
+	watching = true
+	probeMu.Unlock()
 	_ = sleep(ctx, time.Second)
 
 	if err := pr.a.crash(); err != nil {
@@ -323,8 +328,10 @@ func newService(ctx context.Context, dsn, driver, prefix string, pub message.Pub
 			return svc, err
 		}
 	}
+	// The output carries the input's UUID as its payload (the inbox
+	// gives outputs their own deterministic UUIDs).
 	handler := func(msg *message.Message) ([]*message.Message, error) {
-		return []*message.Message{message.NewMessage(msg.UUID, msg.Payload)}, nil
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(msg.UUID))}, nil
 	}
 	relayConfig := func(i int) outbox.RelayConfig {
 		c := outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: prefix + []string{"_obn", "_obp"}[i]}
@@ -425,11 +432,11 @@ func waitUntil(ctx context.Context, d time.Duration, cond func() bool) error {
 	return nil
 }
 
-func printServices(w io.Writer, services []ServiceResult) {
+func printServices(w io.Writer, promoteAfter time.Duration, services []ServiceResult) {
 	if len(services) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nservice on a multi-host DSN (target_session_attrs=read-write), times after the promotion (promotion %s after the SIGKILL):\n\n", "PromoteAfter")
+	fmt.Fprintf(w, "\nservice on a multi-host DSN (target_session_attrs=read-write), times after the promotion (promotion %s after the SIGKILL):\n\n", promoteAfter)
 	fmt.Fprintf(w, "| driver | promote took | readiness failed (after the kill) | inbox | relay, NOTIFY (PollInterval %s) | relay, polling | janitor | readiness ok | commit→publish after 3 s, NOTIFY / polling | liveness stayed ok | verdict |\n", serviceNotifyPoll)
 	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
 	for _, s := range services {

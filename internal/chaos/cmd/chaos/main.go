@@ -45,7 +45,7 @@ func main() {
 
 func run() int {
 	preset := flag.String("config", "ci", "preset: ci (small, under two minutes), full (thousands of orders, minutes) or failover (a primary and a streaming replica killed and promoted, per replication mode); pair-start -replication MODE leaves the pair running in that mode and prints the primary's DSN (for go run ./bench), pair-stop stops it")
-	modes := flag.String("replication", "", "failover: comma-separated replication modes (async, sync, remote_apply; default all)")
+	modes := flag.String("replication", "", "failover: comma-separated replication modes (async, sync, remote_apply; default all; none: the service measurement only)")
 	lagProcess := flag.String("lag-process", chaos.LagWALReceiver, "failover: the process stopped to make the replica lag (walreceiver or walsender)")
 	lag := flag.Duration("lag", 0, "failover: how long the replica is stopped before the primary is killed (0: 3s)")
 	stall := flag.Duration("stall", 0, "failover: how long the replica is stopped to measure the commit stall (0: 3s)")
@@ -79,7 +79,11 @@ func run() int {
 	}
 	if *preset == "failover" {
 		config := chaos.FailoverPreset()
-		if *modes != "" {
+		switch *modes {
+		case "":
+		case "none":
+			config.Modes = []string{}
+		default:
 			config.Modes = strings.Split(*modes, ",")
 		}
 		if *orders > 0 {
