@@ -157,7 +157,7 @@ func (c cluster) running(ctx context.Context) (bool, error) {
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)
 		if len(f) >= 4 && f[0] == c.version && f[1] == c.name {
-			return f[3] == "online", nil
+			return strings.HasPrefix(f[3], "online"), nil // "online,recovery" on a standby
 		}
 	}
 	return false, nil
