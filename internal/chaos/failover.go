@@ -2,9 +2,7 @@ package chaos
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -237,11 +235,8 @@ func RunFailover(ctx context.Context, config FailoverConfig) (*FailoverReport, e
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	exe, err := os.Executable()
+	exe, err := prerequisites(config.AMQPURL)
 	if err != nil {
-		return nil, fmt.Errorf("chaos: finding this binary to start workers: %w", err)
-	}
-	if err := checkAMQP(config.AMQPURL); err != nil {
 		return nil, err
 	}
 	pr := newPair(config.PGVersion, config.PrimaryPort, config.ReplicaPort)
@@ -250,20 +245,10 @@ func RunFailover(ctx context.Context, config FailoverConfig) (*FailoverReport, e
 		return nil, err
 	}
 	defer unlock()
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		if err := pr.stop(sctx); err != nil {
-			fmt.Fprintf(config.Out, "chaos: stopping the private pair: %v\n", err)
-		}
-	}()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	run := "f" + hex.EncodeToString(b[:])
-	if config.LogDir == "" {
-		if config.LogDir, err = os.MkdirTemp("", "chaos-"+run+"-"); err != nil {
-			return nil, err
-		}
+	defer stopOnReturn(ctx, config.Out, "the private pair", pr.stop)
+	run, err := newRun("f", &config.LogDir)
+	if err != nil {
+		return nil, err
 	}
 	report := &FailoverReport{Run: run, Pair: fmt.Sprintf("%s primary, %s replica", pr.a, pr.b), LogDir: config.LogDir,
 		Started: time.Now().UTC(), Config: config}

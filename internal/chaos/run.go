@@ -72,11 +72,8 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	exe, err := os.Executable()
+	exe, err := prerequisites(config.AMQPURL)
 	if err != nil {
-		return nil, fmt.Errorf("chaos: finding this binary to start workers: %w", err)
-	}
-	if err := checkAMQP(config.AMQPURL); err != nil {
 		return nil, err
 	}
 	cl := cluster{version: config.PGVersion, name: config.PGCluster, port: config.PGPort}
@@ -89,13 +86,7 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 	if err := cl.ensure(ctx); err != nil {
 		return nil, err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		if err := cl.stop(sctx); err != nil {
-			fmt.Fprintf(config.Out, "chaos: stopping the private cluster: %v\n", err)
-		}
-	}()
+	defer stopOnReturn(ctx, config.Out, "the private cluster", cl.stop)
 	admin, err := openDB(cl.DSN("chaos-admin"), 4)
 	if err != nil {
 		return nil, err
@@ -108,13 +99,9 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 		return nil, err
 	}
 
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	run := "c" + hex.EncodeToString(b[:])
-	if config.LogDir == "" {
-		if config.LogDir, err = os.MkdirTemp("", "chaos-"+run+"-"); err != nil {
-			return nil, err
-		}
+	run, err := newRun("c", &config.LogDir)
+	if err != nil {
+		return nil, err
 	}
 	// The two-phase effects happen in another database than the inbox
 	// store: a SQLite file no fault touches.
@@ -170,6 +157,42 @@ func lockCluster(cl cluster, out io.Writer) (func(), error) {
 		}
 	}
 	return func() { _ = f.Close() }, nil
+}
+
+// stopOnReturn stops private clusters with stop, also after ctx ended,
+// and reports a failure to out.
+func stopOnReturn(ctx context.Context, out io.Writer, what string, stop func(context.Context) error) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := stop(sctx); err != nil {
+		fmt.Fprintf(out, "chaos: stopping %s: %v\n", what, err)
+	}
+}
+
+// prerequisites returns this binary's path (the children run it) once
+// RabbitMQ answers.
+func prerequisites(amqpURL string) (exe string, err error) {
+	exe, err = os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("chaos: finding this binary to start workers: %w", err)
+	}
+	return exe, checkAMQP(amqpURL)
+}
+
+// newRun names a run (prefix and 8 random hex digits) and makes its log
+// directory unless *logDir is set.
+func newRun(prefix string, logDir *string) (string, error) {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	run := prefix + hex.EncodeToString(b[:])
+	if *logDir == "" {
+		dir, err := os.MkdirTemp("", "chaos-"+run+"-")
+		if err != nil {
+			return "", err
+		}
+		*logDir = dir
+	}
+	return run, nil
 }
 
 func checkAMQP(url string) error {
