@@ -182,11 +182,12 @@ type FailoverResult struct {
 	StallCommits    int
 	// Outage is the probe's longest wait between two commits across the
 	// failover; PromoteTook how long pg_ctl promote took;
-	// FirstCommitAfterPromote, FirstEffectAfterPromote and
-	// FirstReceiptAfterPromote when the probe, the inbox and the
-	// receipts behind the relay committed first on the new primary.
-	Outage, PromoteTook                                                 time.Duration
-	FirstCommitAfterPromote, FirstEffectAfterPromote, FirstReceiptAfter time.Duration
+	// FirstCommitAfterKill when the probe committed first after the kill
+	// (the server accepts writes before pg_ctl promote returns);
+	// FirstEffectAfterPromote and FirstReceiptAfter when the inbox and
+	// the receipts behind the relay committed first after the promotion.
+	Outage, PromoteTook                                              time.Duration
+	FirstCommitAfterKill, FirstEffectAfterPromote, FirstReceiptAfter time.Duration
 }
 
 // OK reports whether the mode kept its promise: with synchronous
@@ -619,7 +620,7 @@ func (p *probe) measure(res *FailoverResult, f *failover, onNew map[int64]bool) 
 	}
 	if !firstAfter.IsZero() && !lastBefore.IsZero() {
 		res.Outage = firstAfter.Sub(lastBefore)
-		res.FirstCommitAfterPromote = firstAfter.Sub(f.promotedAt)
+		res.FirstCommitAfterKill = firstAfter.Sub(f.killedAt)
 	}
 }
 
@@ -630,8 +631,8 @@ func (r *FailoverReport) Print(w io.Writer) {
 		r.Run, r.Started.Format("2006-01-02 15:04 UTC"), r.Elapsed.Round(time.Second), c.Orders, c.Duration, int(c.Duplicates*100),
 		c.Workers, c.LagProcess, c.Stall, c.Lag, c.PromoteAfter)
 	if len(r.Modes) > 0 {
-		fmt.Fprintf(w, "| replication | messages | effects lost (on the old primary) | receipts lost | doubled (effects/receipts) | probe commits lost / acknowledged | lag at the kill | stall: longest commit while the replica was stopped %s (commits then) | longest gap between commits | promote took | first commit / effect / receipt after promotion | verdict |\n", c.Stall)
-		fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		fmt.Fprintf(w, "| replication | messages | effects lost (on the old primary) | receipts lost | doubled (effects/receipts) | probe commits lost / acknowledged | lag at the kill | stall: longest commit while the replica was stopped %s (commits then) | longest gap between commits | promote took | first commit after the kill | first effect / receipt after promotion | verdict |\n", c.Stall)
+		fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, m := range r.Modes {
 			p := m.Phase
 			rl, rd := -1, -1
@@ -642,10 +643,10 @@ func (r *FailoverReport) Print(w io.Writer) {
 			if !m.OK() {
 				verdict = "FAILED"
 			}
-			fmt.Fprintf(w, "| %s | %d | %d (%d) | %d | %d / %d | %d / %d | %d B | %s (%d) | %s | %s | %s / %s / %s | %s |\n",
+			fmt.Fprintf(w, "| %s | %d | %d (%d) | %d | %d / %d | %d / %d | %d B | %s (%d) | %s | %s | %s | %s / %s | %s |\n",
 				m.Replication, p.Messages, p.Effects.Lost, m.EffectsOnOldPrimary, rl, p.Effects.Doubled, rd, m.ProbeLost, m.ProbeAcked,
 				m.LagBytes, ms(m.Stall), m.StallCommits, ms(m.Outage), ms(m.PromoteTook),
-				ms(m.FirstCommitAfterPromote), ms(m.FirstEffectAfterPromote), ms(m.FirstReceiptAfter), verdict)
+				ms(m.FirstCommitAfterKill), ms(m.FirstEffectAfterPromote), ms(m.FirstReceiptAfter), verdict)
 		}
 		for _, m := range r.Modes {
 			for _, l := range m.Phase.Notes {
