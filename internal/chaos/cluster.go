@@ -40,6 +40,9 @@ host  all all ::1/128 trust
 type cluster struct {
 	version, name string
 	port          int
+	// settings and hba replace clusterSettings and clusterHBA when set
+	// (the failover pair needs replication).
+	settings, hba string
 }
 
 func (c cluster) String() string { return fmt.Sprintf("%s/%s on port %d", c.version, c.name, c.port) }
@@ -107,8 +110,8 @@ func (c cluster) configure() error {
 		path, content string
 		mode          os.FileMode
 	}{
-		{filepath.Join(dir, "conf.d", "zz-chaos.conf"), clusterSettings, 0o644},
-		{filepath.Join(dir, "pg_hba.conf"), clusterHBA, 0o640},
+		{filepath.Join(dir, "conf.d", "zz-chaos.conf"), or(c.settings, clusterSettings), 0o644},
+		{filepath.Join(dir, "pg_hba.conf"), or(c.hba, clusterHBA), 0o640},
 	} {
 		if old, err := os.ReadFile(f.path); err == nil && string(old) == f.content {
 			continue
@@ -121,6 +124,13 @@ func (c cluster) configure() error {
 		}
 	}
 	return nil
+}
+
+func or(s, def string) string {
+	if s != "" {
+		return s
+	}
+	return def
 }
 
 // lookup reads pg_lsclusters: the cluster's port, if it exists.
@@ -147,7 +157,7 @@ func (c cluster) running(ctx context.Context) (bool, error) {
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)
 		if len(f) >= 4 && f[0] == c.version && f[1] == c.name {
-			return f[3] == "online", nil
+			return strings.HasPrefix(f[3], "online"), nil // "online,recovery" on a standby
 		}
 	}
 	return false, nil

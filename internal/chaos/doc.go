@@ -79,4 +79,20 @@
 // broken. A missing prerequisite (RabbitMQ, postgresql-common) wraps
 // ErrPrerequisite: the command skips naming it, or
 // fails under CI=true.
+//
+// # Failover
+//
+// RunFailover (-config failover) runs the transactional phase on a
+// primary and a streaming replica (clusters ha-a and ha-b on ports 5440
+// and 5441, the replica made with pg_basebackup -R) through a multi-host
+// DSN with target_session_attrs=read-write, once per replication mode
+// (asynchronous, synchronous_commit on, remote_apply). Mid-stream it
+// stops the replication for a while (the commit stall), then stops it
+// again, SIGKILLs the primary's processes and promotes the replica; the
+// ledger counts the orders acknowledged to the broker whose effects are
+// gone, and the old primary, started alone afterwards, shows they were
+// committed there. A service measurement then times how long an
+// in-process inbox, relay (with and without a Notifier) and janitor take
+// to resume on the new primary on database/sql and on pgxpool, and
+// checks that readiness reports the outage and the recovery.
 package chaos

@@ -73,11 +73,8 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	exe, err := os.Executable()
+	exe, err := prerequisites(config.AMQPURL)
 	if err != nil {
-		return nil, fmt.Errorf("chaos: finding this binary to start workers: %w", err)
-	}
-	if err := checkAMQP(config.AMQPURL); err != nil {
 		return nil, err
 	}
 	cl := cluster{version: config.PGVersion, name: config.PGCluster, port: config.PGPort}
@@ -90,13 +87,7 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 	if err := cl.ensure(ctx); err != nil {
 		return nil, err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		if err := cl.stop(sctx); err != nil {
-			fmt.Fprintf(config.Out, "chaos: stopping the private cluster: %v\n", err)
-		}
-	}()
+	defer stopOnReturn(ctx, config.Out, "the private cluster", cl.stop)
 	admin, err := openDB(cl.DSN("chaos-admin"), 4)
 	if err != nil {
 		return nil, err
@@ -109,13 +100,9 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 		return nil, err
 	}
 
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	run := "c" + hex.EncodeToString(b[:])
-	if config.LogDir == "" {
-		if config.LogDir, err = os.MkdirTemp("", "chaos-"+run+"-"); err != nil {
-			return nil, err
-		}
+	run, err := newRun("c", &config.LogDir)
+	if err != nil {
+		return nil, err
 	}
 	// The two-phase effects happen in another database than the inbox
 	// store: a SQLite file no fault touches.
@@ -141,7 +128,7 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 		if p.orders == 0 {
 			continue
 		}
-		phase, err := e.phase(ctx, p.mode, p.orders, p.duration, p.per)
+		phase, err := e.phase(ctx, p.mode, p.orders, p.duration, &deck{e: e, mode: p.mode, orders: p.orders, every: p.per, dealt: make(chan struct{})})
 		if phase != nil {
 			report.Phases = append(report.Phases, *phase)
 		}
@@ -173,6 +160,42 @@ func lockCluster(cl cluster, out io.Writer) (func(), error) {
 	return func() { _ = f.Close() }, nil
 }
 
+// stopOnReturn stops private clusters with stop, also after ctx ended,
+// and reports a failure to out.
+func stopOnReturn(ctx context.Context, out io.Writer, what string, stop func(context.Context) error) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := stop(sctx); err != nil {
+		fmt.Fprintf(out, "chaos: stopping %s: %v\n", what, err)
+	}
+}
+
+// prerequisites returns this binary's path (the children run it) once
+// RabbitMQ answers.
+func prerequisites(amqpURL string) (exe string, err error) {
+	exe, err = os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("chaos: finding this binary to start workers: %w", err)
+	}
+	return exe, checkAMQP(amqpURL)
+}
+
+// newRun names a run (prefix and 8 random hex digits) and makes its log
+// directory unless *logDir is set.
+func newRun(prefix string, logDir *string) (string, error) {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	run := prefix + hex.EncodeToString(b[:])
+	if *logDir == "" {
+		dir, err := os.MkdirTemp("", "chaos-"+run+"-")
+		if err != nil {
+			return "", err
+		}
+		*logDir = dir
+	}
+	return run, nil
+}
+
 func checkAMQP(url string) error {
 	conn, err := amqp091.DialConfig(url, amqp091.Config{Dial: amqp091.DefaultDial(5 * time.Second)})
 	if err != nil {
@@ -190,6 +213,83 @@ type env struct {
 	admin      *sql.DB // private cluster
 	ledger     *sql.DB // the two-phase effects ledger (SQLite)
 	ledgerPath string
+	// dsnFor, when set, addresses the children and replaces cluster.DSN
+	// (the failover run's multi-host DSN).
+	dsnFor func(app string) string
+	// afterTally, when set, runs once the ledger is tallied, before the
+	// phase's tables are dropped.
+	afterTally func(ctx context.Context, n names) error
+}
+
+func (e *env) dsn(app string) string {
+	if e.dsnFor != nil {
+		return e.dsnFor(app)
+	}
+	return e.cluster.DSN(app)
+}
+
+// progress prints timestamped progress lines with CHAOS_VERBOSE set.
+func (e *env) progress() func(string) {
+	if os.Getenv("CHAOS_VERBOSE") == "" {
+		return func(string) {}
+	}
+	return func(s string) { e.say("%s %s", time.Now().Format("15:04:05.000"), s) }
+}
+
+// schedule injects one phase's faults while its orders flow.
+type schedule interface {
+	// String describes the faults for the progress line.
+	String() string
+	// run injects faults until ctx ends. Returning nil before that means
+	// the schedule is complete; an error fails the phase.
+	run(ctx context.Context, t targets) error
+	// ready reports, once the producer is done, whether the faults may
+	// stop and the drain begin.
+	ready(ctx context.Context, n names) (bool, string, error)
+}
+
+// targets are what a schedule may hit.
+type targets struct {
+	workers []*proc // slots: a restart keeps the slot
+	relay   *proc   // nil in the two-phase phase
+	faults  *faultCounter
+}
+
+// deck deals the fault kinds of a mode from a shuffled deck until every
+// order took effect (see injector).
+type deck struct {
+	e      *env
+	mode   string
+	orders int
+	every  time.Duration
+	dealt  chan struct{}
+}
+
+func (d *deck) String() string { return fmt.Sprintf("a fault every ~%s", d.every) }
+
+func (d *deck) run(ctx context.Context, t targets) error {
+	// A restart takes seconds, the other faults none: the deck holds
+	// more of those so that they are frequent too.
+	kinds := []string{faultWorkerKill, faultWorkerKill, faultWorkerKill, faultTerminate, faultRestartFast}
+	if d.mode == Transactional {
+		kinds = []string{faultWorkerKill, faultWorkerKill, faultWorkerKill, faultRelayKill, faultTerminate, faultTerminate,
+			faultListenKill, faultRestartFast, faultRestartCrash}
+	}
+	in := &injector{cluster: d.e.cluster, admin: d.e.admin, workers: t.workers, relay: t.relay,
+		faults: t.faults, every: d.every, kinds: kinds, progress: d.e.progress(), dealt: d.dealt}
+	return in.run(ctx)
+}
+
+// ready: faults go on until every order took effect, so they hit
+// redeliveries and the relay's backlog too, and until every kind was
+// injected.
+func (d *deck) ready(ctx context.Context, n names) (bool, string, error) {
+	select {
+	case <-d.dealt:
+	default:
+		return false, "not every fault kind injected yet", nil
+	}
+	return d.e.settled(ctx, d.mode, n, d.orders)
 }
 
 func (e *env) say(format string, args ...any) {
@@ -197,12 +297,12 @@ func (e *env) say(format string, args ...any) {
 }
 
 // phase runs one mode from an empty schema to a tallied ledger.
-func (e *env) phase(parent context.Context, mode string, orders int, duration, faultEvery time.Duration) (_ *Phase, err error) {
+func (e *env) phase(parent context.Context, mode string, orders int, duration time.Duration, sched schedule) (_ *Phase, err error) {
 	ctx, cancel := context.WithTimeout(parent, e.config.Timeout)
 	defer cancel()
 	start := time.Now()
 	n := namesFor(e.run, mode)
-	e.say("%s phase: %d orders over %s, a fault every ~%s", mode, orders, duration, faultEvery)
+	e.say("%s phase: %d orders over %s, %s", mode, orders, duration, sched)
 
 	conn, err := amqp091.Dial(e.config.AMQPURL)
 	if err != nil {
@@ -240,11 +340,11 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 	for i := range workerSpecs {
 		s := base
 		s.Role, s.Name = roleWorker, fmt.Sprintf("worker-%d", i+1)
-		s.DSN = e.cluster.DSN("chaos-" + s.Name)
+		s.DSN = e.dsn("chaos-" + s.Name)
 		workerSpecs[i] = s
 	}
 	relaySpec := base
-	relaySpec.Role, relaySpec.Name, relaySpec.DSN = roleRelay, "relay", e.cluster.DSN("chaos-relay")
+	relaySpec.Role, relaySpec.Name, relaySpec.DSN = roleRelay, "relay", e.dsn("chaos-relay")
 
 	var workers []*proc
 	var relay *proc
@@ -268,20 +368,9 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 		return ph, err
 	}
 
-	// A restart takes seconds, the other faults none: the deck holds
-	// more of those so that they are frequent too.
-	kinds := []string{faultWorkerKill, faultWorkerKill, faultWorkerKill, faultTerminate, faultRestartFast}
-	if mode == Transactional {
-		kinds = []string{faultWorkerKill, faultWorkerKill, faultWorkerKill, faultRelayKill, faultTerminate, faultTerminate,
-			faultListenKill, faultRestartFast, faultRestartCrash}
-	}
-	// Workers are replaced by restarts; the injector always sees the
+	// Workers are replaced by restarts; the schedule always sees the
 	// current slots (a proc is a slot, not a process).
-	in := &injector{cluster: e.cluster, admin: e.admin, workers: append([]*proc(nil), workers...), relay: relay,
-		faults: faults, every: faultEvery, kinds: kinds, progress: func(string) {}, dealt: make(chan struct{})}
-	if os.Getenv("CHAOS_VERBOSE") != "" {
-		in.progress = func(s string) { e.say("%s %s", time.Now().Format("15:04:05.000"), s) }
-	}
+	tg := targets{workers: append([]*proc(nil), workers...), relay: relay, faults: faults}
 	faultCtx, stopFaults := context.WithCancel(ctx)
 	defer stopFaults()
 	var faultErr error
@@ -291,7 +380,7 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 	go func() {
 		defer faultWG.Done()
 		defer close(faultDone)
-		faultErr = in.run(faultCtx)
+		faultErr = sched.run(faultCtx, tg)
 	}()
 	stopInjector := func() error {
 		stopFaults()
@@ -312,17 +401,13 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 	}
 	e.say("%s phase: %d messages published for %d orders in %s", mode, messages, orders, time.Since(start).Round(time.Second))
 
-	// Faults go on until every order took effect, so they hit redeliveries
-	// and the relay's backlog too, and until every kind was injected.
-	if err := e.waitFor(ctx, mode+" phase: every order took effect and every fault kind was injected", func(ctx context.Context) (bool, string, error) {
+	if err := e.waitFor(ctx, mode+" phase: the fault schedule ("+sched.String()+") to be done", func(ctx context.Context) (bool, string, error) {
 		select {
 		case <-faultDone:
-			return true, "", nil // the injector failed: stopInjector reports it
-		case <-in.dealt:
+			return true, "", nil // complete, or failed: stopInjector reports it
 		default:
-			return false, "not every fault kind injected yet", nil
 		}
-		return e.settled(ctx, mode, n, orders)
+		return sched.ready(ctx, n)
 	}); err != nil {
 		_ = stopInjector()
 		return ph, err
@@ -401,6 +486,11 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration, f
 	}
 	if err := e.tally(ctx, mode, n, uuids, ph); err != nil {
 		return ph, err
+	}
+	if e.afterTally != nil {
+		if err := e.afterTally(ctx, n); err != nil {
+			return ph, err
+		}
 	}
 	e.say("%s phase done in %s", mode, time.Since(start).Round(time.Second))
 	return ph, nil

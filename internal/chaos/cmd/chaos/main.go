@@ -5,6 +5,9 @@
 //
 //	go run ./internal/chaos/cmd/chaos -config full   # make chaos
 //	go run ./internal/chaos/cmd/chaos -config ci     # make chaos-ci (.ci/run)
+//	go run ./internal/chaos/cmd/chaos -config failover   # primary + replica on ports 5440/5441, killed and promoted
+//	go run ./internal/chaos/cmd/chaos -config pair-start -replication sync   # the pair, left running
+//	go run ./internal/chaos/cmd/chaos -config pair-stop
 //
 // It exits 0 when every phase kept its promise, 1 when the ledger found a
 // doubled or lost effect or the suite failed. A missing prerequisite
@@ -20,14 +23,18 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/chaos"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
+
+var started = time.Now()
 
 func main() {
 	if chaos.IsChild() {
@@ -37,7 +44,12 @@ func main() {
 }
 
 func run() int {
-	preset := flag.String("config", "ci", "preset: ci (small, under two minutes) or full (thousands of orders, minutes)")
+	preset := flag.String("config", "ci", "preset: ci (small, under two minutes), full (thousands of orders, minutes) or failover (a primary and a streaming replica killed and promoted, per replication mode); pair-start -replication MODE leaves the pair running in that mode and prints the primary's DSN (for go run ./bench), pair-stop stops it")
+	modes := flag.String("replication", "", "failover: comma-separated replication modes (async, sync, remote_apply; default all; none: the service measurement only)")
+	lagProcess := flag.String("lag-process", chaos.LagWALReceiver, "failover: the process stopped to make the replica lag (walreceiver or walsender)")
+	lag := flag.Duration("lag", 0, "failover: how long the replica is stopped before the primary is killed (0: 3s)")
+	stall := flag.Duration("stall", 0, "failover: how long the replica is stopped to measure the commit stall (0: 3s)")
+	service := flag.Bool("service", true, "failover: measure how long an in-process inbox, relay and janitor take to resume on the new primary")
 	orders := flag.Int("orders", 0, "transactional-phase orders (0: the preset's)")
 	twoPhase := flag.Int("two-phase-orders", -1, "two-phase-phase orders, 0 to skip the phase (-1: the preset's)")
 	workers := flag.Int("workers", 0, "worker processes per queue (0: 3)")
@@ -47,6 +59,46 @@ func run() int {
 	keep := flag.Bool("keep", false, "keep the run's tables and queues for inspection")
 	flag.Parse()
 
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	switch *preset {
+	case "pair-start":
+		dsn, err := chaos.StartPair(ctx, chaos.FailoverPreset(), *modes)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
+			return 1
+		}
+		fmt.Println(dsn)
+		return 0
+	case "pair-stop":
+		if err := chaos.StopPair(ctx, chaos.FailoverPreset()); err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	if *preset == "failover" {
+		config := chaos.FailoverPreset()
+		switch *modes {
+		case "":
+		case "none":
+			config.Modes = []string{}
+		default:
+			config.Modes = strings.Split(*modes, ",")
+		}
+		if *orders > 0 {
+			config.Orders = *orders
+		}
+		if *duration > 0 {
+			config.Duration = *duration
+		}
+		config.Workers, config.LagProcess, config.Lag, config.Stall, config.Service = *workers, *lagProcess, *lag, *stall, *service
+		report, err := chaos.RunFailover(ctx, config)
+		if report == nil {
+			return finish(nil, err)
+		}
+		return finish(report, err)
+	}
 	var config chaos.Config
 	switch *preset {
 	case "ci":
@@ -79,10 +131,22 @@ func run() int {
 	config.Keep = *keep
 	config.Batch = *batch
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	start := time.Now()
 	report, err := chaos.Run(ctx, config)
+	if report == nil {
+		return finish(nil, err)
+	}
+	return finish(report, err)
+}
+
+// reporter is a run's report: *chaos.Report or *chaos.FailoverReport.
+type reporter interface {
+	Print(io.Writer)
+	OK() bool
+}
+
+// finish prints the report, if any, and turns the outcome into an exit
+// status.
+func finish(report reporter, err error) int {
 	if report != nil {
 		report.Print(os.Stdout)
 	}
@@ -95,13 +159,13 @@ func run() int {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "chaos: FAILED after %s: %v\n", time.Since(start).Round(time.Second), err)
+		fmt.Fprintf(os.Stderr, "chaos: FAILED after %s: %v\n", time.Since(started).Round(time.Second), err)
 		return 1
 	}
 	if !report.OK() {
-		fmt.Fprintf(os.Stderr, "chaos: FAILED: the ledger found doubled or lost effects (see the table above)\n")
+		fmt.Fprintf(os.Stderr, "chaos: FAILED: a promise was broken (see the tables above)\n")
 		return 1
 	}
-	fmt.Printf("chaos: OK in %s\n", time.Since(start).Round(time.Second))
+	fmt.Printf("chaos: OK in %s\n", time.Since(started).Round(time.Second))
 	return 0
 }
