@@ -73,10 +73,14 @@ const ddlLockTimeout = "10s"
 // expires_at, so the primary key (consumer, dedup_key, expires_at) does
 // not stop a second row for a key. Claims are serialised by the database
 // instead: every insert (ClaimOn, Acquire) first takes a transaction-scoped
-// advisory lock on a hash of (table, consumer, key), then looks the key up
-// in every partition and inserts only if it is absent. A second claim of
-// the key waits on the lock until the first transaction ends and then
-// sees its row, exactly as a second insert waits on a unique index entry.
+// advisory lock on (table, consumer, key), then looks the key up in every
+// partition and inserts only if it is absent. A second claim of the key
+// waits on the lock until the first transaction ends and then sees its
+// row, exactly as a second insert waits on a unique index entry. The
+// table part of every lock (claims' and maintenance's) is the table's OID,
+// which the database resolves in the locking statement itself from the
+// configured name, as it resolves the statements that follow: "t",
+// "public.t" and "t" under search_path public are one table and one lock.
 // Every other operation (reads, result, lease updates, release, operator
 // and stats) is the Inbox's, unchanged: none of them changes expires_at.
 type PartitionedInbox struct {
@@ -85,9 +89,7 @@ type PartitionedInbox struct {
 	// the lock is ever promoted: each method is forwarded or replaced.
 	in              *Inbox
 	interval, ahead time.Duration
-	lockKey         int64 // the advisory lock of partition maintenance
 	insert, acquire Stmt
-	lockClaim       string
 
 	create sync.Mutex // one maintenance creator per process
 	mu     sync.Mutex
@@ -113,20 +115,37 @@ func NewPartitionedInbox(d *Dialect, db DB, config PartitionConfig) (*Partitione
 		return nil, err
 	}
 	s := &PartitionedInbox{in: in, interval: config.Interval, ahead: config.Ahead, known: map[int64]bool{}, pending: map[int64]bool{}}
-	s.lockKey = advisoryKey(in.t.quoted, "partitions")
 	b := func(q string) Stmt { return d.Statement(in.t.quoted, q) }
-	// One statement takes the key's lock and reports the isolation level:
-	// only under READ COMMITTED does the next statement see a row that
-	// the transaction we waited for committed.
-	s.lockClaim = `SELECT current_setting('transaction_isolation') FROM pg_advisory_xact_lock($1)`
 	absent := ` WHERE NOT EXISTS (SELECT 1 FROM {T}` + byKey + `)`
 	s.insert = b(claimInto + `SELECT $1::varchar, $2::varchar, 'completed', $3::bytea, 1, $4::timestamptz, $4::timestamptz, $5::timestamptz` + absent)
 	s.acquire = b(acquireInto + `SELECT $1::varchar, $2::varchar, 'in_progress', $3::bytea, 1, $4::varchar, $5::timestamptz, $6::timestamptz, $7::timestamptz` + absent)
 	return s, nil
 }
 
-// advisoryKey hashes parts into the key of a PostgreSQL advisory lock.
-// Two keys that collide only make their claims wait for each other.
+// tableLock is the advisory lock key of ($1, $2): the OID of the table
+// named $1 (a quoted name, resolved like the statements that use it) in
+// the high 32 bits, XORed with $2, a hash from advisoryKey. For one table
+// it is a bijection of $2, so locks taken in the order of $2 are taken in
+// one global order.
+const tableLock = `(($1::text::regclass::oid::bigint << 32) # $2::bigint)`
+
+const (
+	// lockClaim takes a key's lock and reports the isolation level in one
+	// statement: only under READ COMMITTED does the next statement see a
+	// row that the transaction it waited for committed.
+	lockClaim = `SELECT current_setting('transaction_isolation') FROM pg_advisory_xact_lock` + tableLock
+	// lockMaintenance and lockMaintenanceTx take the lock of partition
+	// maintenance (for a session, which returns its key for the unlock,
+	// or for the transaction).
+	lockMaintenance   = `SELECT k FROM (SELECT ` + tableLock + ` AS k) l, pg_advisory_lock(l.k)`
+	lockMaintenanceTx = `SELECT pg_advisory_xact_lock` + tableLock
+)
+
+// maintenanceKey is the hash of maintenance's lock (see tableLock).
+var maintenanceKey = advisoryKey("partitions")
+
+// advisoryKey hashes parts into a 64-bit hash for tableLock. Two keys
+// that collide only make their claims wait for each other.
 func advisoryKey(parts ...string) int64 {
 	h := fnv.New64a()
 	for _, p := range parts {
@@ -199,7 +218,7 @@ func (s *PartitionedInbox) ClaimOn(ctx context.Context, ex Executor, p repositor
 // isolation level.
 func (s *PartitionedInbox) lock(ctx context.Context, ex Executor, consumer, key string) error {
 	var level string
-	if err := ex.QueryRow(ctx, s.lockClaim, advisoryKey(s.in.t.quoted, consumer, key)).Scan(&level); err != nil {
+	if err := ex.QueryRow(ctx, lockClaim, s.in.t.quoted, advisoryKey(consumer, key)).Scan(&level); err != nil {
 		return err
 	}
 	if level != "read committed" {
@@ -265,10 +284,11 @@ func (s *PartitionedInbox) DeleteExpired(ctx context.Context, before time.Time, 
 	}
 	deleted := 0
 	err := s.in.db.OnSession(ctx, func(ex Executor) error {
-		if _, err := ex.Exec(ctx, `SELECT pg_advisory_lock($1)`, s.lockKey); err != nil {
+		var lockKey int64
+		if err := ex.QueryRow(ctx, lockMaintenance, s.in.t.quoted, maintenanceKey).Scan(&lockKey); err != nil {
 			return err
 		}
-		defer func() { _, _ = ex.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, s.lockKey) }()
+		defer func() { _, _ = ex.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, lockKey) }()
 		parts, err := s.partitions(ctx, ex)
 		if err != nil {
 			return err
@@ -420,7 +440,7 @@ WHERE c.relname = $1 AND n.nspname = COALESCE(NULLIF($2, ''), current_schema()))
 // transaction ends), unless it exists once the lock is held.
 func (s *PartitionedInbox) createIn(ctx context.Context, ex Executor, start time.Time) error {
 	name, _ := s.partitionName(start)
-	if _, err := ex.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, s.lockKey); err != nil {
+	if _, err := ex.Exec(ctx, lockMaintenanceTx, s.in.t.quoted, maintenanceKey); err != nil {
 		return err
 	}
 	if exists, err := s.exists(ctx, ex, start); err != nil || exists {
@@ -486,7 +506,7 @@ func (s *PartitionedInbox) ClaimBatchOn(ctx context.Context, ex Executor, params
 			return nil, err
 		}
 		order[i] = i
-		keys[i] = advisoryKey(s.in.t.quoted, p.Consumer, key)
+		keys[i] = advisoryKey(p.Consumer, key)
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(keys[a], keys[b]) })
 	claims := make([]repository.Claim, len(params))

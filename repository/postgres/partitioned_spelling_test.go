@@ -1,0 +1,188 @@
+package postgres_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+)
+
+// TestPartitionedClaimLocksTheTableNotItsSpelling races two claims of
+// every key through two repositories that name one partitioned table
+// differently: "t" and "public.t", and "s.t" and "t" under search_path s.
+// The advisory lock that serialises claims must be the table's, not its
+// spelling's, or both claims see the key absent and both win.
+func TestPartitionedClaimLocksTheTableNotItsSpelling(t *testing.T) {
+	db := testenv.Postgres(t)
+	t.Run("t and public.t", func(t *testing.T) {
+		table := "relp_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+		t.Cleanup(func() {
+			_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "public"."`+table+`"`)
+			require.NoError(t, err)
+		})
+		a := partitionedRepo(t, db, table)
+		b := partitionedRepo(t, db, "public."+table)
+		require.NoError(t, a.Migrate(t.Context()))
+		raceSpellings(t, db, a, db, b, "public."+table)
+	})
+	t.Run("schema.t and t under search_path", func(t *testing.T) {
+		inSchema, schema := testenv.PostgresSchema(t, "relp_")
+		a := partitionedRepo(t, db, schema+".relp_x")
+		b := partitionedRepo(t, inSchema, "relp_x")
+		require.NoError(t, b.Migrate(t.Context()))
+		raceSpellings(t, db, a, inSchema, b, schema+".relp_x")
+	})
+}
+
+// TestPartitionedMaintenanceLocksTheTableNotItsSpelling: claims through
+// "t" and "public.t" that need the same missing partition create it
+// under one maintenance lock, so neither fails on the other's CREATE
+// TABLE; cleanup through both spellings at once drops each partition
+// once.
+func TestPartitionedMaintenanceLocksTheTableNotItsSpelling(t *testing.T) {
+	db := testenv.Postgres(t)
+	ctx := t.Context()
+	table := "relp_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	t.Cleanup(func() {
+		_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "public"."`+table+`"`)
+		require.NoError(t, err)
+	})
+	repos := []*postgres.PartitionedRepository{partitionedRepo(t, db, table), partitionedRepo(t, db, "public."+table)}
+	require.NoError(t, repos[0].Migrate(ctx))
+
+	const partitions = 24
+	now := time.Now()
+	far := now.Add(30 * 24 * time.Hour) // past Ahead: the claims create the partitions
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*partitions+2)
+	for h := range partitions {
+		for i, repo := range repos {
+			wg.Go(func() {
+				tx, err := db.BeginTx(ctx, nil)
+				if err == nil {
+					_, err = repo.ClaimTx(ctx, tx, repository.ClaimParams{Consumer: "billing", Key: fmt.Sprintf("order-%d-%d", h, i),
+						PayloadHash: []byte{1}, Now: now, ExpiresAt: far.Add(time.Duration(h) * time.Hour)})
+				}
+				if err == nil {
+					err = tx.Commit()
+				} else if tx != nil {
+					_ = tx.Rollback()
+				}
+				errs <- err
+			})
+		}
+	}
+	wg.Wait()
+	for _, repo := range repos {
+		wg.Go(func() {
+			_, err := repo.DeleteExpired(ctx, far.Add(partitions*time.Hour), 1000)
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	var rows int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT COUNT(*) FROM "`+table+`"`).Scan(&rows))
+	require.Zero(t, rows, "records left after both cleanups")
+}
+
+func partitionedRepo(t *testing.T, db *sql.DB, table string) *postgres.PartitionedRepository {
+	t.Helper()
+	repo, err := postgres.NewPartitionedRepository(db, postgres.PartitionedConfig{Table: table, Interval: time.Hour, Ahead: 2 * time.Hour})
+	require.NoError(t, err)
+	return repo
+}
+
+// raceSpellings claims each of 400 keys twice at once, once through a
+// (on dbA) and once through b (on dbB), each in its own transaction, and
+// requires one winner per key and one row per key in table.
+func raceSpellings(t *testing.T, dbA *sql.DB, a *postgres.PartitionedRepository, dbB *sql.DB, b *postgres.PartitionedRepository, table string) {
+	const keys = 400
+	ctx := t.Context()
+	now := time.Now()
+	// A redelivery computes a new expiry, which the primary key
+	// (consumer, dedup_key, expires_at) does not stop: only the lock does.
+	claim := func(db *sql.DB, repo *postgres.PartitionedRepository, key string, expires time.Time) (bool, error) {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return false, err
+		}
+		defer func() { _ = tx.Rollback() }()
+		c, err := repo.ClaimTx(ctx, tx, repository.ClaimParams{
+			Consumer: "billing", Key: key, PayloadHash: []byte{1}, Now: now, ExpiresAt: expires,
+		})
+		if err != nil {
+			return false, err
+		}
+		return c.Claimed, tx.Commit()
+	}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners = map[string]int{}
+		errs    []error
+		pairs   = make(chan struct{}, 8) // pairs in flight: both pools keep free connections
+	)
+	for k := range keys {
+		key := fmt.Sprintf("order-%d", k)
+		pairs <- struct{}{}
+		start := make(chan struct{})
+		var pair sync.WaitGroup
+		for i, side := range []struct {
+			db   *sql.DB
+			repo *postgres.PartitionedRepository
+		}{{dbA, a}, {dbB, b}} {
+			wg.Add(1)
+			pair.Add(1)
+			go func() {
+				defer wg.Done()
+				defer pair.Done()
+				<-start
+				won, err := claim(side.db, side.repo, key, now.Add(time.Hour+time.Duration(i)*time.Minute))
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, err)
+				}
+				if won {
+					winners[key]++
+				}
+			}()
+		}
+		close(start)
+		go func() { pair.Wait(); <-pairs }()
+	}
+	wg.Wait()
+	require.Empty(t, errs, "%d claims failed", len(errs))
+	doubled := 0
+	for _, n := range winners {
+		if n > 1 {
+			doubled++
+		}
+	}
+	var rows, distinct int
+	require.NoError(t, dbA.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(DISTINCT dedup_key) FROM `+quoted(table)).Scan(&rows, &distinct))
+	t.Logf("%d keys x 2 racing claims (%s): %d doubled, %d rows", keys, table, doubled, rows)
+	require.Zero(t, doubled, "keys won by both claims")
+	require.Equal(t, keys, len(winners), "keys won")
+	require.Equal(t, keys, rows)
+	require.Equal(t, keys, distinct)
+}
+
+// quoted quotes a schema-qualified table name.
+func quoted(table string) string {
+	return `"` + strings.ReplaceAll(table, ".", `"."`) + `"`
+}
