@@ -200,18 +200,34 @@ func (s *PartitionedInbox) ClaimOn(ctx context.Context, ex Executor, p repositor
 	if err := s.lock(ctx, ex, p.Consumer, key); err != nil {
 		return repository.Claim{}, s.in.wrap("claim", err)
 	}
-	n, err := s.insert.exec(ctx, ex, p.Consumer, key, p.PayloadHash, p.Now.UTC(), p.ExpiresAt.UTC())
+	args := []any{p.Consumer, key, p.PayloadHash, p.Now.UTC(), p.ExpiresAt.UTC()}
+	var c repository.Claim
+	var err error
+	// The lock is held; under READ COMMITTED each insert and read sees
+	// what committed before it started, so a record gone between them
+	// (see insertOrRead) is looked for again, up to attempts times.
+	for range attempts {
+		if c.Claimed, c.Existing, err = s.insertOrRead(ctx, ex, s.insert, args); !errors.Is(err, repository.ErrNotFound) {
+			break
+		}
+	}
 	if err != nil {
-		return repository.Claim{}, s.in.wrap("claim", s.forgetMissing(err))
+		return repository.Claim{}, s.in.wrap("claim", err)
 	}
-	if n == 1 {
-		return repository.Claim{Claimed: true}, nil
-	}
-	rec, err := s.in.get(ctx, ex, s.in.q.get, p.Consumer, key)
-	if err != nil {
-		return repository.Claim{}, s.in.wrap("read duplicate", err)
-	}
-	return repository.Claim{Existing: rec}, nil
+	return c, nil
+}
+
+// insertOrRead inserts the key's record with insert (taking args) under
+// the key's lock, or reads the record a partition holds. It returns
+// repository.ErrNotFound when the record the insert saw is gone by the
+// read: the key is free again. Under the lock nothing else inserts the
+// key, but a release deletes without it, and cleanup detaches its
+// partition between the two statements (DETACH … CONCURRENTLY commits
+// before it waits for our transaction, so the read's snapshot no longer
+// includes the partition).
+func (s *PartitionedInbox) insertOrRead(ctx context.Context, ex Executor, insert Stmt, args []any) (bool, repository.Record, error) {
+	inserted, rec, err := s.in.insert(ctx, ex, insert, s.in.q.get, args)
+	return inserted, rec, s.forgetMissing(err)
 }
 
 // lock takes the key's advisory lock in ex's transaction and checks the
@@ -246,19 +262,14 @@ func (s *PartitionedInbox) Acquire(ctx context.Context, p repository.AcquirePara
 			if err := s.lock(ctx, tx, p.Consumer, key); err != nil {
 				return err
 			}
-			n, err := s.acquire.exec(ctx, tx, p.Consumer, key, p.PayloadHash, p.Owner, p.LeaseUntil.UTC(), p.Now.UTC(), p.ExpiresAt.UTC())
-			if err != nil || n == 1 {
-				out = repository.Acquisition{Acquired: n == 1}
-				return s.forgetMissing(err)
-			}
-			rec, err := s.in.get(ctx, tx, s.in.q.get, p.Consumer, key)
-			out = repository.Acquisition{Existing: rec}
+			var err error
+			out.Acquired, out.Existing, err = s.insertOrRead(ctx, tx, s.acquire,
+				[]any{p.Consumer, key, p.PayloadHash, p.Owner, p.LeaseUntil.UTC(), p.Now.UTC(), p.ExpiresAt.UTC()})
 			return err
 		})
-		// Under the lock nothing else inserts the key, but a release
-		// deletes without it: gone between the insert and the read, the
-		// key is free again. A deadlock victim runs again too; both share
-		// the one bound of attempts.
+		// A record gone between the insert and the read (see
+		// insertOrRead) and a deadlock victim run again; both share the
+		// one bound of attempts.
 		if !s.in.again(err) {
 			break
 		}
