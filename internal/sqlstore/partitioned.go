@@ -402,7 +402,7 @@ func (s *PartitionedInbox) ensureIn(ctx context.Context, ex Executor, t time.Tim
 	if s.isKnown(start) {
 		return nil
 	}
-	exists, err := s.exists(ctx, ex, start)
+	_, exists, err := s.exists(ctx, ex, start)
 	if err != nil {
 		return err
 	}
@@ -427,34 +427,31 @@ func (s *PartitionedInbox) ensureIn(ctx context.Context, ex Executor, t time.Tim
 	return nil
 }
 
-// partitionName is the quoted name of the partition starting at start,
-// and that name unquoted.
-func (s *PartitionedInbox) partitionName(start time.Time) (quoted, bare string) {
-	bare = repository.IndexName(s.in.t.name, "p"+start.Format("20060102t1504"))
-	return s.in.d.sibling(s.in.t, bare), bare
-}
-
-// exists looks the partition starting at start up in pg_class with the
-// statement's snapshot: to_regclass reads the catalog cache, which a
-// session refreshes only when it locks a relation, so after waiting on
-// the advisory lock it could still miss a partition just committed.
-func (s *PartitionedInbox) exists(ctx context.Context, ex Executor, start time.Time) (bool, error) {
-	_, bare := s.partitionName(start)
-	var exists bool
-	err := ex.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relname = $1 AND n.nspname = COALESCE(NULLIF($2, ''), current_schema()))`, bare, s.in.t.schema).Scan(&exists)
-	return exists, err
+// exists looks the partition starting at start up in pg_class, in the
+// table's own schema, and returns the partition's quoted, qualified name.
+// The schema is the one the database resolves the configured name to,
+// not current_schema(): an unqualified name may be found further along
+// the search_path, and every spelling of the table must find the same
+// partitions. It reads pg_class with the statement's snapshot:
+// to_regclass reads the catalog cache, which a session refreshes only
+// when it locks a relation, so after waiting on the advisory lock it
+// could still miss a partition just committed.
+func (s *PartitionedInbox) exists(ctx context.Context, ex Executor, start time.Time) (name string, exists bool, err error) {
+	bare := repository.IndexName(s.in.t.name, "p"+start.Format("20060102t1504"))
+	err = ex.QueryRow(ctx, `SELECT format('%I.%I', n.nspname, $1::text), EXISTS (SELECT 1 FROM pg_class c WHERE c.relname = $1 AND c.relnamespace = n.oid)
+FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace WHERE t.oid = $2::text::regclass`, bare, s.in.t.quoted).Scan(&name, &exists)
+	return name, exists, err
 }
 
 // createIn creates and attaches the partition starting at start in ex's
 // transaction, under the maintenance advisory lock (held until that
 // transaction ends), unless it exists once the lock is held.
 func (s *PartitionedInbox) createIn(ctx context.Context, ex Executor, start time.Time) error {
-	name, _ := s.partitionName(start)
 	if _, err := ex.Exec(ctx, lockMaintenanceTx, s.in.t.quoted, maintenanceKey); err != nil {
 		return err
 	}
-	if exists, err := s.exists(ctx, ex, start); err != nil || exists {
+	name, exists, err := s.exists(ctx, ex, start)
+	if err != nil || exists {
 		return err
 	}
 	// Bounds are Go-formatted UTC times, never user input: DDL takes no

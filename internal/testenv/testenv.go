@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,15 +108,16 @@ func PgxSchemaPool(t testing.TB, prefix string) *pgxpool.Pool {
 
 // PostgresSchema creates a schema named prefix + a random suffix, dropped
 // with its tables when t ends, and returns it with a database/sql pool
-// (pgx stdlib driver) whose search_path is that schema.
-func PostgresSchema(t testing.TB, prefix string) (*sql.DB, string) {
+// (pgx stdlib driver) whose search_path is that schema, then the schemas
+// in then.
+func PostgresSchema(t testing.TB, prefix string, then ...string) (*sql.DB, string) {
 	t.Helper()
 	schema := postgresSchema(t, prefix)
 	cfg, err := pgx.ParseConfig(PostgresDSN())
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.RuntimeParams["search_path"] = schema
+	cfg.RuntimeParams["search_path"] = strings.Join(append([]string{schema}, then...), ", ")
 	db := stdlib.OpenDB(*cfg)
 	db.SetMaxOpenConns(MaxConns)
 	t.Cleanup(func() { _ = db.Close() })

@@ -17,6 +17,47 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
+// statements counts the statements a claim sends.
+type statements struct {
+	sqlstore.Executor
+	n int
+}
+
+func (e *statements) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	e.n++
+	return e.Executor.Exec(ctx, query, args...)
+}
+
+func (e *statements) QueryRow(ctx context.Context, query string, args ...any) sqlstore.Row {
+	e.n++
+	return e.Executor.QueryRow(ctx, query, args...)
+}
+
+func (e *statements) Query(ctx context.Context, query string, args ...any) (sqlstore.Rows, error) {
+	e.n++
+	return e.Executor.Query(ctx, query, args...)
+}
+
+// TestPartitionedClaimStatements: resolving the table in the lock's
+// statement and looking again for a vanished record cost no round trip:
+// a claim is the lock and the insert, a duplicate adds the read.
+func TestPartitionedClaimStatements(t *testing.T) {
+	db := testenv.Postgres(t)
+	repo, _ := newPartitioned(t, db)
+	now := time.Now()
+	for _, want := range []int{2, 3} {
+		tx, err := db.BeginTx(t.Context(), nil)
+		require.NoError(t, err)
+		ex := &statements{Executor: sqlstore.StdQuerier(tx)}
+		_, err = repo.ClaimOn(t.Context(), ex, repository.ClaimParams{
+			Consumer: "billing", Key: "order-1", PayloadHash: []byte{1}, Now: now, ExpiresAt: now.Add(time.Hour),
+		})
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		require.Equal(t, want, ex.n)
+	}
+}
+
 // afterInsert runs hook once, after the first INSERT it executes, before
 // the claim's next statement: the test's handle on the interleaving.
 type afterInsert struct {

@@ -99,6 +99,42 @@ func TestPartitionedMaintenanceLocksTheTableNotItsSpelling(t *testing.T) {
 	require.Zero(t, rows, "records left after both cleanups")
 }
 
+// TestPartitionedPartitionsLiveWithTheirTable: "t" found further along
+// the search_path than its first schema is the same table as "s.t", and
+// both spellings create its partitions in s, the table's schema, so
+// each finds the other's (before, "t" created them in the first schema
+// of its search_path, where "s.t" never looked: its ATTACH then failed
+// on the overlap, for every claim needing that partition).
+func TestPartitionedPartitionsLiveWithTheirTable(t *testing.T) {
+	db := testenv.Postgres(t)
+	ctx := t.Context()
+	_, home := testenv.PostgresSchema(t, "relp_home_")
+	first, _ := testenv.PostgresSchema(t, "relp_first_", home)
+	qualified := partitionedRepo(t, db, home+".relp_x")
+	bare := partitionedRepo(t, first, "relp_x")
+	require.NoError(t, qualified.Migrate(ctx))
+
+	now := time.Now()
+	far := now.Add(30 * 24 * time.Hour) // past Ahead: the claims create the partitions
+	for i, side := range []struct {
+		db   *sql.DB
+		repo *postgres.PartitionedRepository
+	}{{first, bare}, {db, qualified}, {first, bare}} {
+		tx, err := side.db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		c, err := side.repo.ClaimTx(ctx, tx, repository.ClaimParams{Consumer: "billing", Key: fmt.Sprintf("order-%d", i),
+			PayloadHash: []byte{1}, Now: now, ExpiresAt: far.Add(time.Duration(i) * time.Minute)})
+		require.NoError(t, err, "claim %d", i)
+		require.True(t, c.Claimed)
+		require.NoError(t, tx.Commit())
+	}
+	var rows, elsewhere int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT COUNT(*), COUNT(*) FILTER (WHERE n.nspname <> $1) FROM "`+home+`"."relp_x" r
+JOIN pg_class c ON c.oid = r.tableoid JOIN pg_namespace n ON n.oid = c.relnamespace`, home).Scan(&rows, &elsewhere))
+	require.Equal(t, 3, rows)
+	require.Zero(t, elsewhere, "records in partitions outside the table's schema")
+}
+
 func partitionedRepo(t *testing.T, db *sql.DB, table string) *postgres.PartitionedRepository {
 	t.Helper()
 	repo, err := postgres.NewPartitionedRepository(db, postgres.PartitionedConfig{Table: table, Interval: time.Hour, Ahead: 2 * time.Hour})
