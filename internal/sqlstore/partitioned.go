@@ -116,9 +116,16 @@ func NewPartitionedInbox(d *Dialect, db DB, config PartitionConfig) (*Partitione
 	}
 	s := &PartitionedInbox{in: in, interval: config.Interval, ahead: config.Ahead, known: map[int64]bool{}, pending: map[int64]bool{}}
 	b := func(q string) Stmt { return d.Statement(in.t.quoted, q) }
-	absent := ` WHERE NOT EXISTS (SELECT 1 FROM {T}` + byKey + `)`
-	s.insert = b(claimInto + `SELECT $1::varchar, $2::varchar, 'completed', $3::bytea, 1, $4::timestamptz, $4::timestamptz, $5::timestamptz` + absent)
-	s.acquire = b(acquireInto + `SELECT $1::varchar, $2::varchar, 'in_progress', $3::bytea, 1, $4::varchar, $5::timestamptz, $6::timestamptz, $7::timestamptz` + absent)
+	// One statement looks the key up in every partition and inserts it
+	// only if absent, returning the record it found: the look and the read
+	// are one scan with one snapshot, so a record seen is a record
+	// returned. (Two statements disagreed when cleanup detached a
+	// partition between them, or a release deleted the record: the
+	// insert saw it, the read did not.)
+	found := `WITH found AS (SELECT ` + columns + ` FROM {T}` + byKey + ` LIMIT 1), inserted AS (`
+	absent := ` WHERE NOT EXISTS (SELECT 1 FROM found)) SELECT ` + columns + ` FROM found`
+	s.insert = b(found + claimInto + `SELECT $1::varchar, $2::varchar, 'completed', $3::bytea, 1, $4::timestamptz, $4::timestamptz, $5::timestamptz` + absent)
+	s.acquire = b(found + acquireInto + `SELECT $1::varchar, $2::varchar, 'in_progress', $3::bytea, 1, $4::varchar, $5::timestamptz, $6::timestamptz, $7::timestamptz` + absent)
 	return s, nil
 }
 
@@ -200,34 +207,24 @@ func (s *PartitionedInbox) ClaimOn(ctx context.Context, ex Executor, p repositor
 	if err := s.lock(ctx, ex, p.Consumer, key); err != nil {
 		return repository.Claim{}, s.in.wrap("claim", err)
 	}
-	args := []any{p.Consumer, key, p.PayloadHash, p.Now.UTC(), p.ExpiresAt.UTC()}
 	var c repository.Claim
 	var err error
-	// The lock is held; under READ COMMITTED each insert and read sees
-	// what committed before it started, so a record gone between them
-	// (see insertOrRead) is looked for again, up to attempts times.
-	for range attempts {
-		if c.Claimed, c.Existing, err = s.insertOrRead(ctx, ex, s.insert, args); !errors.Is(err, repository.ErrNotFound) {
-			break
-		}
-	}
+	c.Claimed, c.Existing, err = s.insertOrRead(ctx, ex, s.insert, p.Consumer, key, p.PayloadHash, p.Now.UTC(), p.ExpiresAt.UTC())
 	if err != nil {
 		return repository.Claim{}, s.in.wrap("claim", err)
 	}
 	return c, nil
 }
 
-// insertOrRead inserts the key's record with insert (taking args) under
-// the key's lock, or reads the record a partition holds. It returns
-// repository.ErrNotFound when the record the insert saw is gone by the
-// read: the key is free again. Under the lock nothing else inserts the
-// key, but a release deletes without it, and cleanup detaches its
-// partition between the two statements (DETACH … CONCURRENTLY commits
-// before it waits for our transaction, so the read's snapshot no longer
-// includes the partition).
-func (s *PartitionedInbox) insertOrRead(ctx context.Context, ex Executor, insert Stmt, args []any) (bool, repository.Record, error) {
-	inserted, rec, err := s.in.insert(ctx, ex, insert, s.in.q.get, args)
-	return inserted, rec, s.forgetMissing(err)
+// insertOrRead runs insert (s.insert or s.acquire) under the key's lock:
+// it inserts the key's record if no partition holds the key (true), or
+// returns the record one holds.
+func (s *PartitionedInbox) insertOrRead(ctx context.Context, ex Executor, insert Stmt, args ...any) (bool, repository.Record, error) {
+	rec, err := s.in.get(ctx, ex, insert, args...)
+	if errors.Is(err, repository.ErrNotFound) {
+		return true, repository.Record{}, nil
+	}
+	return false, rec, s.forgetMissing(err)
 }
 
 // lock takes the key's advisory lock in ex's transaction and checks the
@@ -264,12 +261,10 @@ func (s *PartitionedInbox) Acquire(ctx context.Context, p repository.AcquirePara
 			}
 			var err error
 			out.Acquired, out.Existing, err = s.insertOrRead(ctx, tx, s.acquire,
-				[]any{p.Consumer, key, p.PayloadHash, p.Owner, p.LeaseUntil.UTC(), p.Now.UTC(), p.ExpiresAt.UTC()})
+				p.Consumer, key, p.PayloadHash, p.Owner, p.LeaseUntil.UTC(), p.Now.UTC(), p.ExpiresAt.UTC())
 			return err
 		})
-		// A record gone between the insert and the read (see
-		// insertOrRead) and a deadlock victim run again; both share the
-		// one bound of attempts.
+		// A deadlock victim runs again, up to attempts times.
 		if !s.in.again(err) {
 			break
 		}
