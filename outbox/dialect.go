@@ -92,9 +92,10 @@ func SchemaDDL(d sqldialect.Dialect, table string) string {
 
 // DeadLetterTableName returns the dead-letter table of an outbox table:
 // table + "_dead_letters", or, when that exceeds the 63-byte identifier
-// limit, a prefix of it with a hash of the whole name (never equal to
-// table). A schema qualifier is kept. Migrate creates it; the shipped SQL
-// files include it.
+// limit, a prefix of it with a hash of the table's own name (never equal
+// to table). A schema qualifier is kept and left out of the hash, so
+// "t" and "public.t" name one dead-letter table wherever they name one
+// outbox table. Migrate creates it; the shipped SQL files include it.
 func DeadLetterTableName(table string) string {
 	schema, name := "", table
 	if i := strings.LastIndexByte(table, '.'); i >= 0 {
@@ -104,7 +105,7 @@ func DeadLetterTableName(table string) string {
 	if len(name)+len(suffix) <= 63 {
 		return schema + name + suffix
 	}
-	sum := sha256.Sum256([]byte(table))
+	sum := sha256.Sum256([]byte(name))
 	h := "_dl_" + hex.EncodeToString(sum[:8]) // 20 bytes
 	return schema + name[:63-len(h)] + h
 }

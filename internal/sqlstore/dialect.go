@@ -152,7 +152,7 @@ type InboxSQL struct {
 	// PartitionedClaim and PartitionedAcquire are Claim and Acquire on a
 	// partitioned table (PostgreSQL), whose unique index cannot span the
 	// partitions: under the key's advisory lock, insert unless a row
-	// exists.
+	// exists, returning the row found (none: inserted).
 	PartitionedClaim, PartitionedAcquire SQL
 }
 

@@ -97,9 +97,14 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 		}
 		if m.d.MigrateUnlock != "" {
 			defer func() { _, _ = ex.Exec(context.WithoutCancel(ctx), m.d.MigrateUnlock) }()
-			// No transaction: look again under the lock, as another process
-			// may have migrated meanwhile and MySQL's files cannot run twice.
-			missing = missing && ex.QueryRow(ctx, probe).Scan(new(int)) != nil
+		}
+		if missing {
+			// Look again under the lock: another runner may have migrated
+			// meanwhile, and its records are not void (MySQL's files
+			// cannot even run twice).
+			if missing, err = m.absent(ctx, ex, probe); err != nil {
+				return err
+			}
 		}
 		if _, err := ex.Exec(ctx, strings.ReplaceAll(migrationsDDL, "{T}", table)); err != nil {
 			return err
@@ -143,6 +148,24 @@ func (m *migrator) Migrations(ctx context.Context) ([]Migration, error) {
 		return nil, m.wrap("migrate "+m.t.name, err)
 	}
 	return applied, nil
+}
+
+// absent reports whether probe, a query of the table, fails. In the
+// migration's transaction (no MigrateUnlock) it runs in a savepoint, as a
+// failed statement aborts a PostgreSQL transaction.
+func (m *migrator) absent(ctx context.Context, ex Executor, probe string) (bool, error) {
+	if m.d.MigrateUnlock != "" {
+		return ex.QueryRow(ctx, probe).Scan(new(int)) != nil, nil
+	}
+	if _, err := ex.Exec(ctx, `SAVEPOINT probe`); err != nil {
+		return false, err
+	}
+	if ex.QueryRow(ctx, probe).Scan(new(int)) == nil {
+		_, err := ex.Exec(ctx, `RELEASE SAVEPOINT probe`)
+		return false, err
+	}
+	_, err := ex.Exec(ctx, `ROLLBACK TO SAVEPOINT probe`)
+	return true, err
 }
 
 type migrationFile struct {

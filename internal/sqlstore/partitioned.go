@@ -73,10 +73,14 @@ const ddlLockTimeout = "10s"
 // expires_at, so the primary key (consumer, dedup_key, expires_at) does
 // not stop a second row for a key. Claims are serialised by the database
 // instead: every insert (ClaimOn, Acquire) first takes a transaction-scoped
-// advisory lock on a hash of (table, consumer, key), then looks the key up
-// in every partition and inserts only if it is absent. A second claim of
-// the key waits on the lock until the first transaction ends and then
-// sees its row, exactly as a second insert waits on a unique index entry.
+// advisory lock on (table, consumer, key), then looks the key up in every
+// partition and inserts only if it is absent. A second claim of the key
+// waits on the lock until the first transaction ends and then sees its
+// row, exactly as a second insert waits on a unique index entry. The
+// table part of every lock (claims' and maintenance's) is the table's OID,
+// which the database resolves in the locking statement itself from the
+// configured name, as it resolves the statements that follow: "t",
+// "public.t" and "t" under search_path public are one table and one lock.
 // Every other operation (reads, result, lease updates, release, operator
 // and stats) is the Inbox's, unchanged: none of them changes expires_at.
 type PartitionedInbox struct {
@@ -85,9 +89,7 @@ type PartitionedInbox struct {
 	// the lock is ever promoted: each method is forwarded or replaced.
 	in              *Inbox
 	interval, ahead time.Duration
-	lockKey         int64 // the advisory lock of partition maintenance
 	insert, acquire Stmt
-	lockClaim       string
 
 	create sync.Mutex // one maintenance creator per process
 	mu     sync.Mutex
@@ -113,19 +115,37 @@ func NewPartitionedInbox(d *Dialect, db DB, config PartitionConfig) (*Partitione
 		return nil, err
 	}
 	s := &PartitionedInbox{in: in, interval: config.Interval, ahead: config.Ahead, known: map[int64]bool{}, pending: map[int64]bool{}}
-	s.lockKey = advisoryKey(in.t.quoted, "partitions")
 	b := func(q string) Stmt { return d.Statement(in.t.quoted, q) }
-	// One statement takes the key's lock and reports the isolation level:
-	// only under READ COMMITTED does the next statement see a row that
-	// the transaction we waited for committed.
-	s.lockClaim = `SELECT current_setting('transaction_isolation') FROM pg_advisory_xact_lock($1)`
+	// See the statements' comment on the PostgreSQL page (postgres.go).
 	s.insert = b(d.Inbox.PartitionedClaim.Text)
 	s.acquire = b(d.Inbox.PartitionedAcquire.Text)
 	return s, nil
 }
 
-// advisoryKey hashes parts into the key of a PostgreSQL advisory lock.
-// Two keys that collide only make their claims wait for each other.
+// tableLock is the advisory lock key of ($1, $2): the OID of the table
+// named $1 (a quoted name, resolved like the statements that use it) in
+// the high 32 bits, XORed with $2, a hash from advisoryKey. For one table
+// it is a bijection of $2, so locks taken in the order of $2 are taken in
+// one global order.
+const tableLock = `(($1::text::regclass::oid::bigint << 32) # $2::bigint)`
+
+const (
+	// lockClaim takes a key's lock and reports the isolation level in one
+	// statement: only under READ COMMITTED does the next statement see a
+	// row that the transaction it waited for committed.
+	lockClaim = `SELECT current_setting('transaction_isolation') FROM pg_advisory_xact_lock` + tableLock
+	// lockMaintenance and lockMaintenanceTx take the lock of partition
+	// maintenance (for a session, which returns its key for the unlock,
+	// or for the transaction).
+	lockMaintenance   = `SELECT k FROM (SELECT ` + tableLock + ` AS k) l, pg_advisory_lock(l.k)`
+	lockMaintenanceTx = `SELECT pg_advisory_xact_lock` + tableLock
+)
+
+// maintenanceKey is the hash of maintenance's lock (see tableLock).
+var maintenanceKey = advisoryKey("partitions")
+
+// advisoryKey hashes parts into a 64-bit hash for tableLock. Two keys
+// that collide only make their claims wait for each other.
 func advisoryKey(parts ...string) int64 {
 	h := fnv.New64a()
 	for _, p := range parts {
@@ -180,25 +200,31 @@ func (s *PartitionedInbox) ClaimOn(ctx context.Context, ex Executor, p repositor
 	if err := s.lock(ctx, ex, p.Consumer, key); err != nil {
 		return repository.Claim{}, s.in.wrap("claim", err)
 	}
-	n, err := s.insert.exec(ctx, ex, p.Consumer, key, p.PayloadHash, p.Now.UTC(), p.ExpiresAt.UTC())
+	var c repository.Claim
+	var err error
+	c.Claimed, c.Existing, err = s.insertOrRead(ctx, ex, s.insert, p.Consumer, key, p.PayloadHash, p.Now.UTC(), p.ExpiresAt.UTC())
 	if err != nil {
-		return repository.Claim{}, s.in.wrap("claim", s.forgetMissing(err))
+		return repository.Claim{}, s.in.wrap("claim", err)
 	}
-	if n == 1 {
-		return repository.Claim{Claimed: true}, nil
+	return c, nil
+}
+
+// insertOrRead runs insert (s.insert or s.acquire) under the key's lock:
+// it inserts the key's record if no partition holds the key (true), or
+// returns the record one holds.
+func (s *PartitionedInbox) insertOrRead(ctx context.Context, ex Executor, insert Stmt, args ...any) (bool, repository.Record, error) {
+	rec, err := s.in.get(ctx, ex, insert, args...)
+	if errors.Is(err, repository.ErrNotFound) {
+		return true, repository.Record{}, nil
 	}
-	rec, err := s.in.get(ctx, ex, s.in.q.get, p.Consumer, key)
-	if err != nil {
-		return repository.Claim{}, s.in.wrap("read duplicate", err)
-	}
-	return repository.Claim{Existing: rec}, nil
+	return false, rec, s.forgetMissing(err)
 }
 
 // lock takes the key's advisory lock in ex's transaction and checks the
 // isolation level.
 func (s *PartitionedInbox) lock(ctx context.Context, ex Executor, consumer, key string) error {
 	var level string
-	if err := ex.QueryRow(ctx, s.lockClaim, advisoryKey(s.in.t.quoted, consumer, key)).Scan(&level); err != nil {
+	if err := ex.QueryRow(ctx, lockClaim, s.in.t.quoted, advisoryKey(consumer, key)).Scan(&level); err != nil {
 		return err
 	}
 	if level != "read committed" {
@@ -226,19 +252,12 @@ func (s *PartitionedInbox) Acquire(ctx context.Context, p repository.AcquirePara
 			if err := s.lock(ctx, tx, p.Consumer, key); err != nil {
 				return err
 			}
-			n, err := s.acquire.exec(ctx, tx, p.Consumer, key, p.PayloadHash, p.Owner, p.LeaseUntil.UTC(), p.Now.UTC(), p.ExpiresAt.UTC())
-			if err != nil || n == 1 {
-				out = repository.Acquisition{Acquired: n == 1}
-				return s.forgetMissing(err)
-			}
-			rec, err := s.in.get(ctx, tx, s.in.q.get, p.Consumer, key)
-			out = repository.Acquisition{Existing: rec}
+			var err error
+			out.Acquired, out.Existing, err = s.insertOrRead(ctx, tx, s.acquire,
+				p.Consumer, key, p.PayloadHash, p.Owner, p.LeaseUntil.UTC(), p.Now.UTC(), p.ExpiresAt.UTC())
 			return err
 		})
-		// Under the lock nothing else inserts the key, but a release
-		// deletes without it: gone between the insert and the read, the
-		// key is free again. A deadlock victim runs again too; both share
-		// the one bound of attempts.
+		// A deadlock victim runs again, up to attempts times.
 		if !s.in.again(err) {
 			break
 		}
@@ -264,10 +283,11 @@ func (s *PartitionedInbox) DeleteExpired(ctx context.Context, before time.Time, 
 	}
 	deleted := 0
 	err := s.in.db.OnSession(ctx, func(ex Executor) error {
-		if _, err := ex.Exec(ctx, `SELECT pg_advisory_lock($1)`, s.lockKey); err != nil {
+		var lockKey int64
+		if err := ex.QueryRow(ctx, lockMaintenance, s.in.t.quoted, maintenanceKey).Scan(&lockKey); err != nil {
 			return err
 		}
-		defer func() { _, _ = ex.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, s.lockKey) }()
+		defer func() { _, _ = ex.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, lockKey) }()
 		parts, err := s.partitions(ctx, ex)
 		if err != nil {
 			return err
@@ -370,7 +390,7 @@ func (s *PartitionedInbox) ensureIn(ctx context.Context, ex Executor, t time.Tim
 	if s.isKnown(start) {
 		return nil
 	}
-	exists, err := s.exists(ctx, ex, start)
+	_, exists, err := s.exists(ctx, ex, start)
 	if err != nil {
 		return err
 	}
@@ -395,34 +415,31 @@ func (s *PartitionedInbox) ensureIn(ctx context.Context, ex Executor, t time.Tim
 	return nil
 }
 
-// partitionName is the quoted name of the partition starting at start,
-// and that name unquoted.
-func (s *PartitionedInbox) partitionName(start time.Time) (quoted, bare string) {
-	bare = repository.IndexName(s.in.t.name, "p"+start.Format("20060102t1504"))
-	return s.in.d.sibling(s.in.t, bare), bare
-}
-
-// exists looks the partition starting at start up in pg_class with the
-// statement's snapshot: to_regclass reads the catalog cache, which a
-// session refreshes only when it locks a relation, so after waiting on
-// the advisory lock it could still miss a partition just committed.
-func (s *PartitionedInbox) exists(ctx context.Context, ex Executor, start time.Time) (bool, error) {
-	_, bare := s.partitionName(start)
-	var exists bool
-	err := ex.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relname = $1 AND n.nspname = COALESCE(NULLIF($2, ''), current_schema()))`, bare, s.in.t.schema).Scan(&exists)
-	return exists, err
+// exists looks the partition starting at start up in pg_class, in the
+// table's own schema, and returns the partition's quoted, qualified name.
+// The schema is the one the database resolves the configured name to,
+// not current_schema(): an unqualified name may be found further along
+// the search_path, and every spelling of the table must find the same
+// partitions. It reads pg_class with the statement's snapshot:
+// to_regclass reads the catalog cache, which a session refreshes only
+// when it locks a relation, so after waiting on the advisory lock it
+// could still miss a partition just committed.
+func (s *PartitionedInbox) exists(ctx context.Context, ex Executor, start time.Time) (name string, exists bool, err error) {
+	bare := repository.IndexName(s.in.t.name, "p"+start.Format("20060102t1504"))
+	err = ex.QueryRow(ctx, `SELECT format('%I.%I', n.nspname, $1::text), EXISTS (SELECT 1 FROM pg_class c WHERE c.relname = $1 AND c.relnamespace = n.oid)
+FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace WHERE t.oid = $2::text::regclass`, bare, s.in.t.quoted).Scan(&name, &exists)
+	return name, exists, err
 }
 
 // createIn creates and attaches the partition starting at start in ex's
 // transaction, under the maintenance advisory lock (held until that
 // transaction ends), unless it exists once the lock is held.
 func (s *PartitionedInbox) createIn(ctx context.Context, ex Executor, start time.Time) error {
-	name, _ := s.partitionName(start)
-	if _, err := ex.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, s.lockKey); err != nil {
+	if _, err := ex.Exec(ctx, lockMaintenanceTx, s.in.t.quoted, maintenanceKey); err != nil {
 		return err
 	}
-	if exists, err := s.exists(ctx, ex, start); err != nil || exists {
+	name, exists, err := s.exists(ctx, ex, start)
+	if err != nil || exists {
 		return err
 	}
 	// Bounds are Go-formatted UTC times, never user input: DDL takes no
@@ -485,7 +502,7 @@ func (s *PartitionedInbox) ClaimBatchOn(ctx context.Context, ex Executor, params
 			return nil, err
 		}
 		order[i] = i
-		keys[i] = advisoryKey(s.in.t.quoted, p.Consumer, key)
+		keys[i] = advisoryKey(p.Consumer, key)
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(keys[a], keys[b]) })
 	claims := make([]repository.Claim, len(params))

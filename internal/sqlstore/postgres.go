@@ -61,12 +61,22 @@ GROUP BY consumer ORDER BY consumer COLLATE "C"`),
 		DeleteExpired: q(`DELETE FROM {T} WHERE (consumer, dedup_key) IN (
 	SELECT consumer, dedup_key FROM {T} WHERE expires_at < $1
 	ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)`),
-		PartitionedClaim: q(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
-SELECT $1::varchar, $2::varchar, 'completed', $3::bytea, 1, $4::timestamptz, $4::timestamptz, $5::timestamptz
-WHERE NOT EXISTS (SELECT 1 FROM {T} WHERE consumer = $1 AND dedup_key = $2)`),
-		PartitionedAcquire: q(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, lease_owner, lease_until, created_at, expires_at)
-SELECT $1::varchar, $2::varchar, 'in_progress', $3::bytea, 1, $4::varchar, $5::timestamptz, $6::timestamptz, $7::timestamptz
-WHERE NOT EXISTS (SELECT 1 FROM {T} WHERE consumer = $1 AND dedup_key = $2)`),
+		// One statement looks the key up in every partition, inserts it
+		// only if absent and returns the record it found: one scan, one
+		// snapshot, so a record seen is a record returned even while
+		// cleanup detaches a partition. No row back: the key was inserted.
+		PartitionedClaim: q(`WITH found AS (SELECT consumer, dedup_key, state, payload_hash, result, attempts, lease_owner, lease_until, created_at, completed_at, expires_at
+	FROM {T} WHERE consumer = $1 AND dedup_key = $2 LIMIT 1),
+inserted AS (INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
+	SELECT $1::varchar, $2::varchar, 'completed', $3::bytea, 1, $4::timestamptz, $4::timestamptz, $5::timestamptz
+	WHERE NOT EXISTS (SELECT 1 FROM found))
+SELECT consumer, dedup_key, state, payload_hash, result, attempts, lease_owner, lease_until, created_at, completed_at, expires_at FROM found`),
+		PartitionedAcquire: q(`WITH found AS (SELECT consumer, dedup_key, state, payload_hash, result, attempts, lease_owner, lease_until, created_at, completed_at, expires_at
+	FROM {T} WHERE consumer = $1 AND dedup_key = $2 LIMIT 1),
+inserted AS (INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, lease_owner, lease_until, created_at, expires_at)
+	SELECT $1::varchar, $2::varchar, 'in_progress', $3::bytea, 1, $4::varchar, $5::timestamptz, $6::timestamptz, $7::timestamptz
+	WHERE NOT EXISTS (SELECT 1 FROM found))
+SELECT consumer, dedup_key, state, payload_hash, result, attempts, lease_owner, lease_until, created_at, completed_at, expires_at FROM found`),
 	},
 
 	Versions: VersionsSQL{

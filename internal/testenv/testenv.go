@@ -13,12 +13,14 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql" // also registers the "mysql" driver
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	"github.com/jackc/pgx/v5/stdlib" // also registers the "pgx" driver
 
 	"github.com/idemkit/watermill-idempotent/internal/dsn"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
@@ -114,6 +116,24 @@ func PgxSchemaPool(t testing.TB, prefix string) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// PostgresSchema creates a schema named prefix + a random suffix, dropped
+// with its tables when t ends, and returns it with a database/sql pool
+// (pgx stdlib driver) whose search_path is that schema, then the schemas
+// in then.
+func PostgresSchema(t testing.TB, prefix string, then ...string) (*sql.DB, string) {
+	t.Helper()
+	schema := postgresSchema(t, prefix)
+	cfg, err := pgx.ParseConfig(PostgresDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["search_path"] = strings.Join(append([]string{schema}, then...), ", ")
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(MaxConns)
+	t.Cleanup(func() { _ = db.Close() })
+	return db, schema
 }
 
 // Postgres opens the test PostgreSQL database (pgx stdlib driver) and

@@ -22,7 +22,10 @@ type PartitionedConfig = sqlstore.PartitionConfig
 // two claims of one key is decided by a transaction-scoped advisory lock
 // per (table, consumer, key) that every claim takes before it looks the
 // key up in all partitions and inserts it only if absent: a second claim
-// waits until the first transaction ends, then sees its row. Claims must
+// waits until the first transaction ends, then sees its row. The table
+// part is the table's OID as the database resolves the configured name,
+// so repositories configured "t", "public.t" or "t" under another
+// search_path share the lock as they share the table. Claims must
 // therefore run under READ COMMITTED (PostgreSQL's default); other levels
 // are refused with repository.ErrInvalidParams. Only claims made through
 // this type take the lock: never write the table by other means.
