@@ -216,7 +216,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("config.Methods is empty"))
 	}
 	for _, m := range c.Methods {
-		if m == "" || strings.ToUpper(m) != m {
+		if !isToken(m) || strings.ToUpper(m) != m {
 			errs = append(errs, fmt.Errorf("config.Methods: %q is not an upper-case method", m))
 		}
 	}
@@ -257,6 +257,24 @@ func (c Config) onceConfig() once.Config {
 		StoreTimeout: c.StoreTimeout, FinishRetry: c.FinishRetry,
 		Retention: c.Retention, Logger: c.Logger, Now: c.Now,
 	}
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110, section 5.6.2),
+// the syntax of a method.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func defaultRoute(r *http.Request) string {

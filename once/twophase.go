@@ -104,10 +104,11 @@ type Func func(ctx context.Context) ([]byte, error)
 // TwoPhase runs a function once per (Scope, key) on any backend, with the
 // lease semantics of middleware.TwoPhaseInbox: claim the key in progress
 // under a lease, run the function while extending the lease, then mark the
-// key completed with the function's output. Use it for effects outside a
-// SQL transaction (an HTTP call, an e-mail, a file); with writes to a SQL
-// database, Transactional is stronger. TwoPhase is safe for concurrent
-// use.
+// key completed with the function's output, retrying that write while the
+// lease is held, every store call bounded by StoreTimeout (the inbox's own
+// code, shared). Use it for effects outside a SQL transaction (an HTTP
+// call, an e-mail, a file); with writes to a SQL database, Transactional
+// is stronger. TwoPhase is safe for concurrent use.
 type TwoPhase struct {
 	config Config
 	leases *lease.Keeper
@@ -154,8 +155,16 @@ func (o *TwoPhase) Do(ctx context.Context, key string, fn Func) (Result, error) 
 //   - fn outlives its lease and another call takes the key over: fn's
 //     context is cancelled and its completion is refused with an error
 //     wrapping repository.ErrLeaseLost — fn's effect happened, so make it
-//     idempotent downstream with the key.
+//     idempotent downstream with the key;
+//   - storing fn's output fails: it is retried as FinishRetry allows,
+//     the lease extended between attempts and every attempt fenced by
+//     this call's owner; an attempt that committed with its answer lost
+//     counts as success. Only when every attempt fails (or the lease was
+//     lost meanwhile) is the store's error returned — fn's effect
+//     happened, and the key stays in progress until its lease expires.
 //
+// Every store call is bounded by StoreTimeout; when fn returns, a lease
+// extension in flight is abandoned, so Do returns without waiting for it.
 // An empty key is ErrNoKey.
 func (o *TwoPhase) DoInput(ctx context.Context, key string, input []byte, fn Func) (Result, error) {
 	c := o.config
