@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,7 +63,7 @@ func TestCompleteFailingOnce(t *testing.T) {
 					repo.FailComplete.Store(1)
 					s := newShop()
 					seen := &outcomes{}
-					srv := server(t, repo, s, httpidem.Config{Lease: time.Second, OnExpiredLease: policy, Observer: seen})
+					srv := server(t, repo, s, httpidem.Config{Lease: 5 * time.Second, OnExpiredLease: policy, Observer: seen})
 					client := &http.Client{Timeout: 30 * time.Second}
 					q := post("pay-1", `{"amount":100}`)
 
@@ -94,11 +95,11 @@ func TestCompleteFailingOnce(t *testing.T) {
 func TestHungExtensionDoesNotHoldTheResponse(t *testing.T) {
 	backends.ForEach(t, []string{"memory"}, func(t *testing.T, st *backends.Store) {
 		const (
-			lease        = 1500 * time.Millisecond
+			lease        = 3 * time.Second
 			storeTimeout = lease / 3 // the default
 		)
 		repo := &backends.Faulty{TwoPhase: st.Repo, ExtendHang: 30 * time.Second}
-		var handlerEnd time.Time
+		var handlerEnd atomic.Int64 // UnixNano
 		idem, err := httpidem.New(httpidem.Config{
 			Repository: repo, Global: true,
 			Lease: lease, ExtendEvery: 50 * time.Millisecond,
@@ -110,13 +111,13 @@ func TestHungExtensionDoesNotHoldTheResponse(t *testing.T) {
 			for repo.ExtendsStarted.Load() == 0 && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
 			}
-			handlerEnd = time.Now()
+			handlerEnd.Store(time.Now().UnixNano())
 			w.WriteHeader(http.StatusCreated)
 		})))
 		t.Cleanup(srv.Close)
 
 		r := send(t, &http.Client{Timeout: time.Minute}, srv.URL, request{method: "POST", path: "/", key: "k", body: "{}"})
-		waited := time.Since(handlerEnd)
+		waited := time.Since(time.Unix(0, handlerEnd.Load()))
 		t.Logf("response %s after the handler returned, with an extension hanging %s", waited.Round(time.Millisecond), repo.ExtendHang)
 		require.Equal(t, http.StatusCreated, r.status)
 		require.Positive(t, repo.ExtendsStarted.Load())

@@ -45,7 +45,7 @@ func TestTwoPhaseCompleteFailingOnce(t *testing.T) {
 					repo.FailComplete.Store(1)
 					o, err := once.NewTwoPhase(once.Config{
 						Repository: repo, Scope: backends.RandomName("pay"),
-						Lease: time.Second, OnExpiredLease: policy,
+						Lease: 5 * time.Second, OnExpiredLease: policy,
 					})
 					require.NoError(t, err)
 					var charges atomic.Int32
@@ -81,7 +81,7 @@ func TestTwoPhaseCompleteFailingOnce(t *testing.T) {
 func TestTwoPhaseHungExtensionDoesNotHoldDo(t *testing.T) {
 	backends.ForEach(t, []string{"memory", "postgres"}, func(t *testing.T, s *backends.Store) {
 		const (
-			lease        = 1500 * time.Millisecond
+			lease        = 3 * time.Second
 			storeTimeout = lease / 3 // the default
 			hang         = 30 * time.Second
 		)
