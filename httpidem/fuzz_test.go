@@ -94,15 +94,20 @@ func FuzzFingerprint(f *testing.F) {
 			t.Fatalf("requests (%q %q %q) and (%q %q %q): same %t, equal fingerprints %t",
 				method1, uri1, body1, method2, uri2, body2, same, bytes.Equal(a, b))
 		}
-		// Changing any one part changes the fingerprint.
+		// Changing any one part changes the fingerprint, and so does moving
+		// a byte across the boundary of two parts.
 		for _, other := range [][]byte{
 			fingerprint(method1+"X", uri1, body1),
 			fingerprint(method1, uri1+"/", body1),
 			fingerprint(method1, uri1, append(bytes.Clone(body1), 0)),
+			fingerprint(method1, "X"+uri1, body1),
 		} {
 			if bytes.Equal(a, other) {
 				t.Fatalf("a changed part kept fingerprint %q", a)
 			}
+		}
+		if bytes.Equal(fingerprint(method1+"X", uri1, body1), fingerprint(method1, "X"+uri1, body1)) {
+			t.Fatalf("a byte moved from the request URI to the method kept the fingerprint")
 		}
 	})
 }
