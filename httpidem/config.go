@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/watermill-idempotent/internal/lease"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/once"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -108,11 +109,24 @@ type Config struct {
 	// crashed mid-request) is reclaimed and the handler runs again
 	// (middleware.Reclaim), or answers 409 with a problem of type
 	// ProblemNeedsIntervention and no Retry-After (middleware.Intervene,
-	// the default) until an operator resolves the record. Defaults: 30 s,
-	// Lease/3, Intervene.
+	// the default) until an operator resolves the record. Defaults:
+	// middleware.DefaultLease (30 s), Lease/3, Intervene.
 	Lease          time.Duration
 	ExtendEvery    time.Duration
 	OnExpiredLease middleware.ExpiredLeasePolicy
+	// StoreTimeout bounds each store call of a request: the claim, every
+	// lease extension and every attempt to store the response or release
+	// the key. A hung call is abandoned after it, so the client is not
+	// kept waiting by it once the handler has returned. Default: Lease/3,
+	// as in middleware.TwoPhaseConfig. Must be shorter than Lease.
+	StoreTimeout time.Duration
+	// FinishRetry bounds how storing the response (and releasing the key
+	// after a response that is not stored) is retried after a store
+	// error, while the lease is held, as in middleware.TwoPhaseConfig: one
+	// dropped connection after the handler ran neither runs it twice nor
+	// strands the key. The client waits for the retries. Default: see
+	// middleware.FinishRetry.
+	FinishRetry middleware.FinishRetry
 	// Retention is how long a key and its response are kept. Default:
 	// DefaultRetention (24 h).
 	Retention time.Duration
@@ -170,12 +184,10 @@ func (c *Config) setDefaults() {
 	if c.RetryAfter == 0 {
 		c.RetryAfter = DefaultRetryAfter
 	}
-	if c.Lease == 0 {
-		c.Lease = middleware.DefaultLease
-	}
-	if c.ExtendEvery == 0 {
-		c.ExtendEvery = c.Lease / 3
-	}
+	// The lease settings' defaults are once's, written in one place.
+	ls := lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)}
+	ls.SetDefaults()
+	c.Lease, c.ExtendEvery, c.StoreTimeout, c.FinishRetry = ls.Lease, ls.ExtendEvery, ls.StoreTimeout, middleware.FinishRetry(ls.Retry)
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
@@ -204,7 +216,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("config.Methods is empty"))
 	}
 	for _, m := range c.Methods {
-		if m == "" || strings.ToUpper(m) != m {
+		if !isToken(m) || strings.ToUpper(m) != m {
 			errs = append(errs, fmt.Errorf("config.Methods: %q is not an upper-case method", m))
 		}
 	}
@@ -220,8 +232,8 @@ func (c Config) Validate() error {
 	if c.RetryAfter < 0 {
 		errs = append(errs, fmt.Errorf("config.RetryAfter must not be negative, got %s", c.RetryAfter))
 	}
-	// Lease, ExtendEvery, OnExpiredLease, Retention and Namespace are
-	// once's settings: its Validate is the one rule for them.
+	// Lease, ExtendEvery, OnExpiredLease, StoreTimeout, FinishRetry,
+	// Retention and Namespace are once's settings: its Validate is the one rule for them.
 	if c.Repository != nil {
 		if err := c.onceConfig().Validate(); err != nil {
 			// Drop once's "invalid once config:" prefix when it has one.
@@ -242,8 +254,27 @@ func (c Config) onceConfig() once.Config {
 	return once.Config{
 		Repository: c.Repository, Scope: c.Namespace,
 		Lease: c.Lease, ExtendEvery: c.ExtendEvery, OnExpiredLease: c.OnExpiredLease,
+		StoreTimeout: c.StoreTimeout, FinishRetry: c.FinishRetry,
 		Retention: c.Retention, Logger: c.Logger, Now: c.Now,
 	}
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110, section 5.6.2),
+// the syntax of a method.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func defaultRoute(r *http.Request) string {

@@ -15,7 +15,11 @@
 //	mux.Handle("POST /payments", idem.Middleware(http.HandlerFunc(pay)))
 //
 // Keys are stored per authenticated client and route, so one client's key
-// can never replay another's response. See docs/http.md for the behaviour
+// can never replay another's response. The lease is the two-phase inbox's:
+// storing the response is retried while the lease is held
+// (Config.FinishRetry), so one dropped connection after the handler ran
+// neither runs it twice nor leaves the key stuck in 409; every store call
+// is bounded by Config.StoreTimeout. See docs/http.md for the behaviour
 // table: missing key 400, in flight 409 with Retry-After, reused key with
 // another request 422, repeat replayed with Idempotent-Replayed: true.
 package httpidem

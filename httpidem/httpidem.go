@@ -66,8 +66,15 @@ const (
 //   - a key whose earlier request died mid-run (lease expired):
 //     OnExpiredLease — run again, or 409 needs-intervention;
 //   - the store fails before the handler ran: 503 with Retry-After, the
-//     handler does not run.
+//     handler does not run;
+//   - storing the response fails after the handler ran: retried as
+//     Config.FinishRetry allows while the lease is held (a write that
+//     committed with its answer lost counts as stored), so a retry gets
+//     the response replayed; only if every attempt fails is the response
+//     sent unstored.
 //
+// Every store call is bounded by Config.StoreTimeout; a lease extension
+// still in flight when the handler returns is abandoned, not waited for.
 // Keys are stored per (principal, route, key) under the consumer
 // Namespace. Every request of Methods that carries a key, or must, gets
 // a span and is reported to Config.Observer as a middleware.Delivery
@@ -164,13 +171,11 @@ func (m *Idempotency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 		return
 	}
 	_ = r.Body.Close()
-	bodyHash := sha256.Sum256(body)
 	storeKey := lengthPrefixed(principal) + lengthPrefixed(route) + key
-	fingerprint := r.Method + "\n" + r.URL.RequestURI() + "\n" + hex.EncodeToString(bodyHash[:])
 	fields := watermill.LogFields{"principal": principal, "route": route, "key": key}
 
 	var rec *recorder
-	res, err := m.once.DoInput(ctx, storeKey, []byte(fingerprint), func(ctx context.Context) ([]byte, error) {
+	res, err := m.once.DoInput(ctx, storeKey, fingerprint(r.Method, r.URL.RequestURI(), body), func(ctx context.Context) ([]byte, error) {
 		obs.handlerStarted()
 		rec = &recorder{w: w, limit: c.MaxResponseBytes}
 		req := r.WithContext(ctx)
@@ -287,6 +292,18 @@ func parseKey(values []string, maxLen int) (key string, present bool, err error)
 		}
 	}
 	return v, true, nil
+}
+
+// fingerprint identifies what a request asks for: its method, its request
+// URI (path and query) and the SHA-256 of its body; a key sent again with
+// another fingerprint answers 422. The encoding is unambiguous because
+// method is a token (Config.Validate admits no other method to Methods,
+// and requests of other methods never get here), so it holds no line
+// feed, and the hash has a fixed length: two requests share a
+// fingerprint only if all three parts are equal.
+func fingerprint(method, requestURI string, body []byte) []byte {
+	h := sha256.Sum256(body)
+	return []byte(method + "\n" + requestURI + "\n" + hex.EncodeToString(h[:]))
 }
 
 func lengthPrefixed(s string) string { return strconv.Itoa(len(s)) + ":" + s }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
+	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 var retryBackends = []string{"memory", "postgres", "redis"}
@@ -128,7 +129,7 @@ func (o onStatus) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// Validate checks the lease settings itself, with once's rules, so a
+// Validate checks the lease settings (and Methods) itself, with once's rules, so a
 // Config that New would refuse never passes Validate.
 func TestValidateChecksLease(t *testing.T) {
 	st := backends.Open(t, "memory")
@@ -136,14 +137,21 @@ func TestValidateChecksLease(t *testing.T) {
 		config httpidem.Config
 		want   string
 	}{
-		"extend not shorter than lease":   {httpidem.Config{Lease: time.Minute, ExtendEvery: time.Minute, Retention: time.Hour}, "ExtendEvery must be positive and shorter than Lease"},
-		"negative lease":                  {httpidem.Config{Lease: -time.Second, ExtendEvery: time.Second, Retention: time.Hour}, "Lease must be positive"},
-		"retention not longer than lease": {httpidem.Config{Lease: time.Hour, ExtendEvery: time.Minute, Retention: time.Hour}, "Retention (1h0m0s) must be longer than Lease"},
+		"extend not shorter than lease":        {httpidem.Config{Lease: time.Minute, ExtendEvery: time.Minute, Retention: time.Hour}, "ExtendEvery must be positive and shorter than Lease"},
+		"negative lease":                       {httpidem.Config{Lease: -time.Second, ExtendEvery: time.Second, Retention: time.Hour}, "Lease must be positive"},
+		"retention not longer than lease":      {httpidem.Config{Lease: time.Hour, ExtendEvery: time.Minute, Retention: time.Hour}, "Retention (1h0m0s) must be longer than Lease"},
+		"store timeout not shorter than lease": {httpidem.Config{Lease: time.Minute, ExtendEvery: time.Second, StoreTimeout: time.Minute, Retention: time.Hour}, "StoreTimeout must be positive and shorter than Lease"},
+		"negative finish attempts": {httpidem.Config{Lease: time.Minute, ExtendEvery: time.Second, StoreTimeout: time.Second, Retention: time.Hour,
+			FinishRetry: middleware.FinishRetry{MaxAttempts: -1, InitialInterval: time.Second, MaxInterval: time.Second}}, "FinishRetry.MaxAttempts must be at least 1"},
+		"method not a token": {httpidem.Config{Methods: []string{"POST\nX"}}, `config.Methods: "POST\nX" is not an upper-case method`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := tc.config
 			c.Repository, c.Global = st.Repo, true
-			c.Namespace, c.Methods, c.MaxKeyLength, c.MaxBodyBytes, c.MaxResponseBytes = "http", httpidem.DefaultMethods, 64, 1, 1
+			if c.Methods == nil {
+				c.Methods = httpidem.DefaultMethods
+			}
+			c.Namespace, c.MaxKeyLength, c.MaxBodyBytes, c.MaxResponseBytes = "http", 64, 1, 1
 			require.ErrorContains(t, c.Validate(), tc.want)
 			_, err := httpidem.New(c)
 			require.ErrorContains(t, err, tc.want)

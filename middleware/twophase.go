@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/watermill-idempotent/internal/lease"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -45,8 +46,9 @@ func (p ExpiredLeasePolicy) String() string {
 	}
 }
 
-// DefaultLease is the default lease of a two-phase claim.
-const DefaultLease = 30 * time.Second
+// DefaultLease is the default lease of a two-phase claim, in package once
+// and httpidem too.
+const DefaultLease = lease.DefaultLease
 
 // TwoPhaseConfig configures a TwoPhaseInbox.
 type TwoPhaseConfig struct {
@@ -112,12 +114,9 @@ func (c *TwoPhaseConfig) setDefaults() {
 	if c.Key == nil {
 		c.Key = UUIDKey
 	}
-	if c.Lease == 0 {
-		c.Lease = DefaultLease
-	}
-	if c.ExtendEvery == 0 {
-		c.ExtendEvery = c.Lease / 3
-	}
+	s := c.leaseSettings()
+	s.SetDefaults()
+	c.Lease, c.ExtendEvery, c.StoreTimeout, c.FinishRetry = s.Lease, s.ExtendEvery, s.StoreTimeout, FinishRetry(s.Retry)
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
@@ -130,10 +129,10 @@ func (c *TwoPhaseConfig) setDefaults() {
 	if c.MaxResultBytes == 0 {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}
-	if c.StoreTimeout == 0 {
-		c.StoreTimeout = c.Lease / 3
-	}
-	c.FinishRetry.setDefaults()
+}
+
+func (c TwoPhaseConfig) leaseSettings() lease.Settings {
+	return lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)}
 }
 
 // Validate reports every problem with the configuration at once.
@@ -144,22 +143,10 @@ func (c TwoPhaseConfig) Validate() error {
 	}
 	errs = append(errs, validateScoping("TwoPhaseConfig", c.Consumer, c.HandlerScopes, true)...)
 	errs = append(errs, validateShared(c.Retention, c.RedeliveryWindow)...)
-	if c.Lease <= 0 {
-		errs = append(errs, fmt.Errorf("config.Lease must be positive, got %s", c.Lease))
-	}
-	if c.ExtendEvery <= 0 || c.ExtendEvery >= c.Lease {
-		errs = append(errs, fmt.Errorf("config.ExtendEvery must be positive and shorter than Lease (%s), got %s", c.Lease, c.ExtendEvery))
-	}
+	errs = append(errs, c.leaseSettings().Validate(c.Retention)...)
 	if c.OnExpiredLease != Intervene && c.OnExpiredLease != Reclaim {
 		errs = append(errs, fmt.Errorf("config.OnExpiredLease: unknown policy %s", c.OnExpiredLease))
 	}
-	if c.Retention <= c.Lease {
-		errs = append(errs, fmt.Errorf("config.Retention (%s) must be longer than Lease (%s)", c.Retention, c.Lease))
-	}
-	if c.StoreTimeout <= 0 || c.StoreTimeout >= c.Lease {
-		errs = append(errs, fmt.Errorf("config.StoreTimeout must be positive and shorter than Lease (%s), got %s", c.Lease, c.StoreTimeout))
-	}
-	errs = append(errs, c.FinishRetry.validate()...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid two-phase inbox config: %w", err)
 	}
@@ -197,6 +184,7 @@ type TwoPhaseInbox struct {
 	config TwoPhaseConfig
 	scope  scoping
 	obs    observability
+	leases *lease.Keeper
 }
 
 // NewTwoPhaseInbox validates config and returns a TwoPhaseInbox.
@@ -209,6 +197,10 @@ func NewTwoPhaseInbox(config TwoPhaseConfig) (*TwoPhaseInbox, error) {
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
 		obs:    newObservability("two-phase", config.Logger, config.Observer, config.TracerProvider),
+		leases: &lease.Keeper{
+			Repo: config.Repository, Settings: config.leaseSettings(),
+			Now: config.Now, Logger: config.Logger, Name: "Inbox",
+		},
 	}, nil
 }
 
@@ -230,7 +222,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 	owner := watermill.NewUUID()
 	now := c.Now()
 	obs.setField("owner", owner)
-	lease := repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}
+	claim := repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}
 
 	claimStart := time.Now()
 	acq, err := c.Repository.Acquire(ctx, repository.AcquireParams{
@@ -244,7 +236,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 	})
 	obs.d.Claim = time.Since(claimStart)
 	if err != nil {
-		i.releaseUnanswered(ctx, lease, err, obs.fields)
+		i.leases.ReleaseUnanswered(ctx, claim, err, obs.fields)
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: acquire key %q: %w", key, err), nil)
 	}
 	if !acq.Acquired {
@@ -267,17 +259,17 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 			err = fmt.Errorf("%w: scope %q, key %q was reclaimed by another delivery: %w", ErrInProgress, scope, key, err)
 			return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
 		} else if err != nil {
-			i.releaseUnanswered(ctx, lease, err, obs.fields)
+			i.leases.ReleaseUnanswered(ctx, claim, err, obs.fields)
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: reclaim key %q: %w", key, err), nil)
 		}
 		c.Logger.Info("Inbox: reclaimed an expired lease, running the handler again", obs.fields.Add(watermill.LogFields{"previous_owner": rec.LeaseOwner}))
 	}
 
-	out, panicked, err := i.runLeased(h, msg, ctx, lease, obs.fields)
+	out, panicked, err := i.runLeased(h, msg, ctx, claim, obs.fields)
 	stale := errors.Is(err, ErrStaleVersion)
 	if (err != nil && !stale) || panicked != nil {
 		// The claim goes so that the redelivery can run.
-		if relErr := i.release(ctx, lease, obs.fields); relErr != nil {
+		if relErr := i.leases.Release(ctx, claim, obs.fields); relErr != nil {
 			c.Logger.Error("Inbox: could not release the claim after a failed handler; it frees when the lease expires", relErr, obs.fields)
 		}
 		_ = obs.end(ctx, OutcomeFailed, err, nil)
@@ -293,7 +285,7 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 		c.Logger.Error("Inbox: the effect happened but its result cannot be stored; the record stays in progress for an operator", err, obs.fields)
 		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: key %q: %w", key, err), nil)
 	}
-	if err := i.complete(ctx, lease, result, obs.fields); err != nil {
+	if err := i.leases.Complete(ctx, claim, result, obs.fields); err != nil {
 		// The effect happened but cannot be recorded: a newer owner holds the
 		// key (repository.ErrLeaseLost) or the store kept failing through
 		// every retry. The delivery is retried and meets whatever the store
@@ -307,54 +299,19 @@ func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ [
 	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": len(out)})
 }
 
-// runLeased runs h while a goroutine extends the lease, and recovers a
-// panic of h so that the caller can release the claim before re-raising it.
-func (i *TwoPhaseInbox) runLeased(h message.HandlerFunc, msg *message.Message, parent context.Context, lease repository.LeaseParams, fields watermill.LogFields) (out []*message.Message, panicked any, err error) {
-	c := i.config
+// runLeased runs h while its lease is kept alive, and recovers a panic of
+// h so that the caller can release the claim before re-raising it.
+func (i *TwoPhaseInbox) runLeased(h message.HandlerFunc, msg *message.Message, parent context.Context, claim repository.LeaseParams, fields watermill.LogFields) (out []*message.Message, panicked any, err error) {
 	original := msg.Context()
 	ctx, cancel := context.WithCancelCause(parent)
-	// Extensions run under their own context, cancelled the moment the
-	// handler returns: an extension in flight then is abandoned rather than
-	// waited for, and none starts afterwards.
-	extending, stopExtending := context.WithCancel(context.WithoutCancel(ctx))
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		t := time.NewTicker(c.ExtendEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-extending.Done():
-				return
-			case <-t.C:
-			}
-			// select picks at random among ready cases: a tick pending when
-			// the handler returned must not start an extension.
-			if extending.Err() != nil {
-				return
-			}
-			lease.LeaseUntil = c.Now().Add(c.Lease)
-			err := i.storeCall(extending, func(ctx context.Context) error { return c.Repository.Extend(ctx, lease) })
-			switch {
-			case extending.Err() != nil:
-				return // the handler returned; the outcome no longer matters
-			case errors.Is(err, repository.ErrLeaseLost):
-				c.Logger.Error("Inbox: lease lost while the handler runs; cancelling its context", err, fields)
-				cancel(fmt.Errorf("inbox: %w", err))
-				return
-			case err != nil:
-				c.Logger.Error("Inbox: could not extend the lease; retrying at the next tick", err, fields)
-			}
-		}
-	}()
+	stopKeeping := i.leases.Keep(ctx, claim, fields, func(err error) { cancel(fmt.Errorf("inbox: %w", err)) })
 	defer func() {
-		stopExtending()
-		<-stopped
+		stopKeeping()
 		cancel(nil)
 		msg.SetContext(original)
 	}()
 
-	msg.SetContext(withScope(withKey(ctx, lease.Key), lease.Consumer))
+	msg.SetContext(withScope(withKey(ctx, claim.Key), claim.Consumer))
 	defer func() {
 		if p := recover(); p != nil {
 			out, panicked, err = nil, p, fmt.Errorf("inbox: handler panicked: %v", p)

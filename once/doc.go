@@ -17,7 +17,14 @@
 //
 // TwoPhase works on every backend (memory, Redis and the SQL ones) for
 // effects outside a database: it claims the key under a lease, runs the
-// function while extending the lease, and stores its output.
+// function while extending the lease, and stores its output — with the
+// two-phase inbox's guarantees: storing the output (or releasing the key
+// after a failure) is retried while the lease is held (Config.FinishRetry),
+// fenced by the call's owner, and a store write that committed with its
+// answer lost is recognised, so one dropped connection after the effect
+// neither runs it twice nor strands a completed call; every store call is
+// bounded by Config.StoreTimeout, and an extension still in flight when
+// the function returns is abandoned rather than waited for.
 //
 // Errors: middleware.ErrPayloadMismatch (the key was used with other
 // input, see DoInput) and middleware.ErrNeedsIntervention are permanent

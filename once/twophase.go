@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/idemkit/watermill-idempotent/internal/lease"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -37,6 +38,20 @@ type Config struct {
 	// Retention is how long a completed key is remembered. Default:
 	// middleware.DefaultRetention (7 days). Must be longer than Lease.
 	Retention time.Duration
+	// StoreTimeout bounds each store call: the claim, every lease
+	// extension and every Complete or Release attempt. A hung call is
+	// abandoned (its context cancelled) after it, so it can neither hold
+	// Do nor outlive fn. Default: Lease/3, as in
+	// middleware.TwoPhaseConfig (not a shorter ExtendEvery you set, which
+	// would leave a slow store no time to answer). Must be shorter than
+	// Lease.
+	StoreTimeout time.Duration
+	// FinishRetry bounds how Complete (and Release after fn failed) is
+	// retried after a store error, as in middleware.TwoPhaseConfig: while
+	// the lease is held and extended between attempts, fenced by the
+	// owner. Default: see middleware.FinishRetry (10 attempts over about
+	// 11 s).
+	FinishRetry middleware.FinishRetry
 	// Logger receives the logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.
@@ -44,12 +59,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Lease == 0 {
-		c.Lease = middleware.DefaultLease
-	}
-	if c.ExtendEvery == 0 {
-		c.ExtendEvery = c.Lease / 3
-	}
+	s := c.leaseSettings()
+	s.SetDefaults()
+	c.Lease, c.ExtendEvery, c.StoreTimeout, c.FinishRetry = s.Lease, s.ExtendEvery, s.StoreTimeout, middleware.FinishRetry(s.Retry)
 	if c.Retention == 0 {
 		c.Retention = middleware.DefaultRetention
 	}
@@ -59,6 +71,10 @@ func (c *Config) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+}
+
+func (c Config) leaseSettings() lease.Settings {
+	return lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)}
 }
 
 // Validate reports every problem with the configuration at once.
@@ -71,17 +87,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, validateRetention(c.Retention)...)
-	if c.Lease <= 0 {
-		errs = append(errs, fmt.Errorf("config.Lease must be positive, got %s", c.Lease))
-	}
-	if c.ExtendEvery <= 0 || c.ExtendEvery >= c.Lease {
-		errs = append(errs, fmt.Errorf("config.ExtendEvery must be positive and shorter than Lease (%s), got %s", c.Lease, c.ExtendEvery))
-	}
+	errs = append(errs, c.leaseSettings().Validate(c.Retention)...)
 	if c.OnExpiredLease != middleware.Intervene && c.OnExpiredLease != middleware.Reclaim {
 		errs = append(errs, fmt.Errorf("config.OnExpiredLease: unknown policy %s", c.OnExpiredLease))
-	}
-	if c.Retention <= c.Lease {
-		errs = append(errs, fmt.Errorf("config.Retention (%s) must be longer than Lease (%s)", c.Retention, c.Lease))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid once config: %w", err)
@@ -96,12 +104,14 @@ type Func func(ctx context.Context) ([]byte, error)
 // TwoPhase runs a function once per (Scope, key) on any backend, with the
 // lease semantics of middleware.TwoPhaseInbox: claim the key in progress
 // under a lease, run the function while extending the lease, then mark the
-// key completed with the function's output. Use it for effects outside a
-// SQL transaction (an HTTP call, an e-mail, a file); with writes to a SQL
-// database, Transactional is stronger. TwoPhase is safe for concurrent
-// use.
+// key completed with the function's output, retrying that write while the
+// lease is held, every store call bounded by StoreTimeout (the inbox's own
+// code, shared). Use it for effects outside a SQL transaction (an HTTP
+// call, an e-mail, a file); with writes to a SQL database, Transactional
+// is stronger. TwoPhase is safe for concurrent use.
 type TwoPhase struct {
 	config Config
+	leases *lease.Keeper
 }
 
 // NewTwoPhase validates config and returns a TwoPhase.
@@ -110,7 +120,10 @@ func NewTwoPhase(config Config) (*TwoPhase, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &TwoPhase{config: config}, nil
+	return &TwoPhase{config: config, leases: &lease.Keeper{
+		Repo: config.Repository, Settings: config.leaseSettings(),
+		Now: config.Now, Logger: config.Logger, Name: "Once",
+	}}, nil
 }
 
 // Do runs fn once per key, with no input fingerprint: DoInput(ctx, key,
@@ -142,8 +155,16 @@ func (o *TwoPhase) Do(ctx context.Context, key string, fn Func) (Result, error) 
 //   - fn outlives its lease and another call takes the key over: fn's
 //     context is cancelled and its completion is refused with an error
 //     wrapping repository.ErrLeaseLost — fn's effect happened, so make it
-//     idempotent downstream with the key.
+//     idempotent downstream with the key;
+//   - storing fn's output fails: it is retried as FinishRetry allows,
+//     the lease extended between attempts and every attempt fenced by
+//     this call's owner; an attempt that committed with its answer lost
+//     counts as success. Only when every attempt fails (or the lease was
+//     lost meanwhile) is the store's error returned — fn's effect
+//     happened, and the key stays in progress until its lease expires.
 //
+// Every store call is bounded by StoreTimeout; when fn returns, a lease
+// extension in flight is abandoned, so Do returns without waiting for it.
 // An empty key is ErrNoKey.
 func (o *TwoPhase) DoInput(ctx context.Context, key string, input []byte, fn Func) (Result, error) {
 	c := o.config
@@ -157,14 +178,20 @@ func (o *TwoPhase) DoInput(ctx context.Context, key string, input []byte, fn Fun
 	hash := repository.HashPayload(input)
 	owner := watermill.NewUUID()
 	now := c.Now()
-	acq, err := c.Repository.Acquire(ctx, repository.AcquireParams{
-		Consumer: scope, Key: key, PayloadHash: hash, Owner: owner,
-		Now: now, LeaseUntil: now.Add(c.Lease), ExpiresAt: now.Add(c.Retention),
+	fields := watermill.LogFields{"scope": scope, "key": key, "owner": owner}
+	claim := repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}
+	var acq repository.Acquisition
+	err := o.leases.Call(ctx, func(ctx context.Context) (err error) {
+		acq, err = c.Repository.Acquire(ctx, repository.AcquireParams{
+			Consumer: scope, Key: key, PayloadHash: hash, Owner: owner,
+			Now: now, LeaseUntil: now.Add(c.Lease), ExpiresAt: now.Add(c.Retention),
+		})
+		return err
 	})
 	if err != nil {
+		o.leases.ReleaseUnanswered(ctx, claim, err, fields)
 		return Result{}, fmt.Errorf("once: acquire key %q: %w", key, err)
 	}
-	fields := watermill.LogFields{"scope": scope, "key": key, "owner": owner}
 	if !acq.Acquired {
 		rec := acq.Existing
 		switch {
@@ -175,21 +202,25 @@ func (o *TwoPhase) DoInput(ctx context.Context, key string, input []byte, fn Fun
 		case c.OnExpiredLease == middleware.Intervene:
 			return Result{}, fmt.Errorf("%w: scope %q, key %q: attempt %d by %s expired at %s", middleware.ErrNeedsIntervention, scope, key, rec.Attempts, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
 		}
-		if _, err := c.Repository.Reclaim(ctx, repository.ReclaimParams{
-			Consumer: scope, Key: key, PrevOwner: rec.LeaseOwner, Owner: owner,
-			Now: now, LeaseUntil: now.Add(c.Lease),
-		}); errors.Is(err, repository.ErrLeaseLost) {
+		err := o.leases.Call(ctx, func(ctx context.Context) error {
+			_, err := c.Repository.Reclaim(ctx, repository.ReclaimParams{
+				Consumer: scope, Key: key, PrevOwner: rec.LeaseOwner, Owner: owner,
+				Now: now, LeaseUntil: now.Add(c.Lease),
+			})
+			return err
+		})
+		if errors.Is(err, repository.ErrLeaseLost) {
 			return Result{}, &BusyError{Scope: scope, Key: key}
 		} else if err != nil {
+			o.leases.ReleaseUnanswered(ctx, claim, err, fields)
 			return Result{}, fmt.Errorf("once: reclaim key %q: %w", key, err)
 		}
 		c.Logger.Info("Once: reclaimed an expired lease, running again", fields.Add(watermill.LogFields{"previous_owner": rec.LeaseOwner}))
 	}
 
-	lease := repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}
-	out, err := o.runLeased(ctx, fn, lease, fields)
+	out, err := o.runLeased(ctx, fn, claim, fields)
 	if err != nil {
-		if relErr := c.Repository.Release(context.WithoutCancel(ctx), lease); relErr != nil && !errors.Is(relErr, repository.ErrLeaseLost) {
+		if relErr := o.leases.Release(ctx, claim, fields); relErr != nil {
 			c.Logger.Error("Once: could not release the claim after a failed call; it frees when the lease expires", relErr, fields)
 		}
 		var p panicError
@@ -198,47 +229,23 @@ func (o *TwoPhase) DoInput(ctx context.Context, key string, input []byte, fn Fun
 		}
 		return Result{}, err
 	}
-	if err := c.Repository.Complete(context.WithoutCancel(ctx), repository.CompleteParams{
-		Consumer: scope, Key: key, Owner: owner, Result: out, Now: c.Now(),
-	}); err != nil {
+	if err := o.leases.Complete(ctx, claim, out, fields); err != nil {
+		// fn's effect happened but cannot be recorded: a newer owner holds
+		// the key (repository.ErrLeaseLost) or the store kept failing
+		// through every retry.
 		c.Logger.Error("Once: could not complete the key after the call ran", err, fields)
 		return Result{}, fmt.Errorf("once: complete key %q: %w", key, err)
 	}
 	return Result{Value: out}, nil
 }
 
-// runLeased runs fn while a goroutine extends the lease; a panic of fn
-// comes back as a panicError so that the caller releases first.
-func (o *TwoPhase) runLeased(parent context.Context, fn Func, lease repository.LeaseParams, fields watermill.LogFields) (out []byte, err error) {
-	c := o.config
-	ctx, cancel := context.WithCancelCause(withCall(parent, lease.Consumer, lease.Key))
-	stopped := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		t := time.NewTicker(c.ExtendEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				lease.LeaseUntil = c.Now().Add(c.Lease)
-				err := c.Repository.Extend(context.WithoutCancel(ctx), lease)
-				if errors.Is(err, repository.ErrLeaseLost) {
-					c.Logger.Error("Once: lease lost while the call runs; cancelling its context", err, fields)
-					cancel(fmt.Errorf("once: %w", err))
-					return
-				}
-				if err != nil {
-					c.Logger.Error("Once: could not extend the lease; retrying", err, fields)
-				}
-			}
-		}
-	}()
+// runLeased runs fn while its lease is kept alive; a panic of fn comes
+// back as a panicError so that the caller releases first.
+func (o *TwoPhase) runLeased(parent context.Context, fn Func, claim repository.LeaseParams, fields watermill.LogFields) (out []byte, err error) {
+	ctx, cancel := context.WithCancelCause(withCall(parent, claim.Consumer, claim.Key))
+	stopKeeping := o.leases.Keep(ctx, claim, fields, func(err error) { cancel(fmt.Errorf("once: %w", err)) })
 	defer func() {
-		close(done)
-		<-stopped
+		stopKeeping()
 		cancel(nil)
 	}()
 	defer func() {

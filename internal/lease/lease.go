@@ -1,0 +1,252 @@
+// Package lease is the part of the two-phase protocol every entry point
+// shares — the two-phase inbox of package middleware, once.TwoPhase and
+// httpidem: the defaults and validation of the lease settings, keeping a
+// claim's lease alive while the effect runs, and finishing it (Complete
+// after a success, Release after a failure) with retries fenced by the
+// owner, every store call bounded by StoreTimeout. The entry points differ
+// in how they claim and how they answer; what happens to the lease is
+// written here once.
+package lease
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// Defaults of Settings.
+const (
+	DefaultLease           = 30 * time.Second
+	DefaultMaxAttempts     = 10
+	DefaultInitialInterval = 100 * time.Millisecond
+	DefaultMaxInterval     = 2 * time.Second
+)
+
+// Retry bounds the retries of the last store write, Complete or Release.
+// Its fields are those of middleware.FinishRetry, which converts to it.
+type Retry struct {
+	MaxAttempts     int
+	InitialInterval time.Duration
+	MaxInterval     time.Duration
+}
+
+// Settings are the lease settings of every two-phase entry point's
+// config.
+type Settings struct {
+	Lease, ExtendEvery, StoreTimeout time.Duration
+	Retry                            Retry
+}
+
+// SetDefaults fills the zero fields: DefaultLease, ExtendEvery Lease/3,
+// StoreTimeout Lease/3 (the default ExtendEvery, not a shorter one the
+// caller set, which would leave a slow store no time to answer), and the
+// Retry defaults.
+func (s *Settings) SetDefaults() {
+	if s.Lease == 0 {
+		s.Lease = DefaultLease
+	}
+	if s.ExtendEvery == 0 {
+		s.ExtendEvery = s.Lease / 3
+	}
+	if s.StoreTimeout == 0 {
+		s.StoreTimeout = s.Lease / 3
+	}
+	if s.Retry.MaxAttempts == 0 {
+		s.Retry.MaxAttempts = DefaultMaxAttempts
+	}
+	if s.Retry.InitialInterval == 0 {
+		s.Retry.InitialInterval = DefaultInitialInterval
+	}
+	if s.Retry.MaxInterval == 0 {
+		s.Retry.MaxInterval = DefaultMaxInterval
+	}
+}
+
+// Validate reports every problem with s, and with a retention that does
+// not outlast the lease, in the words of the configs (config.Lease,
+// config.FinishRetry…).
+func (s Settings) Validate(retention time.Duration) []error {
+	var errs []error
+	if s.Lease <= 0 {
+		errs = append(errs, fmt.Errorf("config.Lease must be positive, got %s", s.Lease))
+	}
+	if s.ExtendEvery <= 0 || s.ExtendEvery >= s.Lease {
+		errs = append(errs, fmt.Errorf("config.ExtendEvery must be positive and shorter than Lease (%s), got %s", s.Lease, s.ExtendEvery))
+	}
+	if retention <= s.Lease {
+		errs = append(errs, fmt.Errorf("config.Retention (%s) must be longer than Lease (%s)", retention, s.Lease))
+	}
+	if s.StoreTimeout <= 0 || s.StoreTimeout >= s.Lease {
+		errs = append(errs, fmt.Errorf("config.StoreTimeout must be positive and shorter than Lease (%s), got %s", s.Lease, s.StoreTimeout))
+	}
+	if s.Retry.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("config.FinishRetry.MaxAttempts must be at least 1, got %d", s.Retry.MaxAttempts))
+	}
+	if s.Retry.InitialInterval <= 0 || s.Retry.MaxInterval < s.Retry.InitialInterval {
+		errs = append(errs, fmt.Errorf("config.FinishRetry: InitialInterval (%s) must be positive and at most MaxInterval (%s)", s.Retry.InitialInterval, s.Retry.MaxInterval))
+	}
+	return errs
+}
+
+// Keeper keeps and finishes the leases of one entry point. Its fields
+// are set once, before use; it is safe for concurrent use.
+type Keeper struct {
+	Repo repository.TwoPhase
+	Settings
+	Now    func() time.Time
+	Logger watermill.LoggerAdapter
+	// Name starts every log message ("Inbox", "Once").
+	Name string
+}
+
+// Call runs one store call bounded by StoreTimeout.
+func (k *Keeper) Call(ctx context.Context, call func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, k.StoreTimeout)
+	defer cancel()
+	return call(ctx)
+}
+
+// Keep extends lease every ExtendEvery, each extension bounded by
+// StoreTimeout, until the returned stop is called. If an extension finds
+// the lease taken over, lost is called with the error and no extension
+// follows. stop abandons an extension in flight (its context is
+// cancelled) rather than waiting for the store's answer, and returns once
+// the extending goroutine has ended; no extension starts after it. ctx
+// carries values only: its cancellation does not stop the extensions,
+// which must go on while the effect runs.
+func (k *Keeper) Keep(ctx context.Context, lease repository.LeaseParams, fields watermill.LogFields, lost func(error)) (stop func()) {
+	extending, stopExtending := context.WithCancel(context.WithoutCancel(ctx))
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(k.ExtendEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-extending.Done():
+				return
+			case <-t.C:
+			}
+			// select picks at random among ready cases: a tick pending when
+			// stop was called must not start an extension.
+			if extending.Err() != nil {
+				return
+			}
+			lease.LeaseUntil = k.Now().Add(k.Lease)
+			err := k.Call(extending, func(ctx context.Context) error { return k.Repo.Extend(ctx, lease) })
+			switch {
+			case extending.Err() != nil:
+				return // stopped; the outcome no longer matters
+			case errors.Is(err, repository.ErrLeaseLost):
+				k.Logger.Error(k.Name+": lease lost while the handler runs; cancelling its context", err, fields)
+				lost(err)
+				return
+			case err != nil:
+				k.Logger.Error(k.Name+": could not extend the lease; retrying at the next tick", err, fields)
+			}
+		}
+	}()
+	return func() {
+		stopExtending()
+		<-stopped
+	}
+}
+
+// Complete marks the key of lease completed with result, retrying as
+// Retry allows. An earlier attempt that committed with its answer lost
+// is recognised (the record is completed by this owner with this
+// result) and counts as success.
+func (k *Keeper) Complete(ctx context.Context, lease repository.LeaseParams, result []byte, fields watermill.LogFields) error {
+	ctx = context.WithoutCancel(ctx)
+	err, retried := k.finish(ctx, "complete", lease, fields, func(ctx context.Context) error {
+		return k.Repo.Complete(ctx, repository.CompleteParams{
+			Consumer: lease.Consumer, Key: lease.Key, Owner: lease.Owner, Result: result, Now: k.Now(),
+		})
+	})
+	if errors.Is(err, repository.ErrLeaseLost) && retried && k.completedBy(ctx, lease, result) {
+		// An earlier attempt committed and only its answer was lost (the
+		// connection died after the commit): the record is completed, by
+		// this owner, with this result.
+		return nil
+	}
+	return err
+}
+
+// Release deletes the claim of lease after a failed effect, retrying as
+// Retry allows. A lost lease is no error here: the key is free or
+// someone else's, so nothing is left to release.
+func (k *Keeper) Release(ctx context.Context, lease repository.LeaseParams, fields watermill.LogFields) error {
+	err, _ := k.finish(context.WithoutCancel(ctx), "release", lease, fields, func(ctx context.Context) error {
+		return k.Repo.Release(ctx, lease)
+	})
+	if errors.Is(err, repository.ErrLeaseLost) {
+		return nil
+	}
+	return err
+}
+
+// ReleaseUnanswered releases a claim this attempt may hold without
+// knowing it: an Acquire or Reclaim that failed with cause may have
+// committed with only its answer lost (the connection died after the
+// write). The key would then stay in progress under this attempt's owner
+// with nobody working on it until its lease expired — and then Intervene
+// would send a message whose effect never ran to an operator. The release
+// is fenced by this attempt's owner, a no-op when the claim never
+// happened.
+func (k *Keeper) ReleaseUnanswered(ctx context.Context, lease repository.LeaseParams, cause error, fields watermill.LogFields) {
+	if errors.Is(cause, repository.ErrInvalidParams) {
+		return // refused before any write
+	}
+	if err := k.Release(ctx, lease, fields); err != nil {
+		k.Logger.Error(k.Name+": could not release a claim whose answer was lost; it frees when the lease expires", err, fields)
+	}
+}
+
+// finish calls write until it succeeds, reports a lost lease or invalid
+// parameters (no retry changes those), or Retry.MaxAttempts is reached;
+// before each retry it waits and extends the lease, so that no other
+// attempt takes the key over meanwhile. retried reports whether an
+// earlier attempt failed, so that its write may have committed.
+func (k *Keeper) finish(ctx context.Context, op string, lease repository.LeaseParams, fields watermill.LogFields, write func(context.Context) error) (err error, retried bool) {
+	wait := k.Retry.InitialInterval
+	for attempt := 1; ; attempt++ {
+		err = k.Call(ctx, write)
+		if err == nil || errors.Is(err, repository.ErrLeaseLost) || errors.Is(err, repository.ErrInvalidParams) || attempt >= k.Retry.MaxAttempts {
+			return err, attempt > 1
+		}
+		k.Logger.Info(k.Name+": store write after the handler failed; retrying", fields.Add(watermill.LogFields{
+			"op": op, "attempt": attempt, "retry_in": wait, "err": err.Error(),
+		}))
+		time.Sleep(wait)
+		wait = min(2*wait, k.Retry.MaxInterval)
+		lease.LeaseUntil = k.Now().Add(k.Lease)
+		extErr := k.Call(ctx, func(ctx context.Context) error { return k.Repo.Extend(ctx, lease) })
+		if errors.Is(extErr, repository.ErrLeaseLost) {
+			return fmt.Errorf("%s after %d attempts (last: %w): %w", op, attempt, err, extErr), true
+		}
+		// Another error extending: the store is still failing; the next
+		// attempt finds out, still fenced by the owner.
+	}
+}
+
+// completedBy reports whether the record of lease is completed by its
+// owner with result; a completed record keeps the owner that completed it
+// (repository.TwoPhase).
+func (k *Keeper) completedBy(ctx context.Context, lease repository.LeaseParams, result []byte) bool {
+	reader, ok := k.Repo.(repository.Reader)
+	if !ok {
+		return false
+	}
+	var rec repository.Record
+	err := k.Call(ctx, func(ctx context.Context) (err error) {
+		rec, err = reader.Get(ctx, lease.Consumer, lease.Key)
+		return err
+	})
+	return err == nil && rec.State == repository.StateCompleted && rec.LeaseOwner == lease.Owner && bytes.Equal(rec.Result, result)
+}
