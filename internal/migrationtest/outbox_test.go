@@ -1,7 +1,6 @@
 package migrationtest_test
 
 import (
-	"context"
 	"database/sql"
 	"errors"
 	"net/url"
