@@ -1,30 +1,59 @@
+SHELL := /bin/bash
 GO ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
-.PHONY: test test-short lint tidy bench chaos chaos-ci
+# The repository holds several modules (the library at the root; the CLI,
+# examples, benchmarks, fault suite, Kafka key source, Prometheus metrics
+# and migration tests each in a go.mod of their own), joined by go.work.
+# In workspace mode ./... covers only the module of the current directory,
+# so every target names each module's tree: MODULES are the workspace's
+# module directories, PKGS their package patterns (./... ./bench/... …),
+# and one go command builds and tests them all, in parallel as before.
+MODULES := $(patsubst $(CURDIR)%,.%,$(shell $(GO) list -m -f '{{.Dir}}'))
+PKGS := $(addsuffix /...,$(MODULES))
 
-# The one test command: every package against the real services, with the
-# race detector. CI runs it through .ci/run.
+# The newest Go release CI also tests the library with (the go directive
+# stays at the oldest supported one); the go command downloads it.
+GO_NEWEST ?= go1.27.0
+
+.PHONY: test test-short test-newest lint tidy bench chaos chaos-ci
+
+# The one test command: every package of every module against the real
+# services, with the race detector. CI runs it through .ci/run. The run
+# goes through internal/testsummary, which prints what go test prints and
+# ends with a line naming the services that were down and the number of
+# skipped tests.
+SUMMARY = $(GO) run ./internal/testsummary
 test:
-	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 9m ./...
+	$(GO) vet $(PKGS)
+	@set -o pipefail; $(GO) test -json -race -count=1 -timeout 9m $(PKGS) 2>&1 | $(SUMMARY)
 
 # The inner loop: every package without the race detector, skipping the
 # long tests that check testing.Short() (100k-row janitor cleanups, the
 # relay's and the version guard's volume runs, the end-to-end broker
 # scenarios, the Redis Cluster failover kills). make test stays the full run.
 test-short:
-	$(GO) test -short -count=1 -timeout 5m ./...
+	@set -o pipefail; $(GO) test -json -short -count=1 -timeout 5m $(PKGS) 2>&1 | $(SUMMARY)
 
-# Fails when go.mod or go.sum is not what `go mod tidy` would write.
+# The library module with the newest Go release: its vet and the short
+# tests, without the race detector (make test is the full run, on the
+# release the go directive names).
+test-newest:
+	GOTOOLCHAIN=$(GO_NEWEST) $(GO) vet ./...
+	GOTOOLCHAIN=$(GO_NEWEST) $(GO) test -short -count=1 -timeout 5m ./...
+
+# Fails when any module's go.mod or go.sum is not what `go mod tidy`
+# (which ignores go.work) would write.
 tidy:
-	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit the result"; exit 1; }
+	@status=0; for m in $(MODULES); do \
+	  (cd $$m && $(GO) mod tidy -diff) || { echo "$$m: go.mod/go.sum are not tidy: run 'go mod tidy' there and commit the result"; status=1; }; \
+	done; exit $$status
 
 lint: tidy
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
+	$(GO) vet $(PKGS)
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@latest
-	$(STATICCHECK) ./...
+	$(STATICCHECK) $(PKGS)
 
 # Go benchmarks (per backend: repotest.Bench; the middleware), then the
 # comparison harness (go run ./bench; see docs/benchmarks.md). Needs the
@@ -32,7 +61,7 @@ lint: tidy
 # A failing Go benchmark does not stop the harness; make still fails.
 bench:
 	@status=0; \
-	$(GO) test -run '^$$' -bench . -benchmem -timeout 9m ./... || status=$$?; \
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 9m $(PKGS) || status=$$?; \
 	$(GO) run ./bench || status=$$?; \
 	exit $$status
 

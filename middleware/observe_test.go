@@ -12,19 +12,16 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/idemkit/watermill-idempotent/internal/tracetest"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 func TestInboxSpansAndLogs(t *testing.T) {
 	s := newSQLiteStore(t)
-	recorder := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp := tracetest.NewRecorder()
 	logs := watermill.NewCaptureLogger()
 
 	var handlerSpan trace.SpanContext
@@ -52,8 +49,8 @@ func TestInboxSpansAndLogs(t *testing.T) {
 	_, err = mw(message.NewMessage("order-1", []byte("other")))
 	require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
 
-	spans := recorder.Ended()
-	var inbox []sdktrace.ReadOnlySpan
+	spans := tp.Ended()
+	var inbox []*tracetest.Span
 	for _, sp := range spans {
 		if sp.Name() == "inbox billing" {
 			inbox = append(inbox, sp)
@@ -130,7 +127,7 @@ func hasLog(msgs []watermill.CapturedMessage, text, key, correlation string) boo
 	return false
 }
 
-func attributes(s sdktrace.ReadOnlySpan) map[attribute.Key]string {
+func attributes(s *tracetest.Span) map[attribute.Key]string {
 	out := map[attribute.Key]string{}
 	for _, kv := range s.Attributes() {
 		out[kv.Key] = kv.Value.String()

@@ -2,23 +2,14 @@ package outbox_test
 
 import (
 	"context"
-	"database/sql"
-	"net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	driver "github.com/go-sql-driver/mysql"
-	gmmysql "github.com/golang-migrate/migrate/v4/database/mysql"
-	gmpgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
-	gmsqlite "github.com/golang-migrate/migrate/v4/database/sqlite"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/outbox"
-	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
@@ -78,81 +69,6 @@ func coreChecks(t *testing.T, b backend) {
 	backlog, err := relay.Backlog(ctx)
 	require.NoError(t, err)
 	require.Equal(t, outbox.Backlog{}, backlog)
-}
-
-// TestGolangMigrate: the shipped files, applied by golang-migrate for the
-// default table names (in a schema, database or file of the test's own),
-// give an outbox that passes the core checks, on database/sql and, on
-// PostgreSQL, pgx; Migrate then adopts the tables, running every file
-// again harmlessly.
-func TestGolangMigrate(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: creates schemas and databases")
-	}
-	check := func(t *testing.T, b backend) {
-		b.table = outbox.DefaultTableName
-		ob, err := outbox.New(outbox.Config{Dialect: b.dialect})
-		require.NoError(t, err)
-		b.outbox = ob
-		coreChecks(t, b)
-		require.NoError(t, ob.Migrate(t.Context(), b.db))
-		coreChecks(t, b)
-	}
-	for _, name := range []string{"postgres", "postgres-pgx"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			dsn := testenv.PostgresSchemaDSN(t, "outbox_gm_")
-			u, err := url.Parse(dsn)
-			require.NoError(t, err)
-			schema := u.Query().Get("search_path")
-			require.NotEmpty(t, schema)
-			gmdb, err := sql.Open("pgx", dsn)
-			require.NoError(t, err)
-			drv, err := gmpgx.WithInstance(gmdb, &gmpgx.Config{SchemaName: schema})
-			require.NoError(t, err)
-			testenv.GolangMigrate(t, outbox.Migrations, "migrations/postgres", "postgres", drv)
-
-			db, err := sql.Open("pgx", dsn)
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = db.Close() })
-			b := backend{name: name, db: db, dialect: sqldialect.PostgreSQL}
-			if name == "postgres-pgx" {
-				b.pool, err = pgxpool.New(context.Background(), dsn)
-				require.NoError(t, err)
-				t.Cleanup(b.pool.Close)
-			}
-			check(t, b)
-		})
-	}
-	t.Run("mariadb", func(t *testing.T) {
-		t.Parallel()
-		cfg, err := driver.ParseDSN(testenv.MySQLDatabaseDSN(t, "outbox_gm_"))
-		require.NoError(t, err)
-		cfg.MultiStatements = true // golang-migrate runs a file in one call
-		gmdb, err := sql.Open("mysql", cfg.FormatDSN())
-		require.NoError(t, err)
-		drv, err := gmmysql.WithInstance(gmdb, &gmmysql.Config{})
-		require.NoError(t, err)
-		testenv.GolangMigrate(t, outbox.Migrations, "migrations/mysql", "mysql", drv)
-		cfg.MultiStatements = false
-		db, err := sql.Open("mysql", cfg.FormatDSN())
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
-		check(t, backend{name: "mariadb", db: db, dialect: sqldialect.MySQL})
-	})
-	t.Run("sqlite", func(t *testing.T) {
-		t.Parallel()
-		path := filepath.Join(t.TempDir(), "gm.db")
-		gmdb, err := sqlite.Open(path)
-		require.NoError(t, err)
-		drv, err := gmsqlite.WithInstance(gmdb, &gmsqlite.Config{})
-		require.NoError(t, err)
-		testenv.GolangMigrate(t, outbox.Migrations, "migrations/sqlite", "sqlite", drv)
-		db, err := sqlite.Open(path)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
-		check(t, backend{name: "sqlite", db: db, dialect: sqldialect.SQLite})
-	})
 }
 
 // Pre-release outbox tables (before 0.1.0) had neither attempts nor

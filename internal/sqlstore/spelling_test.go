@@ -2,6 +2,8 @@ package sqlstore_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"slices"
 	"sync"
 	"testing"
@@ -67,4 +69,20 @@ func TestMigrateSpellingsOfOneTable(t *testing.T) {
 			require.Equal(t, lines[name], applied, "each migration applied once in all")
 		})
 	}
+}
+
+// randomName is prefix plus random hex: a table name of the test's own.
+func randomName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+// versionsOf lists the versions of ms, in order.
+func versionsOf(ms []sqlstore.Migration) []int {
+	out := []int{}
+	for _, m := range ms {
+		out = append(out, m.Version)
+	}
+	return out
 }

@@ -26,7 +26,7 @@ func AMQP(t testing.TB) string {
 	url := AMQPURL()
 	conn, err := amqp091.DialConfig(url, amqp091.Config{Dial: amqp091.DefaultDial(5 * time.Second)})
 	if err != nil {
-		missingAt(t, "RabbitMQ", AMQPEnv, url, err)
+		MissingAt(t, "RabbitMQ", AMQPEnv, url, err)
 	}
 	_ = conn.Close()
 	return url

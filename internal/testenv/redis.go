@@ -26,7 +26,7 @@ func Redis(t testing.TB) *redis.Client {
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()
-		missingAt(t, "Redis", RedisEnv, RedisAddr(), err)
+		MissingAt(t, "Redis", RedisEnv, RedisAddr(), err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
 	return client

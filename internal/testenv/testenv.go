@@ -52,10 +52,10 @@ func Missing(t testing.TB, service string, err error) {
 	t.Skipf("skipping: %s is not available: %v (start it, or set CI=true to make this a failure)", service, err)
 }
 
-// missingAt is Missing for a service found at value, the setting of the
+// MissingAt is Missing for a service found at value, the setting of the
 // environment variable env: the message names both, with the value's
 // secrets masked (CI logs have many readers).
-func missingAt(t testing.TB, service, env, value string, err error) {
+func MissingAt(t testing.TB, service, env, value string, err error) {
 	t.Helper()
 	var sc dsn.Scrubber
 	sc.Add(value)
@@ -91,7 +91,7 @@ func PgxPool(t testing.TB) *pgxpool.Pool {
 		}
 	}
 	if err != nil {
-		missingAt(t, "PostgreSQL", PostgresEnv, PostgresDSN(), err)
+		MissingAt(t, "PostgreSQL", PostgresEnv, PostgresDSN(), err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
@@ -147,7 +147,7 @@ func Postgres(t testing.TB) *sql.DB {
 		}
 	}
 	if err != nil {
-		missingAt(t, "PostgreSQL", PostgresEnv, PostgresDSN(), err)
+		MissingAt(t, "PostgreSQL", PostgresEnv, PostgresDSN(), err)
 	}
 	db.SetMaxOpenConns(MaxConns)
 	t.Cleanup(func() { _ = db.Close() })
@@ -169,7 +169,7 @@ func MySQL(t testing.TB) *sql.DB {
 		}
 	}
 	if err != nil {
-		missingAt(t, "MySQL/MariaDB", MySQLEnv, MySQLDSN(), err)
+		MissingAt(t, "MySQL/MariaDB", MySQLEnv, MySQLDSN(), err)
 	}
 	db.SetMaxOpenConns(MaxConns)
 	t.Cleanup(func() { _ = db.Close() })

@@ -24,7 +24,7 @@ func TestMissingMasksThePassword(t *testing.T) {
 	const pw = "Hunter2Secret"
 	r := &recorder{TB: t}
 	url := "amqp://guest:" + pw + "@127.0.0.1:1/"
-	missingAt(r, "RabbitMQ", AMQPEnv, url, errors.New("dial "+url+": refused"))
+	MissingAt(r, "RabbitMQ", AMQPEnv, url, errors.New("dial "+url+": refused"))
 	require.Contains(t, r.msg, "RabbitMQ (AMQP_URL=amqp://guest:xxxxx@127.0.0.1:1/)")
 	require.Contains(t, r.msg, "dial amqp://guest:xxxxx@127.0.0.1:1/: refused")
 	require.NotContains(t, r.msg, pw)

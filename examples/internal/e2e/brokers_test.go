@@ -20,7 +20,7 @@ import (
 // message's ack wait runs out and JetStream redelivers it to the other
 // subscriber of the durable consumer, and a replacement instance joins.
 func TestNATS(t *testing.T) {
-	url := testenv.NATS(t)
+	url := natsServer(t)
 	testenv.Postgres(t)
 	playOnReplacedSubscribers(t, broker.Config{Kind: broker.NATS, NATSURL: url})
 }

@@ -1,4 +1,4 @@
-package sqlstore_test
+package migrationtest_test
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/internal/migrationtest"
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -246,7 +247,7 @@ func golangMigrate(t testing.TB, b backend, inst func(table string) (database.Dr
 	t.Helper()
 	drv, err := inst("schema_migrations_" + line)
 	require.NoError(t, err)
-	testenv.GolangMigrate(t, b.migrations, "migrations/"+line, b.name, drv)
+	migrationtest.GolangMigrate(t, b.migrations, "migrations/"+line, b.name, drv)
 }
 
 // TestGolangMigratePostgres: the shipped PostgreSQL files applied by
