@@ -919,6 +919,9 @@ type Phase struct {
 	Wrong int
 	// Janitor is the partitioned inbox's cleanup under the faults.
 	Janitor *JanitorTally
+	// SharedFaults: this phase ran at once with the one before it, under
+	// the same faults (Faults counts them once for both).
+	SharedFaults bool
 }
 
 // OK reports whether the phase kept its promise: transactional, 0
@@ -986,7 +989,14 @@ func (r *Report) OK() bool {
 // printFaults writes the table of faults injected per phase.
 func printFaults(w io.Writer, phases []Phase) {
 	fmt.Fprintf(w, "| mode | fault injected | count |\n|---|---|---:|\n")
-	for _, p := range phases {
+	for i, p := range phases {
+		if p.SharedFaults {
+			continue
+		}
+		label := p.label()
+		if i+1 < len(phases) && phases[i+1].SharedFaults {
+			label += " and the phases after it, at once"
+		}
 		for _, kind := range faultOrder {
 			c, ok := p.Faults[kind]
 			if !ok {
@@ -996,7 +1006,7 @@ func printFaults(w io.Writer, phases []Phase) {
 			if b := p.Backends[kind]; b > 0 && kind == faultTerminate {
 				extra = fmt.Sprintf(" (%d backends)", b)
 			}
-			fmt.Fprintf(w, "| %s | %s | %d%s |\n", p.label(), kind, c, extra)
+			fmt.Fprintf(w, "| %s | %s | %d%s |\n", label, kind, c, extra)
 		}
 	}
 }

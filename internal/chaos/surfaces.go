@@ -67,7 +67,7 @@ func SurfacesCI() SurfacesConfig {
 	return SurfacesConfig{
 		Config: Config{
 			Orders: 200, Duration: 12 * time.Second, FaultEvery: 1500 * time.Millisecond,
-			ExitAfterCommit: 0.02, Duplicates: 0.2, Timeout: 3 * time.Minute,
+			ExitAfterCommit: 0.02, Duplicates: 0.2, Timeout: 3 * time.Minute, EffectDelay: 100 * time.Millisecond,
 			PGCluster: DefaultSurfacesCluster, PGPort: DefaultSurfacesPort,
 		},
 		Keys: 200, Spread: 15 * time.Second, KeyFaultEvery: 1200 * time.Millisecond,
@@ -332,6 +332,7 @@ func (e *env) keyed(parent context.Context, config SurfacesConfig) (_ []Phase, e
 	var phases []Phase
 	for i, sc := range scs {
 		ph := sc.phase()
+		ph.SharedFaults = i > 0
 		ph.Faults, ph.Backends, ph.Notes, ph.Orders = counts, backends, append([]string(nil), notes...), config.Keys
 		got := answers[i]
 		if sc.api != apiHTTP {
