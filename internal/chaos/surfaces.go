@@ -294,7 +294,7 @@ func (e *env) keyed(parent context.Context, config SurfacesConfig) (_ []Phase, e
 
 	dealt := make(chan struct{})
 	in := &injector{cluster: e.cluster, admin: e.admin, workers: targets, faults: faults, every: config.KeyFaultEvery,
-		kinds: []string{faultWorkerKill, faultWorkerKill, faultWorkerKill, faultTerminate, faultTerminate, faultRestartFast, faultRestartCrash},
+		kinds:    []string{faultWorkerKill, faultWorkerKill, faultWorkerKill, faultTerminate, faultTerminate, faultRestartFast, faultRestartCrash},
 		progress: e.progress(), dealt: dealt}
 	faultCtx, stopFaults := context.WithCancel(ctx)
 	faultErr := make(chan error, 1)

@@ -227,20 +227,11 @@ func onceOutcome(res once.Result, err error) (outcome, value string, retry bool)
 // and records the answers in the ledger.
 func runCaller(ctx context.Context, s spec, logger watermill.LoggerAdapter) error {
 	sp := s.Surface
-	db, err := openDB(s.DSN, sp.Callers+2)
+	db, ledger, repo, closeAll, err := openSurface(s, sp.Callers+2)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	ledger, err := sqlite.Open(s.LedgerPath)
-	if err != nil {
-		return err
-	}
-	defer ledger.Close()
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: s.Names.Inbox})
-	if err != nil {
-		return err
-	}
+	defer closeAll()
 	var attempt attemptFunc
 	switch sp.API {
 	case apiOnceTx:
@@ -297,6 +288,24 @@ func runCaller(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 	})
 }
 
+// openSurface opens a keyed child's stores: the private cluster (at most
+// maxConns connections), its inbox table there and the SQLite ledger.
+func openSurface(s spec, maxConns int) (db, ledger *sql.DB, repo *postgres.Repository, closeAll func(), err error) {
+	if db, err = openDB(s.DSN, maxConns); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if ledger, err = sqlite.Open(s.LedgerPath); err != nil {
+		_ = db.Close()
+		return nil, nil, nil, nil, err
+	}
+	closeAll = func() { _ = ledger.Close(); _ = db.Close() }
+	if repo, err = postgres.NewRepository(db, postgres.Config{Table: s.Names.Inbox}); err != nil {
+		closeAll()
+		return nil, nil, nil, nil, err
+	}
+	return db, ledger, repo, closeAll, nil
+}
+
 func recordAnswer(ctx context.Context, ledger *sql.DB, table string, a answer) error {
 	_, err := ledger.ExecContext(ctx, `INSERT INTO `+table+` (key, caller, pass, outcome, value, attempts) VALUES (?, ?, ?, ?, ?, ?)`,
 		a.Key, a.Caller, a.Pass, a.Outcome, a.Value, a.Attempts)
@@ -312,20 +321,11 @@ type charge struct {
 // effect is applyExternal and whose response is 201 with the effect's
 // token, until ctx ends.
 func runServer(ctx context.Context, s spec, logger watermill.LoggerAdapter) error {
-	db, err := openDB(s.DSN, 16)
+	_, ledger, repo, closeAll, err := openSurface(s, 16)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	ledger, err := sqlite.Open(s.LedgerPath)
-	if err != nil {
-		return err
-	}
-	defer ledger.Close()
-	repo, err := postgres.NewRepository(db, postgres.Config{Table: s.Names.Inbox})
-	if err != nil {
-		return err
-	}
+	defer closeAll()
 	idem, err := httpidem.New(httpidem.Config{Repository: repo, Global: true, Lease: s.Lease, OnExpiredLease: s.Policy, Logger: logger})
 	if err != nil {
 		return err
