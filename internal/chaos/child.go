@@ -53,6 +53,12 @@ type spec struct {
 	Policy           middleware.ExpiredLeasePolicy // two-phase
 	EffectDelay      time.Duration                 // two-phase: up to this long before and after the effect
 	Batch            int                           // transactional: group commit's MaxMessages, 0 when off
+	// Partitioned puts the inbox on postgres.PartitionedRepository, with
+	// records kept for Retention (RunSurfaces).
+	Partitioned bool
+	Retention   time.Duration
+	// Surface is a RunSurfaces caller or server (roleCaller, roleServer).
+	Surface *surfaceSpec
 }
 
 // IsChild reports whether this process was started by the suite as a
@@ -76,6 +82,10 @@ func RunChild() int {
 		err = runWorker(ctx, s, logger)
 	case roleRelay:
 		err = runRelay(ctx, s, logger)
+	case roleCaller:
+		err = runCaller(ctx, s, logger)
+	case roleServer:
+		err = runServer(ctx, s, logger)
 	default:
 		err = fmt.Errorf("unknown role %q", s.Role)
 	}
@@ -177,7 +187,7 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 
 	switch s.Mode {
 	case Transactional:
-		repo, err := postgres.NewRepository(db, postgres.Config{Table: s.Names.Inbox})
+		repo, err := inboxRepository(db, s)
 		if err != nil {
 			return err
 		}
@@ -208,12 +218,12 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 		shared := &sharing{logger: logger, txs: map[*sql.Tx]int{}}
 		billing, err := middleware.NewInbox(middleware.Config{
 			DB: db, Repository: repo, Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch,
-			Outputs: ob.Outputs(s.Names.Payments),
+			Outputs: ob.Outputs(s.Names.Payments), Retention: s.Retention,
 		})
 		if err != nil {
 			return err
 		}
-		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch})
+		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch, Retention: s.Retention})
 		if err != nil {
 			return err
 		}

@@ -80,6 +80,29 @@
 // ErrPrerequisite: the command skips naming it, or
 // fails under CI=true.
 //
+// # Surfaces
+//
+// RunSurfaces (-config surfaces, or surfaces-full) puts the surfaces
+// beside the router inbox under the same faults, on a private cluster of
+// its own (surfaces, port 5450), so it can run beside Run. Four keyed
+// scenarios run at once under one fault deck (a caller or server
+// SIGKILLed, connections terminated, the cluster restarted fast and
+// immediate): once.Transactional, whose effect is a row written in its
+// transaction; once.TwoPhase under Reclaim and under Intervene, and
+// httpidem (HTTP servers as child processes, clients in the
+// orchestrator retrying on 5xx, 409 in flight and connection errors),
+// whose effect is a row in the SQLite ledger. Every one of Workers
+// callers calls every key at the same moment, so each key is raced, and
+// calls a fraction of the keys again later; each call is retried until it
+// is answered, and every answer is recorded with the token of the effect
+// it reports. The tally counts per key: effects doubled; answers that
+// are no applied effect's (Phase.Wrong); keys lost (no success, or no
+// effect; under Intervene, no success and no record left in progress for
+// an operator); and the intervention records. Then Run's transactional
+// phase runs on postgres.PartitionedRepository, its table spelled t by
+// half the workers and public.t by the others, while a janitor drops
+// expired partitions seeded before the phase (JanitorTally).
+//
 // # Failover
 //
 // RunFailover (-config failover) runs the transactional phase on a

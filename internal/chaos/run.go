@@ -26,7 +26,6 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
-	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
@@ -77,28 +76,11 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl := cluster{version: config.PGVersion, name: config.PGCluster, port: config.PGPort}
-	unlock, err := lockCluster(cl, config.Out)
+	cl, admin, done, err := openPrivate(ctx, config)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	fmt.Fprintf(config.Out, "chaos: private PostgreSQL cluster %s\n", cl)
-	if err := cl.ensure(ctx); err != nil {
-		return nil, err
-	}
-	defer stopOnReturn(ctx, config.Out, "the private cluster", cl.stop)
-	admin, err := openDB(cl.DSN("chaos-admin"), 4)
-	if err != nil {
-		return nil, err
-	}
-	defer admin.Close()
-	rctx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = waitReady(rctx, admin, "the private cluster "+cl.String())
-	cancel()
-	if err != nil {
-		return nil, err
-	}
+	defer done()
 
 	run, err := newRun("c", &config.LogDir)
 	if err != nil {
@@ -139,6 +121,44 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 	}
 	report.Elapsed = time.Since(report.Started)
 	return report, nil
+}
+
+// openPrivate locks, creates if needed and starts the private cluster of
+// config and returns it with an admin connection; done closes the
+// connection, stops the cluster and unlocks it.
+func openPrivate(ctx context.Context, config Config) (_ cluster, admin *sql.DB, done func(), err error) {
+	cl := cluster{version: config.PGVersion, name: config.PGCluster, port: config.PGPort}
+	unlock, err := lockCluster(cl, config.Out)
+	if err != nil {
+		return cl, nil, nil, err
+	}
+	var undo []func()
+	done = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		unlock()
+	}
+	defer func() {
+		if err != nil {
+			done()
+		}
+	}()
+	fmt.Fprintf(config.Out, "chaos: private PostgreSQL cluster %s\n", cl)
+	if err := cl.ensure(ctx); err != nil {
+		return cl, nil, nil, err
+	}
+	undo = append(undo, func() { stopOnReturn(ctx, config.Out, "the private cluster", cl.stop) })
+	if admin, err = openDB(cl.DSN("chaos-admin"), 4); err != nil {
+		return cl, nil, nil, err
+	}
+	undo = append(undo, func() { _ = admin.Close() })
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := waitReady(rctx, admin, "the private cluster "+cl.String()); err != nil {
+		return cl, nil, nil, err
+	}
+	return cl, admin, done, nil
 }
 
 // lockCluster serialises runs on one private cluster: a run stops the
@@ -219,6 +239,10 @@ type env struct {
 	// afterTally, when set, runs once the ledger is tallied, before the
 	// phase's tables are dropped.
 	afterTally func(ctx context.Context, n names) error
+	// partitioned runs the transactional phase on the partitioned inbox,
+	// its table spelled two ways, with expired partitions for a janitor
+	// to drop under the faults (RunSurfaces).
+	partitioned bool
 }
 
 func (e *env) dsn(app string) string {
@@ -315,6 +339,12 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration ti
 	if !e.config.Keep {
 		defer e.cleanup(context.WithoutCancel(ctx), mode, n, conn)
 	}
+	var jan *sweeper
+	if e.partitioned {
+		if jan, err = e.seedExpired(ctx, n, duration); err != nil {
+			return nil, err
+		}
+	}
 
 	faults := newFaultCounter()
 	ph := &Phase{Mode: mode, Orders: orders}
@@ -336,11 +366,17 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration ti
 		base.Batch = e.config.Batch
 		ph.Batch = e.config.Batch
 	}
+	if e.partitioned {
+		base.Partitioned, base.Retention, ph.Surface = true, partitionedRetention, surfacePartitioned
+	}
 	workerSpecs := make([]spec, e.config.Workers)
 	for i := range workerSpecs {
 		s := base
 		s.Role, s.Name = roleWorker, fmt.Sprintf("worker-%d", i+1)
 		s.DSN = e.dsn("chaos-" + s.Name)
+		if e.partitioned && i%2 == 1 {
+			s.Names.Inbox = "public." + n.Inbox // one table, two spellings: one lock
+		}
 		workerSpecs[i] = s
 	}
 	relaySpec := base
@@ -382,6 +418,10 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration ti
 		defer close(faultDone)
 		faultErr = sched.run(faultCtx, tg)
 	}()
+	if jan != nil {
+		faultWG.Add(1)
+		go func() { defer faultWG.Done(); jan.run(faultCtx) }()
+	}
 	stopInjector := func() error {
 		stopFaults()
 		faultWG.Wait()
@@ -484,6 +524,11 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration ti
 			return ph, fmt.Errorf("chaos: counting dead letters: %w", err)
 		}
 	}
+	if jan != nil {
+		if ph.Janitor, err = jan.finish(ctx); err != nil {
+			return ph, err
+		}
+	}
 	if err := e.tally(ctx, mode, n, uuids, ph); err != nil {
 		return ph, err
 	}
@@ -500,7 +545,7 @@ func (e *env) setup(ctx context.Context, mode string, n names, conn *amqp091.Con
 	if err := n.validate(); err != nil {
 		return err
 	}
-	repo, err := postgres.NewRepository(e.admin, postgres.Config{Table: n.Inbox})
+	repo, err := inboxRepository(e.admin, spec{Names: n, Partitioned: e.partitioned})
 	if err != nil {
 		return err
 	}
@@ -569,6 +614,9 @@ func (e *env) cleanup(ctx context.Context, mode string, n names, conn *amqp091.C
 		errs = append(errs, err)
 	}
 	for _, topic := range []string{n.Orders, n.Payments, n.Poison} {
+		if conn == nil { // a keyed scenario of RunSurfaces: no broker
+			break
+		}
 		if ch, err := conn.Channel(); err == nil {
 			_, err = ch.QueueDelete(queueName(topic), false, false, false)
 			errs = append(errs, err, ch.ExchangeDelete(topic, false, false))
@@ -744,28 +792,7 @@ func (e *env) tally(ctx context.Context, mode string, n names, uuids map[string]
 		}
 		return m, rows.Err()
 	}
-	tallyOf := func(m map[string]int) Tally {
-		var t Tally
-		for id := range uuids {
-			switch c := m[id]; {
-			case c == 0:
-				t.Lost++
-				t.LostOrders = appendSample(t.LostOrders, id)
-			case c > 1:
-				t.Doubled++
-				t.Applied++
-				t.DoubledOrders = appendSample(t.DoubledOrders, id)
-			default:
-				t.Applied++
-			}
-		}
-		for id := range m {
-			if _, ok := uuids[id]; !ok {
-				t.Unknown++
-			}
-		}
-		return t
-	}
+	tallyOf := func(m map[string]int) Tally { return tallyOrders(uuids, m) }
 
 	if mode == Transactional {
 		effects, err := perOrder(e.admin, n.Effects)
@@ -819,6 +846,31 @@ func (e *env) tally(ctx context.Context, mode string, n names, uuids map[string]
 	return nil
 }
 
+// tallyOrders counts, over the orders (the keys of ids), how many
+// effects the ledger m (order → effects) holds for each.
+func tallyOrders[V any](ids map[string]V, m map[string]int) Tally {
+	var t Tally
+	for id := range ids {
+		switch c := m[id]; {
+		case c == 0:
+			t.Lost++
+			t.LostOrders = appendSample(t.LostOrders, id)
+		case c > 1:
+			t.Doubled++
+			t.Applied++
+			t.DoubledOrders = appendSample(t.DoubledOrders, id)
+		default:
+			t.Applied++
+		}
+	}
+	for id := range m {
+		if _, ok := ids[id]; !ok {
+			t.Unknown++
+		}
+	}
+	return t
+}
+
 func appendSample(s []string, id string) []string {
 	if len(s) < 10 {
 		return append(s, id)
@@ -855,6 +907,21 @@ type Phase struct {
 	Poisoned                                           int // messages on the poison queue
 	DeadLetters                                        int // transactional: outbox rows the relay gave up on
 	Elapsed                                            time.Duration
+
+	// Surface names the API a RunSurfaces scenario drives (once,
+	// httpidem, the partitioned inbox); empty for Run's phases. A keyed
+	// scenario has no receipts: its Orders are keys, its Messages the
+	// calls made (duplicates included, retries not).
+	Surface string
+	// Wrong counts answers that are not the effect's: a success whose
+	// value is no effect in the ledger (the caller was told it happened
+	// and it did not), or a permanent error other than intervention.
+	Wrong int
+	// Janitor is the partitioned inbox's cleanup under the faults.
+	Janitor *JanitorTally
+	// SharedFaults: this phase ran at once with the one before it, under
+	// the same faults (Faults counts them once for both).
+	SharedFaults bool
 }
 
 // OK reports whether the phase kept its promise: transactional, 0
@@ -863,7 +930,7 @@ type Phase struct {
 // intervention record; two-phase with Reclaim, 0 lost (doubles are that
 // policy's documented price).
 func (p Phase) OK() bool {
-	if p.Effects.Unknown != 0 {
+	if p.Effects.Unknown != 0 || p.Wrong != 0 || p.UnexplainedLost != 0 || (p.Janitor != nil && !p.Janitor.OK()) {
 		return false
 	}
 	if p.Mode == TwoPhase && p.Policy == middleware.Reclaim.String() {
@@ -874,13 +941,21 @@ func (p Phase) OK() bool {
 		return false
 	}
 	if p.Mode == Transactional {
-		return p.Effects.Lost == 0 && p.Receipts != nil && p.Receipts.Doubled == 0 && p.Receipts.Lost == 0 &&
-			p.Receipts.Unknown == 0 && p.Poisoned == 0 && p.DeadLetters == 0
+		if r := p.Receipts; r == nil && p.Surface == "" || r != nil && (r.Doubled != 0 || r.Lost != 0 || r.Unknown != 0) {
+			return false
+		}
+		return p.Effects.Lost == 0 && p.Poisoned == 0 && p.DeadLetters == 0
 	}
-	return p.UnexplainedLost == 0
+	return true
 }
 
 func (p Phase) label() string {
+	if p.Surface != "" {
+		if p.Policy != "" {
+			return p.Surface + " (" + p.Policy + ")"
+		}
+		return p.Surface
+	}
 	if p.Policy != "" {
 		return p.Mode + " (" + p.Policy + ")"
 	}
@@ -897,6 +972,8 @@ type Report struct {
 	Elapsed              time.Duration
 	Workers              int
 	Phases               []Phase
+	// Surfaces: a RunSurfaces report, whose ledger table differs.
+	Surfaces bool
 }
 
 // OK reports whether every phase kept its promise.
@@ -909,12 +986,17 @@ func (r *Report) OK() bool {
 	return len(r.Phases) > 0
 }
 
-// Print writes the fault table and the ledger table.
-func (r *Report) Print(w io.Writer) {
-	fmt.Fprintf(w, "\nchaos run %s, %s, %d worker processes per queue, private PostgreSQL %s, %s in all\n\n",
-		r.Run, r.Started.Format("2006-01-02 15:04 UTC"), r.Workers, r.Cluster, r.Elapsed.Round(time.Second))
+// printFaults writes the table of faults injected per phase.
+func printFaults(w io.Writer, phases []Phase) {
 	fmt.Fprintf(w, "| mode | fault injected | count |\n|---|---|---:|\n")
-	for _, p := range r.Phases {
+	for i, p := range phases {
+		if p.SharedFaults {
+			continue
+		}
+		label := p.label()
+		if i+1 < len(phases) && phases[i+1].SharedFaults {
+			label += " and the phases after it, at once"
+		}
 		for _, kind := range faultOrder {
 			c, ok := p.Faults[kind]
 			if !ok {
@@ -924,8 +1006,19 @@ func (r *Report) Print(w io.Writer) {
 			if b := p.Backends[kind]; b > 0 && kind == faultTerminate {
 				extra = fmt.Sprintf(" (%d backends)", b)
 			}
-			fmt.Fprintf(w, "| %s | %s | %d%s |\n", p.label(), kind, c, extra)
+			fmt.Fprintf(w, "| %s | %s | %d%s |\n", label, kind, c, extra)
 		}
+	}
+}
+
+// Print writes the fault table and the ledger table.
+func (r *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "\nchaos run %s, %s, %d worker processes per queue, private PostgreSQL %s, %s in all\n\n",
+		r.Run, r.Started.Format("2006-01-02 15:04 UTC"), r.Workers, r.Cluster, r.Elapsed.Round(time.Second))
+	printFaults(w, r.Phases)
+	if r.Surfaces {
+		printSurfaces(w, r.Phases)
+		return
 	}
 	fmt.Fprintf(w, "\n| mode | orders | messages (with duplicates) | effects doubled | effects lost | receipts doubled | receipts lost | needs intervention (effect applied) | poisoned | time | verdict |\n")
 	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")

@@ -114,6 +114,8 @@ func (s *supervisor) loop(p *proc, errc chan<- error) {
 			return
 		case killed:
 			// Counted where it was sent.
+		case err == nil && p.spec.Surface != nil && p.spec.Surface.Finite:
+			return // a caller that made all its calls
 		case errors.As(err, &exit) && exit.ExitCode() == exitAfterCommitCode:
 			s.faults.add(faultExitAfterCommit, 1)
 		default:

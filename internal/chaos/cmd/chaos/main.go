@@ -8,6 +8,7 @@
 //	go run ./internal/chaos/cmd/chaos -config failover   # primary + replica on ports 5440/5441, killed and promoted
 //	go run ./internal/chaos/cmd/chaos -config pair-start -replication sync   # the pair, left running
 //	go run ./internal/chaos/cmd/chaos -config pair-stop
+//	go run ./internal/chaos/cmd/chaos -config surfaces   # once, httpidem and the partitioned inbox on port 5450
 //
 // It exits 0 when every phase kept its promise, 1 when the ledger found a
 // doubled or lost effect or the suite failed. A missing prerequisite
@@ -44,7 +45,7 @@ func main() {
 }
 
 func run() int {
-	preset := flag.String("config", "ci", "preset: ci (small, under two minutes), full (thousands of orders, minutes) or failover (a primary and a streaming replica killed and promoted, per replication mode); pair-start -replication MODE leaves the pair running in that mode and prints the primary's DSN (for go run ./bench), pair-stop stops it")
+	preset := flag.String("config", "ci", "preset: ci (small, under two minutes), surfaces (once, httpidem and the partitioned inbox under faults, on port 5450), surfaces-full, full (thousands of orders, minutes) or failover (a primary and a streaming replica killed and promoted, per replication mode); pair-start -replication MODE leaves the pair running in that mode and prints the primary's DSN (for go run ./bench), pair-stop stops it")
 	modes := flag.String("replication", "", "failover: comma-separated replication modes (async, sync, remote_apply; default all; none: the service measurement only)")
 	lagProcess := flag.String("lag-process", chaos.LagWALReceiver, "failover: the process stopped to make the replica lag (walreceiver or walsender)")
 	lag := flag.Duration("lag", 0, "failover: how long the replica is stopped before the primary is killed (0: 3s)")
@@ -57,6 +58,9 @@ func run() int {
 	policy := flag.String("two-phase-policy", "intervene", "two-phase expired-lease policy: intervene (0 doubled) or reclaim (re-runs effects by design: shows the ledger sees doubles; 0 lost)")
 	batch := flag.Int("batch", 0, "run the transactional phase with group commit, up to this many deliveries per transaction (0: off)")
 	keep := flag.Bool("keep", false, "keep the run's tables and queues for inspection")
+	keys := flag.Int("keys", -1, "surfaces: keys per keyed scenario, 0 to skip them (-1: the preset's)")
+	partitioned := flag.Int("partitioned-orders", -1, "surfaces: orders of the partitioned-inbox phase, 0 to skip it (-1: the preset's)")
+	httpPolicy := flag.String("http-policy", "intervene", "surfaces: httpidem's expired-lease policy (intervene or reclaim)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -76,6 +80,30 @@ func run() int {
 			return 1
 		}
 		return 0
+	}
+	if *preset == "surfaces" || *preset == "surfaces-full" {
+		config := chaos.SurfacesCI()
+		if *preset == "surfaces-full" {
+			config = chaos.SurfacesFull()
+		}
+		if *partitioned >= 0 {
+			config.Orders = *partitioned
+		}
+		if *keys >= 0 {
+			config.Keys = *keys
+		}
+		if *duration > 0 {
+			config.Duration = *duration
+		}
+		if *httpPolicy == "reclaim" {
+			config.HTTPPolicy = middleware.Reclaim
+		}
+		config.Workers, config.Keep = *workers, *keep
+		report, err := chaos.RunSurfaces(ctx, config)
+		if report == nil {
+			return finish(nil, err)
+		}
+		return finish(report, err)
 	}
 	if *preset == "failover" {
 		config := chaos.FailoverPreset()
