@@ -72,10 +72,14 @@ bench:
 # cut off mid-stream, the outbox relay and its LISTEN connection killed; a
 # ledger counts doubled and lost effects. chaos is the full configuration
 # (thousands of orders, minutes); chaos-ci the small one .ci/run runs,
-# once in the default mode and once with group commit (batches of 8).
+# once in the default mode and once with group commit (batches of 8), then
+# the newer surfaces (once, httpidem, the partitioned inbox) on a second
+# private cluster (port 5450). The PostgreSQL failover run (-config
+# failover, 3-4 minutes, ports 5440-5441) is run by hand.
 chaos:
 	$(GO) run ./internal/chaos/cmd/chaos -config full
 
 chaos-ci:
 	$(GO) run ./internal/chaos/cmd/chaos -config ci
 	$(GO) run ./internal/chaos/cmd/chaos -config ci -batch 8
+	$(GO) run ./internal/chaos/cmd/chaos -config surfaces
