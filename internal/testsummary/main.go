@@ -24,10 +24,11 @@ import (
 
 // event is one line of `go test -json` (cmd/test2json).
 type event struct {
-	Action  string
-	Package string
-	Test    string
-	Output  string
+	Action     string
+	Package    string
+	Test       string
+	Output     string
+	ImportPath string // build-output and build-fail events (Go 1.24+)
 }
 
 // missing matches internal/testenv's skip message: "skipping: <service>
@@ -53,6 +54,10 @@ func (s *summary) add(e event) {
 	s.events++
 	id := e.Package + "\x00" + e.Test
 	switch e.Action {
+	case "build-output":
+		fmt.Fprint(s.out, e.Output)
+	case "build-fail":
+		s.failedPkgs++
 	case "output":
 		if e.Test == "" {
 			// Package lines: "ok  pkg 1.2s", "FAIL pkg", "?  pkg [no test
@@ -114,8 +119,8 @@ func (s *summary) line() string {
 		slices.Sort(names)
 		down = strings.Join(names, ", ")
 	}
-	return fmt.Sprintf("test summary: %d passed, %d failed, %d skipped (%d for a service that was down, %d by -short or a backend's features); services down: %s",
-		s.passed, s.failed, s.skipped, s.skipped-s.short, s.short, down)
+	return fmt.Sprintf("test summary: %d passed, %d failed, %d skipped (%d for a service that was down, %d by -short or a backend's features), %d packages failed; services down: %s",
+		s.passed, s.failed, s.skipped, s.skipped-s.short, s.short, s.failedPkgs, down)
 }
 
 func (s *summary) ok() bool { return s.failed == 0 && s.failedPkgs == 0 && s.events > 0 }

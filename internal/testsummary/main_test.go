@@ -23,7 +23,7 @@ func TestSummaryNamesDownServicesAndCountsSkips(t *testing.T) {
 	if !run(strings.NewReader(in), &out) {
 		t.Fatalf("a run with no failure reported failure:\n%s", out.String())
 	}
-	want := "test summary: 1 passed, 0 failed, 3 skipped (2 for a service that was down, 1 by -short or a backend's features); services down: PostgreSQL (1 tests), Redis (1 tests)\n"
+	want := "test summary: 1 passed, 0 failed, 3 skipped (2 for a service that was down, 1 by -short or a backend's features), 0 packages failed; services down: PostgreSQL (1 tests), Redis (1 tests)\n"
 	if !strings.HasSuffix(out.String(), want) {
 		t.Fatalf("summary line:\n got %q\nwant %q", out.String(), want)
 	}
@@ -57,5 +57,22 @@ func TestEmptyInputFails(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "# build failed") {
 		t.Fatalf("non-JSON lines are not passed through: %s", out.String())
+	}
+}
+
+func TestBuildFailureIsPrintedAndFailsTheRun(t *testing.T) {
+	in := strings.Join([]string{
+		`{"ImportPath":"p","Action":"build-output","Output":"# p\n"}`,
+		`{"ImportPath":"p","Action":"build-output","Output":"p/x.go:3:2: undefined: y\n"}`,
+		`{"ImportPath":"p","Action":"build-fail"}`,
+		`{"Action":"output","Package":"p","Output":"FAIL\tp [build failed]\n"}`,
+		`{"Action":"fail","Package":"p"}`,
+	}, "\n")
+	var out strings.Builder
+	if run(strings.NewReader(in), &out) {
+		t.Fatal("a build failure did not fail the run")
+	}
+	if !strings.Contains(out.String(), "undefined: y") {
+		t.Fatalf("the compiler's message was not printed:\n%s", out.String())
 	}
 }
