@@ -27,10 +27,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/pgxexec"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/sqlexec/pgxexec"
 )
 
 // WriteTx is outbox.Outbox.WriteTx in a pgx transaction: msgs are
