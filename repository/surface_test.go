@@ -24,7 +24,7 @@ func TestNoExportedSignatureNamesAnInternalType(t *testing.T) {
 	if testing.Short() {
 		t.Skip("type-checks the module and its dependencies from source")
 	}
-	const module = "github.com/idemkit/watermill-idempotent"
+
 	fset := token.NewFileSet()
 	imp := importer.ForCompiler(fset, "source", nil)
 	for _, dir := range libraryDirs(t, "..") {

@@ -57,17 +57,12 @@ type VersionStore interface {
 	AdvanceOn(ctx context.Context, ex sqlexec.Executor, p repository.AdvanceParams) (bool, error)
 }
 
-type ctxKey struct{}
-
 // TxFromContext returns the pgx inbox transaction of the message being
 // handled: use msg.Context(). Writes made through it commit or roll back
 // together with the deduplication marker. Handlers must not commit or
 // roll it back themselves. ok is false outside an inbox handler run by a
 // Beginner of this package.
-func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
-	tx, ok = ctx.Value(ctxKey{}).(pgx.Tx)
-	return tx, ok && tx != nil
-}
+func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) { return pgxexec.TxFromContext(ctx) }
 
 // Beginner returns a middleware.Beginner that begins each inbox
 // transaction on pool with opts and keeps repo's markers in it. repo must
@@ -272,7 +267,7 @@ func (t inboxTx) SaveResult(ctx context.Context, p repository.SaveResultParams) 
 }
 
 func (t inboxTx) WithTx(ctx context.Context) context.Context {
-	return context.WithValue(ctx, ctxKey{}, t.tx)
+	return pgxexec.WithTx(ctx, t.tx)
 }
 
 func (t inboxTx) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }

@@ -88,3 +88,19 @@ func (d pool) OnSession(ctx context.Context, fn func(sqlexec.Executor) error) er
 	defer conn.Release()
 	return fn(exec{conn})
 }
+
+type txKey struct{}
+
+// WithTx returns ctx carrying tx, the transaction of the work ctx belongs
+// to: middleware/pgxinbox puts a delivery's inbox transaction there, and
+// TxFromContext reads it (pgxinbox.TxFromContext, pgxoutbox.Outputs).
+func WithTx(ctx context.Context, tx pgx.Tx) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// TxFromContext returns the transaction WithTx put in ctx; ok is false
+// when there is none.
+func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
+	tx, ok = ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok && tx != nil
+}
