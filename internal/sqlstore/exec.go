@@ -15,19 +15,8 @@ type (
 	DB       = sqlexec.DB
 )
 
-// StdDB adapts a database/sql pool; nil stays nil. The store keeps the
-// *sql.DB for SQLite's prepared statements (see txExec).
-func StdDB(db *sql.DB) DB {
-	if db == nil {
-		return nil
-	}
-	return stdDB{sqlexec.Std(db), db}
-}
-
-type stdDB struct {
-	sqlexec.DB
-	db *sql.DB
-}
+// StdDB adapts a database/sql pool; nil stays nil.
+func StdDB(db *sql.DB) DB { return sqlexec.Std(db) }
 
 // StdQuerier adapts a caller's transaction (*sql.Tx, *sql.Conn).
 func StdQuerier(q repository.Querier) Executor { return sqlexec.StdTx(q) }

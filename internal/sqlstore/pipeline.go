@@ -2,12 +2,9 @@ package sqlstore
 
 import (
 	"context"
-	"database/sql"
 	"encoding/hex"
 	"regexp"
 	"strconv"
-	"strings"
-	"sync"
 
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -98,105 +95,4 @@ func (s *Inbox) GetOn(ctx context.Context, ex Executor, consumer, key string) (r
 	}
 	rec, err := s.get(ctx, ex, s.q.get, consumer, repository.StorageKey(key))
 	return rec, s.wrap("get", err)
-}
-
-// txExec returns the executor for a caller's database/sql transaction.
-// On SQLite, where a statement costs CPU rather than a round trip and
-// modernc.org/sqlite compiles every statement it is given, it runs the
-// store's statements as statements prepared once on the store's own
-// *sql.DB (tx.StmtContext reuses them on the transaction's connection).
-func (s *Inbox) txExec(q repository.Querier) Executor {
-	tx, ok := q.(*sql.Tx)
-	d, std := s.db.(stdDB)
-	if !ok || !std || s.d.Bind != QuestionNumbered {
-		return StdQuerier(q)
-	}
-	return preparedExec{plain: StdQuerier(tx), tx: tx, db: d.db, cache: &s.prepared}
-}
-
-// preparedStmts are statements prepared on the store's *sql.DB, by text.
-type preparedStmts struct{ m sync.Map } // string → *preparedStmt
-
-type preparedStmt struct {
-	once sync.Once
-	st   *sql.Stmt // nil until prepared, or if preparing failed
-	done chan struct{}
-}
-
-// get returns the prepared statement for query, or nil while it is being
-// prepared: a first use starts preparing it in the background, since the
-// pool may have no connection to spare until the caller's transaction
-// ends (SQLite's pool holds one).
-func (p *preparedStmts) get(db *sql.DB, query string) *sql.Stmt {
-	v, _ := p.m.LoadOrStore(query, &preparedStmt{done: make(chan struct{})})
-	ps := v.(*preparedStmt)
-	select {
-	case <-ps.done:
-		return ps.st
-	default:
-	}
-	ps.once.Do(func() {
-		go func() {
-			defer close(ps.done)
-			if st, err := db.Prepare(query); err == nil {
-				ps.st = st
-			}
-		}()
-	})
-	return nil
-}
-
-type preparedExec struct {
-	plain Executor
-	tx    *sql.Tx
-	db    *sql.DB
-	cache *preparedStmts
-}
-
-func (e preparedExec) Exec(ctx context.Context, query string, args ...any) (int64, error) {
-	st := e.cache.get(e.db, query)
-	if st == nil {
-		return e.plain.Exec(ctx, query, args...)
-	}
-	res, err := e.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
-	if err != nil {
-		if isForeignStmt(err) {
-			return e.plain.Exec(ctx, query, args...)
-		}
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-func (e preparedExec) Query(ctx context.Context, query string, args ...any) (Rows, error) {
-	return e.plain.Query(ctx, query, args...)
-}
-
-func (e preparedExec) QueryRow(ctx context.Context, query string, args ...any) Row {
-	st := e.cache.get(e.db, query)
-	if st == nil {
-		return e.plain.QueryRow(ctx, query, args...)
-	}
-	return foreignRow{e.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...), func() Row { return e.plain.QueryRow(ctx, query, args...) }}
-}
-
-// foreignRow runs the statement unprepared when the transaction belongs
-// to another *sql.DB than the store's.
-type foreignRow struct {
-	row   *sql.Row
-	plain func() Row
-}
-
-func (r foreignRow) Scan(dest ...any) error {
-	err := r.row.Scan(dest...)
-	if isForeignStmt(err) {
-		return r.plain().Scan(dest...)
-	}
-	return err
-}
-
-// isForeignStmt recognises database/sql refusing a statement prepared on
-// another *sql.DB than the transaction's.
-func isForeignStmt(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "statement from different database")
 }
