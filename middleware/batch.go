@@ -10,8 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 const (
@@ -417,7 +417,7 @@ func (b *batcher) retryable(err error) bool {
 // (SQLSTATE 25P02): an earlier statement of the batch failed, perhaps in
 // a handler that went on as if nothing happened, so the handler that
 // meets it is not to blame.
-func inFailedTx(err error) bool { return sqlstate.Of(err) == "25P02" }
+func inFailedTx(err error) bool { return sqldialect.SQLState(err) == "25P02" }
 
 // fail sets d's outcome to err, with nothing committed, and returns d.
 func (d *delivery) fail(err error) *delivery {

@@ -195,8 +195,8 @@ type ClaimBeginner interface {
 
 // BatchClaimBeginner is a Beginner that begins the transaction of a
 // group commit (Config.Batch) and claims every key of the batch in one
-// round trip (middleware/pgxinbox's Beginner sends "begin; INSERT …" with
-// one row per key). The Inbox prefers BeginClaimBatch to BeginInbox and
+// round trip (middleware/pgxinbox's Beginner sends BEGIN and one INSERT
+// with a row per key as one pgx.Batch). The Inbox prefers BeginClaimBatch to BeginInbox and
 // a Claim per key. claims[k] answers params[k] as InboxTx.Claim does; the
 // transaction is open whatever the claims say, and has ended when an
 // error is returned.

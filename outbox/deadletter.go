@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
+	"github.com/idemkit/watermill-idempotent/sqlexec"
 )
 
 // Limits of the dead-letter operator API.
@@ -73,13 +74,12 @@ type DeadLetters struct {
 // NewDeadLetters returns the dead-letter API for the outbox described by
 // config (the same Config as the Outbox and the relay).
 func NewDeadLetters(db *sql.DB, config Config) (*DeadLetters, error) {
-	return NewDeadLettersOn(sqlstore.StdDB(db), config)
+	return NewDeadLettersOn(sqlexec.Std(db), config)
 }
 
-// NewDeadLettersOn is NewDeadLetters on a pool of any driver, for this
-// module's driver packages; use NewDeadLetters or
-// pgxoutbox.NewDeadLetters.
-func NewDeadLettersOn(db sqlstore.DB, config Config) (*DeadLetters, error) {
+// NewDeadLettersOn is NewDeadLetters on a pool of any driver behind
+// sqlexec.DB (pgxoutbox.NewDeadLetters passes a pgx pool).
+func NewDeadLettersOn(db sqlexec.DB, config Config) (*DeadLetters, error) {
 	if db == nil {
 		return nil, errors.New("outbox: dead letters: db is nil")
 	}

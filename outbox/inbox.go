@@ -6,11 +6,9 @@ import (
 	"errors"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
-// Outputs returns a middleware.OutputWriter that stores an inbox handler's
+// Outputs returns an OutputWriter (a middleware.OutputWriter) that stores an inbox handler's
 // output messages in this outbox, bound for topic, inside the inbox
 // transaction:
 //
@@ -24,16 +22,20 @@ import (
 // deterministic UUIDs the inbox gave them (middleware.OutputUUID of the
 // handler's scope and key). It needs the inbox's Config.DB; for an inbox
 // on pgx (pgxinbox.Beginner) use pgxoutbox.Outputs.
-func (o *Outbox) Outputs(topic string) middleware.OutputWriter {
-	return outputs{outbox: o, topic: topic}
+func (o *Outbox) Outputs(topic string) OutputWriter {
+	return OutputWriter{outbox: o, topic: topic}
 }
 
-type outputs struct {
+// OutputWriter writes an inbox handler's outputs into an outbox, bound
+// for one topic; Outbox.Outputs makes one. It satisfies
+// middleware.OutputWriter (the outbox does not import the middleware).
+type OutputWriter struct {
 	outbox *Outbox
 	topic  string
 }
 
-func (w outputs) WriteOutputs(ctx context.Context, tx *sql.Tx, msgs []*message.Message) error {
+// WriteOutputs writes msgs in tx, the inbox transaction (see WriteTx).
+func (w OutputWriter) WriteOutputs(ctx context.Context, tx *sql.Tx, msgs []*message.Message) error {
 	if tx == nil {
 		return errors.New("outbox: the inbox has no *sql.Tx (it runs on a Config.Beginner): use pgxoutbox.Outputs")
 	}

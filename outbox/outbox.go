@@ -11,9 +11,9 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
+	"github.com/idemkit/watermill-idempotent/sqlexec"
 )
 
 // DefaultTableName is the outbox table used when Config.Table is empty.
@@ -143,12 +143,12 @@ func (o *Outbox) SchemaDDL() string { return SchemaDDL(o.config.Dialect, o.confi
 // column). Never run it inside a business transaction: DDL commits
 // implicitly on MySQL.
 func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
-	return o.MigrateOn(ctx, sqlstore.StdDB(db))
+	return o.MigrateOn(ctx, sqlexec.Std(db))
 }
 
-// MigrateOn is Migrate on a pool of any driver, for this module's driver
-// packages (pgxoutbox.Migrate); use Migrate or pgxoutbox.Migrate.
-func (o *Outbox) MigrateOn(ctx context.Context, db sqlstore.DB) error {
+// MigrateOn is Migrate on a pool of any driver behind sqlexec.DB
+// (pgxoutbox.Migrate passes a pgx pool through pgxexec.Pool).
+func (o *Outbox) MigrateOn(ctx context.Context, db sqlexec.DB) error {
 	if db == nil {
 		return errors.New("outbox: migrate: db is nil")
 	}
@@ -214,13 +214,13 @@ func (o *Outbox) WriteTx(ctx context.Context, tx *sql.Tx, msgs ...Outgoing) erro
 	if tx == nil {
 		return errors.New("outbox: tx is nil")
 	}
-	return o.WriteOn(ctx, sqlstore.StdQuerier(tx), msgs...)
+	return o.WriteOn(ctx, sqlexec.StdTx(tx), msgs...)
 }
 
-// WriteOn is WriteTx on a transaction of any driver, for this module's
-// driver packages (pgxoutbox.WriteTx writes in a pgx.Tx); use WriteTx or
-// pgxoutbox.WriteTx.
-func (o *Outbox) WriteOn(ctx context.Context, tx sqlstore.Executor, msgs ...Outgoing) error {
+// WriteOn is WriteTx in a transaction of any driver behind
+// sqlexec.Executor (pgxoutbox.WriteTx passes a pgx.Tx through
+// pgxexec.Exec).
+func (o *Outbox) WriteOn(ctx context.Context, tx sqlexec.Executor, msgs ...Outgoing) error {
 	if tx == nil {
 		return errors.New("outbox: tx is nil")
 	}

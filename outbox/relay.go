@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
+	"github.com/idemkit/watermill-idempotent/sqlexec"
 )
 
 // Relay defaults.
@@ -260,13 +261,12 @@ type Relay struct {
 // publisher. logger may be nil (watermill.NopLogger). The relay does not
 // close db or publisher.
 func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
-	return NewRelayOn(sqlstore.StdDB(db), publisher, config, logger)
+	return NewRelayOn(sqlexec.Std(db), publisher, config, logger)
 }
 
-// NewRelayOn is NewRelay on a pool of any driver, for this module's
-// driver packages (pgxoutbox.NewRelay runs the relay on a pgxpool.Pool);
-// use NewRelay or pgxoutbox.NewRelay.
-func NewRelayOn(db sqlstore.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
+// NewRelayOn is NewRelay on a pool of any driver behind sqlexec.DB
+// (pgxoutbox.NewRelay passes a pgxpool.Pool through pgxexec.Pool).
+func NewRelayOn(db sqlexec.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
 	if db == nil {
 		return nil, errors.New("outbox: relay: db is nil")
 	}

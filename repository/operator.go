@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/watermill-idempotent/internal/resultcodec"
+	"github.com/idemkit/watermill-idempotent/resultcodec"
 )
 
 // ResolveAction is what an operator does with a stuck two-phase record.

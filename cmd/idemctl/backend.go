@@ -518,7 +518,9 @@ func (s *store) outboxLine() (migrationLine, error) {
 func (s *store) versionsLine() (migrationLine, error) {
 	l := migrationLine{label: "versions", line: "versions", table: s.versionsTable, dir: "migrations/versions"}
 	var (
-		v   *postgres.VersionStore
+		v interface {
+			Migrations(context.Context) ([]sqlstore.Migration, error)
+		}
 		err error
 	)
 	switch s.kind {

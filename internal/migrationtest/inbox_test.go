@@ -23,6 +23,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/migrationtest"
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstoretest"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
@@ -37,8 +38,8 @@ type backend struct {
 	open       func(testing.TB) *sql.DB
 	quote      string
 	migrations fs.FS
-	inbox      func(*sql.DB, string) (*sqlstore.Inbox, error)
-	versions   func(*sql.DB, string) (*sqlstore.Versions, error)
+	inbox      func(*sql.DB, string) (sqlstoretest.Inbox, error)
+	versions   func(*sql.DB, string) (sqlstoretest.Versions, error)
 	// oldDDL is the DDL Migrate ran before migrations were versioned.
 	oldDDL string
 	// schema creates and drops a schema (%s) of a test's own; indexes
@@ -49,10 +50,10 @@ type backend struct {
 var backends = []backend{
 	{
 		name: "sqlite", open: testenv.SQLite, quote: `"`, migrations: sqlite.Migrations,
-		inbox: func(db *sql.DB, t string) (*sqlstore.Inbox, error) {
+		inbox: func(db *sql.DB, t string) (sqlstoretest.Inbox, error) {
 			return sqlite.NewRepository(db, sqlite.Config{Table: t})
 		},
-		versions: func(db *sql.DB, t string) (*sqlstore.Versions, error) {
+		versions: func(db *sql.DB, t string) (sqlstoretest.Versions, error) {
 			return sqlite.NewVersionStore(db, sqlite.VersionConfig{Table: t})
 		},
 		oldDDL: `CREATE TABLE IF NOT EXISTS "%[1]s" (
@@ -65,10 +66,10 @@ CREATE INDEX IF NOT EXISTS "%[1]s_expires_at_idx" ON "%[1]s" (expires_at);`,
 	},
 	{
 		name: "postgres", open: testenv.Postgres, quote: `"`, migrations: postgres.Migrations,
-		inbox: func(db *sql.DB, t string) (*sqlstore.Inbox, error) {
+		inbox: func(db *sql.DB, t string) (sqlstoretest.Inbox, error) {
 			return postgres.NewRepository(db, postgres.Config{Table: t})
 		},
-		versions: func(db *sql.DB, t string) (*sqlstore.Versions, error) {
+		versions: func(db *sql.DB, t string) (sqlstoretest.Versions, error) {
 			return postgres.NewVersionStore(db, postgres.VersionConfig{Table: t})
 		},
 		oldDDL: `CREATE TABLE IF NOT EXISTS "%[1]s" (
@@ -83,10 +84,10 @@ JOIN pg_namespace ns ON ns.oid = t.relnamespace WHERE ns.nspname = $1 AND t.reln
 	},
 	{
 		name: "mysql", open: testenv.MySQL, quote: "`", migrations: mysql.Migrations,
-		inbox: func(db *sql.DB, t string) (*sqlstore.Inbox, error) {
+		inbox: func(db *sql.DB, t string) (sqlstoretest.Inbox, error) {
 			return mysql.NewRepository(db, mysql.Config{Table: t})
 		},
-		versions: func(db *sql.DB, t string) (*sqlstore.Versions, error) {
+		versions: func(db *sql.DB, t string) (sqlstoretest.Versions, error) {
 			return mysql.NewVersionStore(db, mysql.VersionConfig{Table: t})
 		},
 		oldDDL: "CREATE TABLE IF NOT EXISTS `%[1]s` (" + `

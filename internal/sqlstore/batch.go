@@ -95,33 +95,29 @@ func (s *Inbox) batchRows(params []repository.ClaimParams) ([]batchRowArgs, erro
 	return rows, nil
 }
 
-// ClaimBatchLiteral is ClaimLiteral for a batch: the claim of every row
-// of params as one plain multi-row INSERT with the values written into
-// the text, without the conflict clause, in the lock order ClaimBatchOn
-// uses, so that a driver can send it in the same round trip as BEGIN
-// ("begin; INSERT …"). One key already taken fails the whole statement
-// with a unique violation (Dialect.IsUniqueViolation), after waiting for
-// a transaction that holds it, and aborts the transaction: the caller
-// then rolls back and claims with ClaimBatchOn, which tells the taken
-// keys apart. Only PostgreSQL (Dollar) dialects have it; at most 1,000
-// rows.
-func (s *Inbox) ClaimBatchLiteral(params []repository.ClaimParams) (string, error) {
+// ClaimStatement returns the claim of every key of params as one plain
+// multi-row INSERT without the conflict clause, in the lock order
+// ClaimBatchOn uses, and its bound arguments, for a driver to send in the
+// round trip of BEGIN (middleware/pgxinbox queues both in one pgx.Batch).
+// One key already taken fails the whole statement with a unique
+// violation, after waiting for a transaction that holds it, and aborts
+// the transaction: the caller then rolls back and claims with ClaimOn or
+// ClaimBatchOn, which tell the taken keys apart. Only PostgreSQL (Dollar)
+// dialects have it; 1 to 1,000 keys.
+func (s *Inbox) ClaimStatement(params []repository.ClaimParams) (string, []any, error) {
 	if s.d.Bind != Dollar || len(params) == 0 || len(params) > maxBatchRows {
-		return "", fmt.Errorf("%s: claim batch literal: %w: PostgreSQL and 1 to %d rows only", s.d.Name, repository.ErrInvalidParams, maxBatchRows)
+		return "", nil, fmt.Errorf("%s: claim statement: %w: PostgreSQL and 1 to %d keys only", s.d.Name, repository.ErrInvalidParams, maxBatchRows)
 	}
 	rows, err := s.batchRows(params)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	args := make([]any, 0, 5*len(rows))
 	for _, r := range rows {
 		args = append(args, r.args...)
 	}
-	text, ok := inlined(Dollar, s.batchInsert(len(rows), true), args)
-	if !ok {
-		return "", fmt.Errorf("%s: claim batch literal: %w: a value has no literal form", s.d.Name, repository.ErrInvalidParams)
-	}
-	return text, nil
+	st := s.batchInsert(len(rows), true)
+	return st.text, st.Args(args...), nil
 }
 
 // batchRow validates row i of a batch and returns its stored key. seen

@@ -25,8 +25,7 @@ type Inbox struct {
 		acquire, reclaim, extend, extendCheck, complete, release        Stmt
 		list, resolveComplete, resolveRelease, live, count              Stmt
 	}
-	prepared preparedStmts // SQLite: see txExec
-	batches  sync.Map      // batchStmtKey → Stmt, see batchInsert
+	batches sync.Map // batchStmtKey → Stmt, see batchInsert
 }
 
 // NewInbox returns the inbox store of dialect d over db. It does not
@@ -58,7 +57,7 @@ func NewInbox(d *Dialect, db DB, config Config) (*Inbox, error) {
 // a locking read where a snapshot could hide it. A concurrent claim of
 // the same key waits on the first one's row lock.
 func (s *Inbox) ClaimTx(ctx context.Context, tx repository.Querier, p repository.ClaimParams) (repository.Claim, error) {
-	return s.ClaimOn(ctx, s.txExec(tx), p)
+	return s.ClaimOn(ctx, StdQuerier(tx), p)
 }
 
 // ClaimOn is ClaimTx on any driver's transaction (see pgxexec.Exec).
@@ -99,7 +98,7 @@ func (s *Inbox) insert(ctx context.Context, ex Executor, insert, read Stmt, args
 // SaveResultTx implements repository.Transactional with one UPDATE; it
 // returns repository.ErrNotFound if there is no such record.
 func (s *Inbox) SaveResultTx(ctx context.Context, tx repository.Querier, p repository.SaveResultParams) error {
-	return s.SaveResultOn(ctx, s.txExec(tx), p)
+	return s.SaveResultOn(ctx, StdQuerier(tx), p)
 }
 
 // SaveResultOn is SaveResultTx on any driver's transaction.

@@ -12,11 +12,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 // MigrationsTable records the applied migrations of every table the store
 // manages, in the schema of that table.
-const MigrationsTable = "watermill_idempotent_migrations"
+const MigrationsTable = repository.MigrationsTable
 
 // migrationsDDL is portable: every dialect accepts it as written.
 const migrationsDDL = `CREATE TABLE IF NOT EXISTS {T} (
@@ -28,11 +30,7 @@ const migrationsDDL = `CREATE TABLE IF NOT EXISTS {T} (
 )`
 
 // Migration is one migration file set; Migrations returns those it applied.
-type Migration struct {
-	Version  int           // the file's number (0001_… is 1)
-	Name     string        // the file name without number and extension
-	Duration time.Duration // how long applying it took
-}
+type Migration = repository.Migration
 
 // migrator applies a migration line to one table.
 type migrator struct {

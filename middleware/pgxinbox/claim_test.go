@@ -63,7 +63,7 @@ func TestBeginClaim(t *testing.T) {
 	require.Equal(t, key, rec.Key)
 
 	// The claim is prepared on the connection; a session that lost it (a
-	// pooler resetting sessions) falls back to plain INSERTs.
+	// pooler resetting sessions) prepares it again.
 	var stmt string
 	require.NoError(t, one.QueryRow(t.Context(),
 		`SELECT name FROM pg_prepared_statements WHERE name LIKE 'watermill_idempotent_claim_%'`).Scan(&stmt))

@@ -11,13 +11,14 @@
 //	})
 //
 // A first delivery costs the round trips of the handler's own pgx
-// transaction: BEGIN and the claim go out as one query (see
+// transaction: BEGIN and the claim go out together in one pgx.Batch (see
 // Beginner's BeginClaim), then the handler's statements, then COMMIT.
 // Under group commit (middleware.Config.Batch) a batch's BEGIN and the
-// claim of all its keys go out as one query too.
+// claim of all its keys go out together too.
 //
 // It is a package of its own so that the middleware package never links
-// pgx for MySQL and SQLite users.
+// pgx for MySQL and SQLite users; it imports no backend (Store is an
+// interface).
 package pgxinbox
 
 import (
@@ -26,52 +27,55 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/pgxexec"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
-	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
+	"github.com/idemkit/watermill-idempotent/sqlexec"
+	"github.com/idemkit/watermill-idempotent/sqlexec/pgxexec"
 )
 
-type ctxKey struct{}
+// Store is what the pgx inbox needs of its inbox store, on a pgx
+// transaction (sqlexec.Executor, see pgxexec.Exec): *postgres.Repository
+// implements it.
+type Store interface {
+	ClaimOn(ctx context.Context, ex sqlexec.Executor, p repository.ClaimParams) (repository.Claim, error)
+	ClaimBatchOn(ctx context.Context, ex sqlexec.Executor, params []repository.ClaimParams) ([]repository.Claim, error)
+	SaveResultOn(ctx context.Context, ex sqlexec.Executor, p repository.SaveResultParams) error
+	GetOn(ctx context.Context, ex sqlexec.Executor, consumer, key string) (repository.Record, error)
+	// ClaimStatement returns the plain INSERT claiming every key of params
+	// and its arguments: a taken key fails it with a unique violation.
+	ClaimStatement(params []repository.ClaimParams) (query string, args []any, err error)
+}
+
+// VersionStore is what ApplyIfNewer needs of a version store:
+// *postgres.VersionStore implements it.
+type VersionStore interface {
+	AdvanceOn(ctx context.Context, ex sqlexec.Executor, p repository.AdvanceParams) (bool, error)
+}
 
 // TxFromContext returns the pgx inbox transaction of the message being
 // handled: use msg.Context(). Writes made through it commit or roll back
 // together with the deduplication marker. Handlers must not commit or
 // roll it back themselves. ok is false outside an inbox handler run by a
 // Beginner of this package.
-func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
-	tx, ok = ctx.Value(ctxKey{}).(pgx.Tx)
-	return tx, ok && tx != nil
-}
+func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) { return pgxexec.TxFromContext(ctx) }
 
 // Beginner returns a middleware.Beginner that begins each inbox
 // transaction on pool with opts and keeps repo's markers in it. repo must
 // be on the same database (postgres.NewPgxRepository or NewRepository).
 // A nil pool or repo fails every delivery.
-func Beginner(pool *pgxpool.Pool, repo *postgres.Repository, opts pgx.TxOptions) middleware.Beginner {
-	b := beginner{pool: pool, repo: repo, opts: opts, literal: new(atomic.Bool)}
-	if repo != nil {
-		sum := sha256.Sum256([]byte(repo.ClaimStatement()))
-		b.stmt = "watermill_idempotent_claim_" + hex.EncodeToString(sum[:8])
-	}
-	return b
+func Beginner(pool *pgxpool.Pool, repo Store, opts pgx.TxOptions) middleware.Beginner {
+	return beginner{pool: pool, repo: repo, opts: opts}
 }
 
 type beginner struct {
 	pool *pgxpool.Pool
-	repo *postgres.Repository
+	repo Store
 	opts pgx.TxOptions
-	// stmt names the claim prepared on each connection; literal is set
-	// once a connection lost it (a pooler resetting sessions): from then
-	// on claims are sent as plain INSERTs.
-	stmt    string
-	literal *atomic.Bool
 }
 
 func (b beginner) BeginInbox(ctx context.Context) (middleware.InboxTx, error) {
@@ -85,39 +89,27 @@ func (b beginner) BeginInbox(ctx context.Context) (middleware.InboxTx, error) {
 	return inboxTx{tx, b.repo}, nil
 }
 
-// BeginClaim implements middleware.ClaimBeginner: it sends BEGIN and the
-// claim as one query ("begin; EXECUTE …": the claim prepared on the
-// connection the first time, its values written into the text by the
-// store), so a first delivery costs the round trips of the handler's own
-// transaction: begin and claim, the handler's statements, commit. The
-// claim is a plain INSERT: a key already taken fails it with
-// a unique violation (after waiting for a transaction that holds the key
-// to end), which aborts the transaction; it is rolled back and the stored
-// record read on the same connection.
+// BeginClaim implements middleware.ClaimBeginner: BEGIN and the claim, a
+// plain INSERT with bound parameters, go out in one round trip as a
+// pgx.Batch begun with Batch.BeginTx (prepared by pgx's statement cache
+// the first time on each connection), so a first delivery costs the
+// round trips of the handler's own transaction: begin and claim, the
+// handler's statements, commit. A key already taken fails the INSERT
+// with a unique violation (after waiting for a transaction that holds
+// the key to end), which aborts the transaction: it is rolled back and
+// the stored record read.
 func (b beginner) BeginClaim(ctx context.Context, p repository.ClaimParams) (middleware.InboxTx, repository.Claim, error) {
 	if b.pool == nil || b.repo == nil {
 		return nil, repository.Claim{}, errNil
 	}
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return nil, repository.Claim{}, err
-	}
-	tx, err := b.beginClaim(ctx, conn, p, !b.literal.Load())
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) && pg.Code == "26000" { // invalid_sql_statement_name
-		b.literal.Store(true)
-		if err = rollback(ctx, conn); err == nil {
-			tx, err = b.beginClaim(ctx, conn, p, false)
-		}
-	}
+	tx, err := b.beginClaiming(ctx, []repository.ClaimParams{p})
 	if err == nil {
-		return inboxTx{pooledTx{tx, conn}, b.repo}, repository.Claim{Claimed: true}, nil
+		return inboxTx{tx, b.repo}, repository.Claim{Claimed: true}, nil
 	}
-	if err := endFailedClaim(ctx, conn, err); err != nil {
+	if !repository.IsUniqueViolation(err) {
 		return nil, repository.Claim{}, err
 	}
-	rec, err := b.repo.GetOn(ctx, pgxexec.Exec(conn), p.Consumer, p.Key)
-	conn.Release()
+	rec, err := b.repo.GetOn(ctx, pgxexec.Exec(b.pool), p.Consumer, p.Key)
 	if errors.Is(err, repository.ErrNotFound) {
 		// Deleted since it collided (cleanup): the broker retries and the
 		// next claim decides.
@@ -130,120 +122,112 @@ func (b beginner) BeginClaim(ctx context.Context, p repository.ClaimParams) (mid
 }
 
 // BeginClaimBatch implements middleware.BatchClaimBeginner, for group
-// commit: it sends BEGIN and one plain multi-row INSERT of every key as
-// one query, so a batch of first deliveries costs one round trip before
-// its handlers run. A key already taken fails that INSERT with a unique
-// violation (after waiting for a transaction that holds the key to end);
-// the transaction is then rolled back and begun again, and the keys are
-// claimed with the conditional multi-row claim, which tells the taken
-// ones apart (their records are read in the transaction).
+// commit: BEGIN and one plain multi-row INSERT of every key go out in one
+// round trip, as in BeginClaim. A key already taken fails that INSERT
+// with a unique violation (after waiting for a transaction that holds the
+// key to end); the transaction is then rolled back and begun again, and
+// the keys are claimed with the conditional multi-row claim, which tells
+// the taken ones apart (their records are read in the transaction).
 func (b beginner) BeginClaimBatch(ctx context.Context, params []repository.ClaimParams) (middleware.InboxTx, []repository.Claim, error) {
 	if b.pool == nil || b.repo == nil {
 		return nil, nil, errNil
 	}
-	claim, err := b.repo.ClaimBatchLiteral(params)
-	if err != nil {
-		return nil, nil, err
-	}
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	tx, err := b.beginWith(ctx, conn, claim)
+	tx, err := b.beginClaiming(ctx, params)
 	if err == nil {
 		claims := make([]repository.Claim, len(params))
 		for k := range claims {
 			claims[k].Claimed = true
 		}
-		return inboxTx{pooledTx{tx, conn}, b.repo}, claims, nil
+		return inboxTx{tx, b.repo}, claims, nil
 	}
-	if err := endFailedClaim(ctx, conn, err); err != nil {
+	if !repository.IsUniqueViolation(err) {
 		return nil, nil, err
 	}
-	if tx, err = conn.BeginTx(ctx, b.opts); err != nil {
-		conn.Release()
+	if tx, err = b.pool.BeginTx(ctx, b.opts); err != nil {
 		return nil, nil, err
 	}
 	claims, err := b.repo.ClaimBatchOn(ctx, pgxexec.Exec(tx), params)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		conn.Release()
 		return nil, nil, err
 	}
-	return inboxTx{pooledTx{tx, conn}, b.repo}, claims, nil
+	return inboxTx{tx, b.repo}, claims, nil
 }
 
-// beginClaim sends BEGIN and the claim on conn as one query: the claim
-// prepared on the connection (prepared the first time, one round trip)
-// and executed with its values written in, or as a plain INSERT.
-func (b beginner) beginClaim(ctx context.Context, conn *pgxpool.Conn, p repository.ClaimParams, prepared bool) (pgx.Tx, error) {
-	claim := ""
-	if prepared {
-		if _, err := conn.Conn().Prepare(ctx, b.stmt, b.repo.ClaimStatement()); err == nil {
-			if claim, err = b.repo.ClaimExecute(b.stmt, p); err != nil {
-				return nil, err
-			}
-		}
+// beginClaiming sends BEGIN and the plain claim of params in one batch
+// on a connection of the pool and returns the transaction, which
+// releases the connection when it ends; on an error it has rolled it
+// back. If the server lost a statement prepared on the connection (a
+// pooler resetting sessions: SQLSTATE 26000), it prepares them again and
+// sends the batch once more.
+func (b beginner) beginClaiming(ctx context.Context, params []repository.ClaimParams) (pgx.Tx, error) {
+	query, args, err := b.repo.ClaimStatement(params)
+	if err != nil {
+		return nil, err
 	}
-	if claim == "" {
-		var err error
-		if claim, err = b.repo.ClaimLiteral(p); err != nil {
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := b.sendClaim(ctx, conn.Conn(), query, args)
+	if sqldialect.SQLState(err) == "26000" { // invalid_sql_statement_name
+		var begin pgx.Batch
+		begin.BeginTx(b.opts)
+		for _, name := range []string{begin.QueuedQueries[0].SQL, claimName(query)} {
+			_ = conn.Conn().Deallocate(ctx, name)
+		}
+		tx, err = b.sendClaim(ctx, conn.Conn(), query, args)
+	}
+	if err != nil {
+		conn.Release() // the pool drops a connection a failed rollback closed
+		return nil, err
+	}
+	return pooledTx{tx, conn}, nil
+}
+
+// sendClaim sends BEGIN and the claim as one pgx.Batch (Batch.BeginTx):
+// one round trip. Both are prepared on the connection the first time,
+// under names of their own that pgx's statement cache, which drops a
+// statement whenever it fails, never evicts: a duplicate's unique
+// violation costs the next claim no new prepare. On a connection in
+// simple protocol mode pgx writes the arguments into the text itself.
+func (b beginner) sendClaim(ctx context.Context, conn *pgx.Conn, query string, args []any) (pgx.Tx, error) {
+	batch := &pgx.Batch{}
+	batch.BeginTx(b.opts)
+	if conn.Config().DefaultQueryExecMode != pgx.QueryExecModeSimpleProtocol {
+		begin := batch.QueuedQueries[0].SQL
+		if _, err := conn.Prepare(ctx, begin, begin); err != nil {
 			return nil, err
 		}
+		name := claimName(query)
+		if _, err := conn.Prepare(ctx, name, query); err != nil {
+			return nil, err
+		}
+		query = name
 	}
-	return b.beginWith(ctx, conn, claim)
+	batch.Queue(query, args...)
+	br := conn.SendBatch(ctx, batch)
+	_, err := br.Exec() // BEGIN
+	if err == nil {
+		_, err = br.Exec() // the claim
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	tx := br.Tx()
+	if err != nil {
+		if rerr := tx.Rollback(context.WithoutCancel(ctx)); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
+			err = errors.Join(err, rerr)
+		}
+		return nil, err
+	}
+	return tx, nil
 }
 
-// beginWith begins a transaction on conn whose BEGIN carries query in the
-// same round trip ("begin; query").
-func (b beginner) beginWith(ctx context.Context, conn *pgxpool.Conn, query string) (pgx.Tx, error) {
-	opts := b.opts
-	opts.BeginQuery = beginSQL(b.opts) + "; " + query
-	return conn.BeginTx(ctx, opts)
-}
-
-// endFailedClaim ends the transaction that err, the failure of a claim
-// sent with BEGIN, left on conn. It returns nil when err is a unique
-// violation (a key is taken), with conn still acquired for the caller to
-// read or claim on; otherwise it releases conn and returns the error.
-func endFailedClaim(ctx context.Context, conn *pgxpool.Conn, err error) error {
-	taken := repository.IsUniqueViolation(err)
-	if rerr := rollback(ctx, conn); rerr != nil {
-		conn.Release() // the pool drops a connection left in a transaction
-		return errors.Join(err, rerr)
-	}
-	if !taken {
-		conn.Release()
-		return err
-	}
-	return nil
-}
-
-// rollback ends the transaction a failed claim left on conn, if any.
-func rollback(ctx context.Context, conn *pgxpool.Conn) error {
-	if conn.Conn().PgConn().TxStatus() == 'I' {
-		return nil
-	}
-	_, err := conn.Exec(context.WithoutCancel(ctx), "rollback")
-	return err
-}
-
-// beginSQL is the BEGIN statement pgx sends for opts.
-func beginSQL(opts pgx.TxOptions) string {
-	if opts.BeginQuery != "" {
-		return opts.BeginQuery
-	}
-	q := "begin"
-	if opts.IsoLevel != "" {
-		q += " isolation level " + string(opts.IsoLevel)
-	}
-	if opts.AccessMode != "" {
-		q += " " + string(opts.AccessMode)
-	}
-	if opts.DeferrableMode != "" {
-		q += " " + string(opts.DeferrableMode)
-	}
-	return q
+// claimName names the claim query prepared on a connection.
+func claimName(query string) string {
+	sum := sha256.Sum256([]byte(query))
+	return "watermill_idempotent_claim_" + hex.EncodeToString(sum[:8])
 }
 
 // pooledTx is a pgx.Tx begun on a connection acquired from the pool: it
@@ -271,7 +255,7 @@ func (t pooledTx) Rollback(ctx context.Context) error {
 
 type inboxTx struct {
 	tx   pgx.Tx
-	repo *postgres.Repository
+	repo Store
 }
 
 func (t inboxTx) Claim(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
@@ -283,7 +267,7 @@ func (t inboxTx) SaveResult(ctx context.Context, p repository.SaveResultParams) 
 }
 
 func (t inboxTx) WithTx(ctx context.Context) context.Context {
-	return context.WithValue(ctx, ctxKey{}, t.tx)
+	return pgxexec.WithTx(ctx, t.tx)
 }
 
 func (t inboxTx) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
@@ -298,7 +282,7 @@ func (t inboxTx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx)
 // acknowledges). It returns middleware.ErrNoTransaction outside a pgx
 // inbox handler, and a wrapped storage error that must roll the
 // transaction back (return it).
-func ApplyIfNewer(ctx context.Context, store *postgres.VersionStore, entity string, version int64) error {
+func ApplyIfNewer(ctx context.Context, store VersionStore, entity string, version int64) error {
 	tx, ok := TxFromContext(ctx)
 	scope, _ := middleware.ScopeFromContext(ctx)
 	if !ok || scope == "" {

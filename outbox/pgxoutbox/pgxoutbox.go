@@ -27,10 +27,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/pgxexec"
-	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/sqlexec/pgxexec"
 )
 
 // WriteTx is outbox.Outbox.WriteTx in a pgx transaction: msgs are
@@ -47,17 +45,22 @@ func WriteTx(ctx context.Context, ob *outbox.Outbox, tx pgx.Tx, msgs ...outbox.O
 // (middleware.Config.Beginner: pgxinbox.Beginner): the handler's outputs
 // are written, bound for topic, in the delivery's pgx.Tx, so they commit
 // or roll back with the marker and the handler's writes.
-func Outputs(ob *outbox.Outbox, topic string) middleware.OutputWriter {
-	return outputs{ob, topic}
+func Outputs(ob *outbox.Outbox, topic string) OutputWriter {
+	return OutputWriter{ob, topic}
 }
 
-type outputs struct {
+// OutputWriter writes a pgx inbox handler's outputs into an outbox, in
+// the delivery's pgx.Tx (pgxexec.TxFromContext, where pgxinbox puts it);
+// Outputs makes one. It satisfies middleware.OutputWriter.
+type OutputWriter struct {
 	ob    *outbox.Outbox
 	topic string
 }
 
-func (w outputs) WriteOutputs(ctx context.Context, _ *sql.Tx, msgs []*message.Message) error {
-	tx, ok := pgxinbox.TxFromContext(ctx)
+// WriteOutputs writes msgs in the pgx transaction of ctx; the *sql.Tx is
+// nil on a pgx inbox.
+func (w OutputWriter) WriteOutputs(ctx context.Context, _ *sql.Tx, msgs []*message.Message) error {
+	tx, ok := pgxexec.TxFromContext(ctx)
 	if !ok {
 		return errors.New("pgxoutbox: no pgx inbox transaction in the context: Outputs needs Config.Beginner = pgxinbox.Beginner")
 	}

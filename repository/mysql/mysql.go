@@ -38,37 +38,48 @@ var dialect = sqlstore.MySQL.With(Migrations, func(err error) string {
 	return ""
 })
 
-type (
-	// Config configures a Repository: Table is the inbox table, optionally
-	// database-qualified, default repository.DefaultTableName.
-	Config = sqlstore.Config
-	// VersionConfig configures a VersionStore: Table defaults to
-	// repository.DefaultVersionsTableName.
-	VersionConfig = sqlstore.Config
-	// Repository stores inbox records in MySQL or MariaDB (InnoDB). It
-	// implements repository.Transactional, BatchTransactional, TwoPhase,
-	// Reader, Cleaner, Operator and Stats and is safe for concurrent use.
-	// Every value is checked to fit its column before it is sent (keys and
-	// consumers of at most 255 bytes, payload hashes of at most
-	// MaxPayloadHashLength, times in years 1000 to 9999), so none is ever
-	// truncated, even under a non-strict sql_mode.
-	Repository = sqlstore.Inbox
-	// VersionStore keeps the last applied version per (consumer, entity)
-	// in MySQL or MariaDB (InnoDB), with two statements (see dialect).
-	VersionStore = sqlstore.Versions
-)
+// Config configures a Repository.
+type Config struct {
+	// Table is the inbox table, optionally "database.table", validated by
+	// repository.ValidateTableName. Default: repository.DefaultTableName.
+	Table string
+}
+
+// Validate reports whether the configuration is usable.
+func (c Config) Validate() error { return sqlstore.Config(c).Validate() }
+
+// VersionConfig configures a VersionStore: Table defaults to
+// repository.DefaultVersionsTableName.
+type VersionConfig = Config
+
+// Repository stores inbox records in MySQL or MariaDB (InnoDB). It
+// implements repository.Transactional, BatchTransactional, TwoPhase,
+// Reader, Cleaner, Operator and Stats and is safe for concurrent use.
+// Every value is checked to fit its column before it is sent (keys and
+// consumers of at most 255 bytes, payload hashes of at most
+// MaxPayloadHashLength, times in years 1000 to 9999), so none is ever
+// truncated, even under a non-strict sql_mode.
+type Repository struct{ s *sqlstore.Inbox }
+
+// VersionStore keeps the last applied version per (consumer, entity) in
+// MySQL or MariaDB (InnoDB). It implements repository.VersionGuard and is
+// safe for concurrent use. Rows never expire (an old version could apply
+// again): delete one when the entity itself is deleted.
+type VersionStore struct{ s *sqlstore.Versions }
 
 // NewRepository returns a Repository over db; any DSN works. It does not
 // create the schema: call Migrate, or apply Migrations with your
 // migration tool.
 func NewRepository(db *sql.DB, config Config) (*Repository, error) {
-	return sqlstore.NewInbox(dialect, sqlstore.StdDB(db), config)
+	s, err := sqlstore.NewInbox(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
+	return sqlstore.OrNil(&Repository{s}, err)
 }
 
 // NewVersionStore returns a VersionStore over db; like NewRepository, it
 // does not create the table.
 func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
-	return sqlstore.NewVersions(dialect, sqlstore.StdDB(db), config)
+	s, err := sqlstore.NewVersions(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
+	return sqlstore.OrNil(&VersionStore{s}, err)
 }
 
 // init teaches repository.IsUniqueViolation and IsDataException

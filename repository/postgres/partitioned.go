@@ -2,15 +2,31 @@ package postgres
 
 import (
 	"database/sql"
+	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 )
 
-// PartitionedConfig configures a PartitionedRepository: Table (default
-// repository.DefaultTableName), Interval (the span of expires_at per
-// partition, default 24h) and Ahead (how far ahead partitions are
-// created, default 8 days; make it exceed the inbox retention).
-type PartitionedConfig = sqlstore.PartitionConfig
+// PartitionedConfig configures a PartitionedRepository.
+type PartitionedConfig struct {
+	// Table is the inbox table, optionally "schema.table". Default
+	// repository.DefaultTableName.
+	Table string
+	// Interval is the span of expires_at one partition holds; cleanup
+	// removes records a whole interval at a time, so a record outlives its
+	// ExpiresAt by up to one Interval. It must divide 24 hours and be at
+	// least a minute, so partitions start at the same UTC times in every
+	// process. Default 24 hours.
+	Interval time.Duration
+	// Ahead is how far past now Migrate and every DeleteExpired create
+	// partitions, so that claims find theirs ready. Make it exceed the
+	// inbox retention; a claim expiring past it creates its partition
+	// itself, in the claim's transaction. Default 8 days.
+	Ahead time.Duration
+}
+
+// Validate reports whether the configuration is usable.
+func (c PartitionedConfig) Validate() error { return sqlstore.PartitionConfig(c).Validate() }
 
 // PartitionedRepository is the opt-in inbox for big tables: the table is
 // range-partitioned by expires_at, and cleanup (DeleteExpired, so the
@@ -33,12 +49,13 @@ type PartitionedConfig = sqlstore.PartitionConfig
 // It implements repository.Transactional, BatchTransactional, TwoPhase,
 // Reader, Cleaner, Operator and Stats and is safe for concurrent use. See
 // docs/partitioning.md for the measurements and for pg_partman.
-type PartitionedRepository = sqlstore.PartitionedInbox
+type PartitionedRepository struct{ s *sqlstore.PartitionedInbox }
 
 // NewPartitionedRepository returns a PartitionedRepository over db. Call
 // Migrate to create the partitioned table (migration line
 // migrations/partitioned_inbox) and its first partitions; the table must
 // not be one NewRepository created.
 func NewPartitionedRepository(db *sql.DB, config PartitionedConfig) (*PartitionedRepository, error) {
-	return sqlstore.NewPartitionedInbox(dialect, sqlstore.StdDB(db), config)
+	s, err := sqlstore.NewPartitionedInbox(dialect, sqlstore.StdDB(db), sqlstore.PartitionConfig(config))
+	return sqlstore.OrNil(&PartitionedRepository{s}, err)
 }

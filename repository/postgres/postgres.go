@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/pgxexec"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
+	"github.com/idemkit/watermill-idempotent/sqlexec/pgxexec"
 )
 
 // Migrations holds the schema as numbered migration files, inbox/ and
@@ -24,36 +24,44 @@ const Dialect = sqldialect.PostgreSQL
 
 var dialect = sqlstore.Postgres.With(Migrations, nil)
 
-type (
-	// Config configures a Repository: Table is the inbox table, optionally
-	// schema-qualified, default repository.DefaultTableName.
-	Config = sqlstore.Config
-	// VersionConfig configures a VersionStore: Table defaults to
-	// repository.DefaultVersionsTableName.
-	VersionConfig = sqlstore.Config
-	// Repository stores inbox records in PostgreSQL. It implements
-	// repository.Transactional, BatchTransactional, TwoPhase, Reader,
-	// Cleaner, Operator and Stats and is safe for concurrent use.
-	Repository = sqlstore.Inbox
-	// VersionStore keeps the last applied version per (consumer, entity)
-	// in PostgreSQL. Under READ COMMITTED a concurrent transaction on one
-	// entity waits for the row lock, then compares against the committed
-	// version; under REPEATABLE READ or SERIALIZABLE it fails with SQLSTATE
-	// 40001 instead: retry.
-	VersionStore = sqlstore.Versions
-)
+// Config configures a Repository.
+type Config struct {
+	// Table is the inbox table, optionally "schema.table", validated by
+	// repository.ValidateTableName. Default: repository.DefaultTableName.
+	Table string
+}
+
+// Validate reports whether the configuration is usable.
+func (c Config) Validate() error { return sqlstore.Config(c).Validate() }
+
+// VersionConfig configures a VersionStore: Table defaults to
+// repository.DefaultVersionsTableName.
+type VersionConfig = Config
+
+// Repository stores inbox records in PostgreSQL. It implements
+// repository.Transactional, BatchTransactional, TwoPhase, Reader,
+// Cleaner, Operator and Stats and is safe for concurrent use.
+type Repository struct{ s *sqlstore.Inbox }
+
+// VersionStore keeps the last applied version per (consumer, entity) in
+// PostgreSQL. It implements repository.VersionGuard and is safe for
+// concurrent use. Rows never expire (an old version could apply again):
+// delete one when the entity itself is deleted.
+type VersionStore struct{ s *sqlstore.Versions }
 
 // NewRepository returns a Repository over db (database/sql, pgx stdlib
 // driver). It does not create the schema: call Migrate, or apply
 // Migrations with your migration tool.
 func NewRepository(db *sql.DB, config Config) (*Repository, error) {
-	return sqlstore.NewInbox(dialect, sqlstore.StdDB(db), config)
+	s, err := sqlstore.NewInbox(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
+	return sqlstore.OrNil(&Repository{s}, err)
 }
 
 // NewVersionStore returns a VersionStore over db; like NewRepository, it
 // does not create the table.
 func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
-	return sqlstore.NewVersions(dialect, sqlstore.StdDB(db), config)
+	s, err := sqlstore.NewVersions(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
+	return sqlstore.OrNil(&VersionStore{s}, err)
 }
 
 // NewPgxRepository returns a Repository that runs its own statements
@@ -61,10 +69,12 @@ func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
 // transactions use middleware/pgxinbox; ClaimTx and SaveResultTx still
 // take a database/sql transaction.
 func NewPgxRepository(pool *pgxpool.Pool, config Config) (*Repository, error) {
-	return sqlstore.NewInbox(dialect, pgxexec.Pool(pool), config)
+	s, err := sqlstore.NewInbox(dialect, pgxexec.Pool(pool), sqlstore.Config(config))
+	return sqlstore.OrNil(&Repository{s}, err)
 }
 
 // NewPgxVersionStore returns a VersionStore over a pgx/v5 pool.
 func NewPgxVersionStore(pool *pgxpool.Pool, config VersionConfig) (*VersionStore, error) {
-	return sqlstore.NewVersions(dialect, pgxexec.Pool(pool), config)
+	s, err := sqlstore.NewVersions(dialect, pgxexec.Pool(pool), sqlstore.Config(config))
+	return sqlstore.OrNil(&VersionStore{s}, err)
 }

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/watermill-idempotent/internal/resultcodec"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/resultcodec"
 	"github.com/stretchr/testify/require"
 )
 

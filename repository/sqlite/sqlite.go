@@ -59,35 +59,44 @@ func Open(path string) (*sql.DB, error) {
 	return db, nil
 }
 
-type (
-	// Config configures a Repository: Table is the inbox table
-	// ("schema.table" addresses an attached database), default
+// Config configures a Repository.
+type Config struct {
+	// Table is the inbox table ("schema.table" addresses an attached
+	// database), validated by repository.ValidateTableName. Default:
 	// repository.DefaultTableName.
-	Config = sqlstore.Config
-	// VersionConfig configures a VersionStore: Table defaults to
-	// repository.DefaultVersionsTableName.
-	VersionConfig = sqlstore.Config
-	// Repository stores inbox records in SQLite, timestamps as Unix
-	// microseconds. It implements repository.Transactional,
-	// BatchTransactional, TwoPhase, Reader, Cleaner, Operator and Stats and
-	// is safe for concurrent use.
-	Repository = sqlstore.Inbox
-	// VersionStore keeps the last applied version per (consumer, entity)
-	// in SQLite. A transaction opened with the DSN's BEGIN IMMEDIATE holds
-	// the write lock from its start, so transactions on one entity run in
-	// turn.
-	VersionStore = sqlstore.Versions
-)
+	Table string
+}
+
+// Validate reports whether the configuration is usable.
+func (c Config) Validate() error { return sqlstore.Config(c).Validate() }
+
+// VersionConfig configures a VersionStore: Table defaults to
+// repository.DefaultVersionsTableName.
+type VersionConfig = Config
+
+// Repository stores inbox records in SQLite, timestamps as Unix
+// microseconds. It implements repository.Transactional,
+// BatchTransactional, TwoPhase, Reader, Cleaner, Operator and Stats and is
+// safe for concurrent use.
+type Repository struct{ s *sqlstore.Inbox }
+
+// VersionStore keeps the last applied version per (consumer, entity) in
+// SQLite. It implements repository.VersionGuard and is safe for
+// concurrent use. Rows never expire (an old version could apply again):
+// delete one when the entity itself is deleted.
+type VersionStore struct{ s *sqlstore.Versions }
 
 // NewRepository returns a Repository over db, opened with Open or DSN. It
 // does not create the schema: call Migrate, or apply Migrations with your
 // migration tool.
 func NewRepository(db *sql.DB, config Config) (*Repository, error) {
-	return sqlstore.NewInbox(dialect, sqlstore.StdDB(db), config)
+	s, err := sqlstore.NewInbox(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
+	return sqlstore.OrNil(&Repository{s}, err)
 }
 
 // NewVersionStore returns a VersionStore over db; like NewRepository, it
 // does not create the table.
 func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
-	return sqlstore.NewVersions(dialect, sqlstore.StdDB(db), config)
+	s, err := sqlstore.NewVersions(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
+	return sqlstore.OrNil(&VersionStore{s}, err)
 }

@@ -12,13 +12,31 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/repotest"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
+
+// Inbox is a backend's Repository: the suite's contracts and Migrate.
+type Inbox interface {
+	repository.Transactional
+	repository.TwoPhase
+	repository.Operator
+	repository.Stats
+	repotest.Repository
+	Migrate(context.Context) error
+	Migrations(context.Context) ([]repository.Migration, error)
+}
+
+// Versions is a backend's VersionStore.
+type Versions interface {
+	repotest.VersionStore
+	Migrate(context.Context) error
+	Migrations(context.Context) ([]repository.Migration, error)
+}
 
 // Backend is a SQL backend under test.
 type Backend struct {
@@ -26,16 +44,16 @@ type Backend struct {
 	DB   *sql.DB
 	// Quote quotes the table names the suites pick, to drop them.
 	Quote    string
-	Inbox    func(table string) (*sqlstore.Inbox, error)
-	Versions func(table string) (*sqlstore.Versions, error)
+	Inbox    func(table string) (Inbox, error)
+	Versions func(table string) (Versions, error)
 }
 
 // Postgres is the PostgreSQL backend on the test database.
 func Postgres(tb testing.TB) Backend {
 	db := testenv.Postgres(tb)
 	return Backend{Name: "postgres", DB: db, Quote: `"`,
-		Inbox: func(t string) (*sqlstore.Inbox, error) { return postgres.NewRepository(db, postgres.Config{Table: t}) },
-		Versions: func(t string) (*sqlstore.Versions, error) {
+		Inbox: func(t string) (Inbox, error) { return postgres.NewRepository(db, postgres.Config{Table: t}) },
+		Versions: func(t string) (Versions, error) {
 			return postgres.NewVersionStore(db, postgres.Config{Table: t})
 		}}
 }
@@ -46,10 +64,10 @@ func Postgres(tb testing.TB) Backend {
 func PostgresPgx(tb testing.TB) Backend {
 	db, pool := testenv.Postgres(tb), testenv.PgxPool(tb)
 	return Backend{Name: "postgres-pgx", DB: db, Quote: `"`,
-		Inbox: func(t string) (*sqlstore.Inbox, error) {
+		Inbox: func(t string) (Inbox, error) {
 			return postgres.NewPgxRepository(pool, postgres.Config{Table: t})
 		},
-		Versions: func(t string) (*sqlstore.Versions, error) {
+		Versions: func(t string) (Versions, error) {
 			return postgres.NewPgxVersionStore(pool, postgres.Config{Table: t})
 		}}
 }
@@ -58,16 +76,16 @@ func PostgresPgx(tb testing.TB) Backend {
 func MySQL(tb testing.TB) Backend {
 	db := testenv.MySQL(tb)
 	return Backend{Name: "mysql", DB: db, Quote: "`",
-		Inbox:    func(t string) (*sqlstore.Inbox, error) { return mysql.NewRepository(db, mysql.Config{Table: t}) },
-		Versions: func(t string) (*sqlstore.Versions, error) { return mysql.NewVersionStore(db, mysql.Config{Table: t}) }}
+		Inbox:    func(t string) (Inbox, error) { return mysql.NewRepository(db, mysql.Config{Table: t}) },
+		Versions: func(t string) (Versions, error) { return mysql.NewVersionStore(db, mysql.Config{Table: t}) }}
 }
 
 // SQLite is the SQLite backend on a fresh database file.
 func SQLite(tb testing.TB) Backend {
 	db := testenv.SQLite(tb)
 	return Backend{Name: "sqlite", DB: db, Quote: `"`,
-		Inbox:    func(t string) (*sqlstore.Inbox, error) { return sqlite.NewRepository(db, sqlite.Config{Table: t}) },
-		Versions: func(t string) (*sqlstore.Versions, error) { return sqlite.NewVersionStore(db, sqlite.Config{Table: t}) }}
+		Inbox:    func(t string) (Inbox, error) { return sqlite.NewRepository(db, sqlite.Config{Table: t}) },
+		Versions: func(t string) (Versions, error) { return sqlite.NewVersionStore(db, sqlite.Config{Table: t}) }}
 }
 
 // Run runs the inbox and version guard conformance suites on tables that

@@ -1,7 +1,9 @@
 // Package resultcodec is the stored form of a handler's result: the
 // messages an inbox replays to duplicates. The middleware writes it, the
 // repository validates what an operator stores with Resolve, and neither
-// may import the other, so the format lives here, once.
+// may import the other, so the format lives here, once: a leaf that
+// imports only the standard library, which the storage contracts may
+// import. Programs use middleware.EncodeResult and DecodeResult.
 //
 // Version 2 (written since) is length-prefixed binary and byte-exact:
 // UUIDs, metadata keys and values and payloads come back exactly as they

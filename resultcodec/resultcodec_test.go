@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/resultcodec"
+	"github.com/idemkit/watermill-idempotent/resultcodec"
 )
 
 func TestRoundTripIsByteExact(t *testing.T) {

@@ -1,6 +1,10 @@
-// Package pgxexec adapts pgx/v5 to the store's driver-neutral executor
-// (sqlstore.Executor, sqlstore.DB). Only the PostgreSQL backend imports
-// it, so MySQL and SQLite builds never link pgx.
+// Package pgxexec adapts pgx/v5 to the stores' driver-neutral executor
+// (sqlexec.Executor, sqlexec.DB): Exec for a caller's pgx.Tx or
+// connection, Pool for a pgxpool.Pool a store owns.
+//
+//	applied, err := versions.AdvanceOn(ctx, pgxexec.Exec(tx), params)
+//
+// A package of its own, so that MySQL and SQLite builds never link pgx.
 package pgxexec
 
 import (
@@ -10,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
+	"github.com/idemkit/watermill-idempotent/sqlexec"
 )
 
 // Querier is what pgx's connections, pools and transactions have in
@@ -22,10 +26,10 @@ type Querier interface {
 }
 
 // Exec adapts a caller's pgx connection or transaction (a pgx.Tx).
-func Exec(q Querier) sqlstore.Executor { return exec{q} }
+func Exec(q Querier) sqlexec.Executor { return exec{q} }
 
 // Pool adapts a pgxpool.Pool; nil stays nil.
-func Pool(p *pgxpool.Pool) sqlstore.DB {
+func Pool(p *pgxpool.Pool) sqlexec.DB {
 	if p == nil {
 		return nil
 	}
@@ -43,11 +47,11 @@ func (e exec) Exec(ctx context.Context, query string, args ...any) (int64, error
 }
 
 // QueryRow returns pgx's row: its no-row error wraps sql.ErrNoRows.
-func (e exec) QueryRow(ctx context.Context, query string, args ...any) sqlstore.Row {
+func (e exec) QueryRow(ctx context.Context, query string, args ...any) sqlexec.Row {
 	return e.q.QueryRow(ctx, query, args...)
 }
 
-func (e exec) Query(ctx context.Context, query string, args ...any) (sqlstore.Rows, error) {
+func (e exec) Query(ctx context.Context, query string, args ...any) (sqlexec.Rows, error) {
 	r, err := e.q.Query(ctx, query, args...)
 	if err != nil {
 		return nil, err
@@ -55,7 +59,7 @@ func (e exec) Query(ctx context.Context, query string, args ...any) (sqlstore.Ro
 	return rows{r}, nil
 }
 
-// rows gives pgx.Rows the error-returning Close of sqlstore.Rows.
+// rows gives pgx.Rows the error-returning Close of sqlexec.Rows.
 type rows struct{ pgx.Rows }
 
 func (r rows) Close() error {
@@ -68,7 +72,7 @@ type pool struct {
 	p *pgxpool.Pool
 }
 
-func (d pool) InTx(ctx context.Context, readCommitted bool, fn func(sqlstore.Executor) error) error {
+func (d pool) InTx(ctx context.Context, readCommitted bool, fn func(sqlexec.Executor) error) error {
 	var opts pgx.TxOptions
 	if readCommitted {
 		opts.IsoLevel = pgx.ReadCommitted
@@ -76,11 +80,27 @@ func (d pool) InTx(ctx context.Context, readCommitted bool, fn func(sqlstore.Exe
 	return pgx.BeginTxFunc(ctx, d.p, opts, func(tx pgx.Tx) error { return fn(exec{tx}) })
 }
 
-func (d pool) OnSession(ctx context.Context, fn func(sqlstore.Executor) error) error {
+func (d pool) OnSession(ctx context.Context, fn func(sqlexec.Executor) error) error {
 	conn, err := d.p.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
 	return fn(exec{conn})
+}
+
+type txKey struct{}
+
+// WithTx returns ctx carrying tx, the transaction of the work ctx belongs
+// to: middleware/pgxinbox puts a delivery's inbox transaction there, and
+// TxFromContext reads it (pgxinbox.TxFromContext, pgxoutbox.Outputs).
+func WithTx(ctx context.Context, tx pgx.Tx) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// TxFromContext returns the transaction WithTx put in ctx; ok is false
+// when there is none.
+func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
+	tx, ok = ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok && tx != nil
 }

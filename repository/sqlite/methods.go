@@ -1,0 +1,134 @@
+package sqlite
+
+// The methods of the stores: each implements its contract with the
+// statements of internal/sqlstore/sqlite.go.
+
+import (
+	"context"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// Migrate applies the table's pending migrations (see Migrations).
+func (r *Repository) Migrate(ctx context.Context) error { return r.s.Migrate(ctx) }
+
+// Migrations applies, in version order and under its write transaction,
+// the migrations of the table not yet recorded in
+// repository.MigrationsTable (in the table's schema), records each, and
+// returns those it applied: none when the schema is up to date. All of it
+// commits in one transaction or none does.
+func (r *Repository) Migrations(ctx context.Context) ([]repository.Migration, error) {
+	return r.s.Migrations(ctx)
+}
+
+// ClaimTx implements repository.Transactional with one INSERT … ON
+// CONFLICT DO NOTHING in the caller's transaction. On a duplicate it reads
+// the stored record in the same transaction; a concurrent claim of the key
+// waits on the first one's row lock.
+func (r *Repository) ClaimTx(ctx context.Context, tx repository.Querier, p repository.ClaimParams) (repository.Claim, error) {
+	return r.s.ClaimTx(ctx, tx, p)
+}
+
+// SaveResultTx implements repository.Transactional with one UPDATE in the
+// caller's transaction; repository.ErrNotFound if there is no such record.
+func (r *Repository) SaveResultTx(ctx context.Context, tx repository.Querier, p repository.SaveResultParams) error {
+	return r.s.SaveResultTx(ctx, tx, p)
+}
+
+// ClaimBatchTx implements repository.BatchTransactional (group commit):
+// one INSERT … ON CONFLICT DO NOTHING RETURNING of every key, then one
+// read per duplicate.
+func (r *Repository) ClaimBatchTx(ctx context.Context, tx repository.Querier, params []repository.ClaimParams) ([]repository.Claim, error) {
+	return r.s.ClaimBatchTx(ctx, tx, params)
+}
+
+// RetryableTx implements repository.BatchTransactional: err is a
+// serialization failure, and the whole transaction runs again.
+func (r *Repository) RetryableTx(err error) bool { return r.s.RetryableTx(err) }
+
+// Get implements repository.Reader; repository.ErrNotFound if there is no
+// record.
+func (r *Repository) Get(ctx context.Context, consumer, key string) (repository.Record, error) {
+	return r.s.Get(ctx, consumer, key)
+}
+
+// DeleteExpired implements repository.Cleaner: one statement deletes at
+// most limit of the oldest rows expired before before.
+func (r *Repository) DeleteExpired(ctx context.Context, before time.Time, limit int) (int, error) {
+	return r.s.DeleteExpired(ctx, before, limit)
+}
+
+// Acquire implements repository.TwoPhase: one conditional INSERT in its
+// own statement; when the key exists it reads the stored record (again, a
+// bounded number of times, if that was released in between).
+func (r *Repository) Acquire(ctx context.Context, p repository.AcquireParams) (repository.Acquisition, error) {
+	return r.s.Acquire(ctx, p)
+}
+
+// Reclaim implements repository.TwoPhase with one UPDATE fenced by state,
+// previous owner and an expired lease; a racing reclaim that lost gets
+// repository.ErrLeaseLost.
+func (r *Repository) Reclaim(ctx context.Context, p repository.ReclaimParams) (repository.Record, error) {
+	return r.s.Reclaim(ctx, p)
+}
+
+// Extend implements repository.TwoPhase with one UPDATE fenced by owner;
+// repository.ErrLeaseLost if the lease is no longer p.Owner's.
+func (r *Repository) Extend(ctx context.Context, p repository.LeaseParams) error {
+	return r.s.Extend(ctx, p)
+}
+
+// Complete implements repository.TwoPhase with one fenced UPDATE that
+// stores the result and marks the record completed.
+func (r *Repository) Complete(ctx context.Context, p repository.CompleteParams) error {
+	return r.s.Complete(ctx, p)
+}
+
+// Release implements repository.TwoPhase with one fenced DELETE.
+func (r *Repository) Release(ctx context.Context, p repository.LeaseParams) error {
+	return r.s.Release(ctx, p)
+}
+
+// ListStuck implements repository.Operator with one SELECT on the partial
+// index of in-progress leases, without locking.
+func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams) ([]repository.Record, error) {
+	return r.s.ListStuck(ctx, p)
+}
+
+// Resolve implements repository.Operator with one fenced UPDATE (complete)
+// or DELETE (release); repository.ErrNotFound or ErrLeaseLost when it
+// matches no row.
+func (r *Repository) Resolve(ctx context.Context, p repository.ResolveParams) error {
+	return r.s.Resolve(ctx, p)
+}
+
+// CountRecords implements repository.Stats with one aggregate SELECT that
+// reads every live record: run it at janitor intervals, not per message.
+func (r *Repository) CountRecords(ctx context.Context, now time.Time) ([]repository.RecordCount, error) {
+	return r.s.CountRecords(ctx, now)
+}
+
+// Migrate applies the version table's pending migrations (see Migrations).
+func (v *VersionStore) Migrate(ctx context.Context) error { return v.s.Migrate(ctx) }
+
+// Migrations applies the version table's pending migrations, under the
+// same lock and records as Repository.Migrations, and returns those it
+// applied.
+func (v *VersionStore) Migrations(ctx context.Context) ([]repository.Migration, error) {
+	return v.s.Migrations(ctx)
+}
+
+// AdvanceTx implements repository.VersionGuard in the caller's
+// transaction: one conditional upsert stores p.Version if it is newer than
+// the stored one and reports whether it did; the DSN's BEGIN IMMEDIATE
+// makes transactions on one entity run in turn.
+func (v *VersionStore) AdvanceTx(ctx context.Context, tx repository.Querier, p repository.AdvanceParams) (bool, error) {
+	return v.s.AdvanceTx(ctx, tx, p)
+}
+
+// LastVersion returns the last applied version of (consumer, entity), or
+// repository.ErrNotFound if none was; entity is as given to AdvanceTx.
+func (v *VersionStore) LastVersion(ctx context.Context, consumer, entity string) (int64, error) {
+	return v.s.LastVersion(ctx, consumer, entity)
+}

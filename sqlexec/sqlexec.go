@@ -1,0 +1,121 @@
+// Package sqlexec is the little the SQL stores need of a database driver:
+// run one statement (Executor), and on the pool they own, a transaction
+// or a session (DB). The stores of repository/postgres, mysql and sqlite
+// run on it, so any driver fits behind a small adapter: Std and StdTx
+// for database/sql, package pgxexec for pgx/v5.
+//
+//	repo, _ := postgres.NewPgxRepository(pool, postgres.Config{})
+//	claim, err := repo.ClaimOn(ctx, pgxexec.Exec(tx), params) // tx: a pgx.Tx
+//
+// It is a leaf: it imports only the standard library.
+package sqlexec
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// Executor runs one statement: what a store needs of a connection, pool
+// or transaction. Row.Scan reports no row with an error wrapping
+// sql.ErrNoRows (pgx's ErrNoRows does).
+type Executor interface {
+	Exec(ctx context.Context, query string, args ...any) (rowsAffected int64, err error)
+	QueryRow(ctx context.Context, query string, args ...any) Row
+	Query(ctx context.Context, query string, args ...any) (Rows, error)
+}
+
+// Row is one row of a query's result; *sql.Row satisfies it.
+type Row interface{ Scan(dest ...any) error }
+
+// Rows is a query's result; *sql.Rows satisfies it.
+type Rows interface {
+	Row
+	Next() bool
+	Err() error
+	Close() error
+}
+
+// DB is the pool a store owns.
+type DB interface {
+	Executor
+	// InTx runs fn in a transaction, committing if it returns nil and
+	// rolling back otherwise; readCommitted asks for READ COMMITTED.
+	InTx(ctx context.Context, readCommitted bool, fn func(Executor) error) error
+	// OnSession runs fn on one connection, outside a transaction (for
+	// session-level locks).
+	OnSession(ctx context.Context, fn func(Executor) error) error
+}
+
+// Querier is what a database/sql transaction or connection offers:
+// *sql.Tx, *sql.Conn and *sql.DB satisfy it (and repository.Querier is
+// the same interface).
+type Querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Std adapts a database/sql pool; nil stays nil.
+func Std(db *sql.DB) DB {
+	if db == nil {
+		return nil
+	}
+	return stdDB{stdExec{db}, db}
+}
+
+// StdTx adapts a caller's database/sql transaction or connection. Query
+// needs a QueryContext method too (*sql.Tx and *sql.Conn have one).
+func StdTx(q Querier) Executor { return stdExec{q} }
+
+type stdExec struct{ q Querier }
+
+func (e stdExec) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := e.q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (e stdExec) QueryRow(ctx context.Context, query string, args ...any) Row {
+	return e.q.QueryRowContext(ctx, query, args...)
+}
+
+func (e stdExec) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+	if q, ok := e.q.(interface {
+		QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+	}); ok {
+		return q.QueryContext(ctx, query, args...)
+	}
+	return nil, fmt.Errorf("%T cannot run multi-row queries", e.q)
+}
+
+type stdDB struct {
+	stdExec
+	db *sql.DB
+}
+
+func (d stdDB) InTx(ctx context.Context, readCommitted bool, fn func(Executor) error) error {
+	var opts *sql.TxOptions
+	if readCommitted {
+		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	tx, err := d.db.BeginTx(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := fn(stdExec{tx}); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func (d stdDB) OnSession(ctx context.Context, fn func(Executor) error) error {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return fn(stdExec{conn})
+}
