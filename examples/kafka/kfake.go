@@ -14,7 +14,8 @@ import (
 // kafkaBrokers splits brokers, the comma-separated bootstrap addresses of
 // your Kafka, or, when it is empty, starts an in-process Kafka (franz-go's
 // kfake), so that `go run ./examples/kafka` needs no Kafka server. stop
-// shuts kfake down.
+// shuts kfake down. kfake's go.mod asks for franz-go v1.21.7 but its code
+// needs v1.22: in a module of your own, `go get github.com/twmb/franz-go@v1.22.3`.
 func kafkaBrokers(brokers string) (addrs []string, stop func(), err error) {
 	if brokers != "" {
 		return strings.Split(brokers, ","), func() {}, nil

@@ -112,159 +112,19 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 		return Summary{}, err
 	}
 	defer db.Close()
-	repo, err := sqlite.NewRepository(db, sqlite.Config{})
+	repo, ob, err := migrate(ctx, db)
 	if err != nil {
 		return Summary{}, err
 	}
-	if err := repo.Migrate(ctx); err != nil {
-		return Summary{}, err
-	}
-	// The outbox table (and its dead letters) in the same database, so
-	// payment events commit with the charge.
-	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.SQLite})
-	if err != nil {
-		return Summary{}, err
-	}
-	if err := ob.Migrate(ctx, db); err != nil {
-		return Summary{}, err
-	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE charges (order_id TEXT NOT NULL, customer TEXT NOT NULL, amount_cents INTEGER NOT NULL)`); err != nil {
-		return Summary{}, err
-	}
-
 	logger := watermill.NopLogger{}
 	pubSub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, logger)
 	defer pubSub.Close()
-	router, err := message.NewRouter(message.RouterConfig{}, logger)
+
+	f := &flow{s: Summary{Orders: len(orders)}, failed: map[string]bool{}, crashed: map[string]bool{}}
+	router, err := f.router(db, repo, ob, pubSub, logger)
 	if err != nil {
 		return Summary{}, err
 	}
-
-	// One inbox per handler. Both share the SQLite table; their keys are
-	// scoped by this service's name and the handler's ("shop/billing",
-	// "shop/receipts"), so other services may share the table too.
-	// Billing's outputs go to the outbox, bound for "payments", inside its
-	// inbox transaction; the router publishes nothing for it.
-	billingInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs("payments")})
-	if err != nil {
-		return Summary{}, err
-	}
-	receiptsInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop"})
-	if err != nil {
-		return Summary{}, err
-	}
-
-	var (
-		s                          = Summary{Orders: len(orders)}
-		mu                         sync.Mutex
-		billingAcked, receiptAcked atomic.Int64
-		failed, crashed            = map[string]bool{}, map[string]bool{}
-	)
-
-	// The handler returns its payment event, so it is registered with a
-	// publisher; with Outputs the inbox hands the router no messages.
-	billing := router.AddHandler("billing", "orders", pubSub, "payments", pubSub,
-		func(msg *message.Message) ([]*message.Message, error) {
-			var o OrderPlaced
-			if err := json.Unmarshal(msg.Payload, &o); err != nil {
-				return nil, err
-			}
-			if ran, ok := msg.Context().Value(ranKey{}).(*bool); ok {
-				*ran = true
-			}
-			mu.Lock()
-			fail := o.OrderID == failsOnce && !failed[o.OrderID]
-			failed[o.OrderID] = true
-			mu.Unlock()
-
-			// The charge is written in the inbox transaction: it commits
-			// with the marker or not at all.
-			tx, _ := middleware.TxFromContext(msg.Context())
-			if _, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, customer, amount_cents) VALUES (?, ?, ?)`,
-				o.OrderID, o.Customer, o.Amount); err != nil {
-				return nil, err
-			}
-			if fail {
-				return nil, errors.New("card network timeout") // rolls the charge back; the broker redelivers
-			}
-			payload, _ := json.Marshal(PaymentCompleted(o))
-			return []*message.Message{message.NewMessage(watermill.NewUUID(), payload)}, nil
-		})
-	billing.AddMiddleware(
-		// Outermost: counts what the broker sees.
-		func(h message.HandlerFunc) message.HandlerFunc {
-			return func(msg *message.Message) ([]*message.Message, error) {
-				out, err := h(msg)
-				if err == nil {
-					billingAcked.Add(1)
-				}
-				return out, err
-			}
-		},
-		// A crash after the inbox committed but before the ack: the router
-		// neither publishes the payment nor acks the order.
-		func(h message.HandlerFunc) message.HandlerFunc {
-			return func(msg *message.Message) ([]*message.Message, error) {
-				out, err := h(msg)
-				if err != nil {
-					return nil, err
-				}
-				var o OrderPlaced
-				_ = json.Unmarshal(msg.Payload, &o)
-				mu.Lock()
-				defer mu.Unlock()
-				if o.OrderID == crashesBeforeAck && !crashed[o.OrderID] {
-					crashed[o.OrderID] = true
-					s.Crashed++
-					return nil, errors.New("process crashed before ack")
-				}
-				return out, nil
-			}
-		},
-		// Classifies each delivery by what the inbox did with it.
-		func(h message.HandlerFunc) message.HandlerFunc {
-			return func(msg *message.Message) ([]*message.Message, error) {
-				ran := new(bool)
-				ctx := msg.Context()
-				msg.SetContext(context.WithValue(ctx, ranKey{}, ran))
-				out, err := h(msg)
-				msg.SetContext(ctx)
-				mu.Lock()
-				defer mu.Unlock()
-				s.BillingDeliveries++
-				switch {
-				case err != nil && *ran:
-					s.Failed++
-				case err != nil:
-					return nil, err
-				case *ran:
-					s.Charged++
-				default:
-					s.Duplicates++
-					s.Replayed += len(out)
-				}
-				return out, err
-			}
-		},
-		billingInbox.Middleware,
-	)
-
-	receipts := router.AddConsumerHandler("receipts", "payments", pubSub, func(msg *message.Message) error {
-		mu.Lock()
-		s.ReceiptsSent++ // runs only for payments not seen before
-		mu.Unlock()
-		return nil
-	})
-	receipts.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := h(msg)
-			if err == nil {
-				receiptAcked.Add(1)
-			}
-			return out, err
-		}
-	}, receiptsInbox.Middleware)
-
 	// The relay publishes committed outbox rows to the broker. SQLite
 	// has no LISTEN: it polls.
 	relay, err := outbox.NewRelay(db, pubSub, outbox.RelayConfig{Dialect: sqldialect.SQLite, PollInterval: 10 * time.Millisecond}, logger)
@@ -283,36 +143,11 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 	}
 	go func() { relayDone <- relay.Run(runCtx) }()
 
-	// The producer: each order once, some twice (a retry after a lost
-	// publish confirmation keeps the message UUID).
-	for i, o := range orders {
-		payload, _ := json.Marshal(o)
-		uuid := fmt.Sprintf("00000000-0000-4000-8000-%012d", i+1)
-		copies := 1
-		if resentByProducer[o.OrderID] {
-			copies = 2
-		}
-		for range copies {
-			if err := pubSub.Publish("orders", message.NewMessage(uuid, payload)); err != nil {
-				return Summary{}, err
-			}
-			s.Published++
-		}
+	if err := f.produce(pubSub); err != nil {
+		return Summary{}, err
 	}
-
-	// Every published order is acked once in the end, and every order is
-	// charged once, with one payment event, which the relay delivers.
-	if err := waitUntil(ctx, func() bool {
-		return billingAcked.Load() == int64(s.Published) && receiptAcked.Load() == int64(len(orders))
-	}); err != nil {
-		return Summary{}, fmt.Errorf("waiting for the flow to settle: %w", err)
-	}
-	// The relay deletes a batch's rows after publishing it: wait for the
-	// outbox to drain, then stop.
-	if err := waitUntil(ctx, func() bool {
-		return db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+outbox.DefaultTableName).Scan(&s.OutboxLeft) == nil && s.OutboxLeft == 0
-	}); err != nil {
-		return Summary{}, fmt.Errorf("waiting for the outbox to drain: %w", err)
+	if err := f.settle(ctx, db); err != nil {
+		return Summary{}, err
 	}
 	stop()
 	if err := <-relayDone; err != nil && !errors.Is(err, context.Canceled) {
@@ -322,7 +157,8 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 		return Summary{}, err
 	}
 
-	s.PaymentEvents = int(receiptAcked.Load())
+	s := f.s
+	s.PaymentEvents = int(f.receiptAcked.Load())
 	s.Relayed = s.PaymentEvents
 	s.ReceiptsSkipped = s.PaymentEvents - s.ReceiptsSent
 	if s.ChargedCents, s.ChargeCount, err = chargesByCustomer(ctx, db); err != nil {
@@ -330,6 +166,207 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 	}
 	printSummary(w, s)
 	return s, nil
+}
+
+// migrate creates the inbox table, the outbox table (and its dead
+// letters) in the same database, so payment events commit with the
+// charge, and the service's charges table.
+func migrate(ctx context.Context, db *sql.DB) (*sqlite.Repository, *outbox.Outbox, error) {
+	repo, err := sqlite.NewRepository(db, sqlite.Config{})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := repo.Migrate(ctx); err != nil {
+		return nil, nil, err
+	}
+	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.SQLite})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := ob.Migrate(ctx, db); err != nil {
+		return nil, nil, err
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE charges (order_id TEXT NOT NULL, customer TEXT NOT NULL, amount_cents INTEGER NOT NULL)`); err != nil {
+		return nil, nil, err
+	}
+	return repo, ob, nil
+}
+
+// flow is the service's two handlers, the faults injected around them and
+// what they counted.
+type flow struct {
+	mu                         sync.Mutex
+	s                          Summary
+	billingAcked, receiptAcked atomic.Int64
+	failed, crashed            map[string]bool
+}
+
+// router adds billing and receipts, each behind an inbox of its own.
+func (f *flow) router(db *sql.DB, repo *sqlite.Repository, ob *outbox.Outbox, pubSub *gochannel.GoChannel, logger watermill.LoggerAdapter) (*message.Router, error) {
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		return nil, err
+	}
+	// One inbox per handler. Both share the SQLite table; their keys are
+	// scoped by this service's name and the handler's ("shop/billing",
+	// "shop/receipts"), so other services may share the table too.
+	// Billing's outputs go to the outbox, bound for "payments", inside its
+	// inbox transaction; the router publishes nothing for it.
+	billingInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs("payments")})
+	if err != nil {
+		return nil, err
+	}
+	receiptsInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop"})
+	if err != nil {
+		return nil, err
+	}
+
+	// The handler returns its payment event, so it is registered with a
+	// publisher; with Outputs the inbox hands the router no messages.
+	billing := router.AddHandler("billing", "orders", pubSub, "payments", pubSub, f.bill)
+	billing.AddMiddleware(
+		acked(&f.billingAcked), // outermost: counts what the broker sees
+		f.crashBeforeAck,
+		f.classify,
+		billingInbox.Middleware,
+	)
+	receipts := router.AddConsumerHandler("receipts", "payments", pubSub, f.sendReceipt)
+	receipts.AddMiddleware(acked(&f.receiptAcked), receiptsInbox.Middleware)
+	return router, nil
+}
+
+// bill charges an order in the inbox transaction: the charge commits with
+// the marker or not at all. The first run for failsOnce fails.
+func (f *flow) bill(msg *message.Message) ([]*message.Message, error) {
+	var o OrderPlaced
+	if err := json.Unmarshal(msg.Payload, &o); err != nil {
+		return nil, err
+	}
+	if ran, ok := msg.Context().Value(ranKey{}).(*bool); ok {
+		*ran = true
+	}
+	f.mu.Lock()
+	fail := o.OrderID == failsOnce && !f.failed[o.OrderID]
+	f.failed[o.OrderID] = true
+	f.mu.Unlock()
+
+	tx, _ := middleware.TxFromContext(msg.Context())
+	if _, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, customer, amount_cents) VALUES (?, ?, ?)`,
+		o.OrderID, o.Customer, o.Amount); err != nil {
+		return nil, err
+	}
+	if fail {
+		return nil, errors.New("card network timeout") // rolls the charge back; the broker redelivers
+	}
+	payload, _ := json.Marshal(PaymentCompleted(o))
+	return []*message.Message{message.NewMessage(watermill.NewUUID(), payload)}, nil
+}
+
+// sendReceipt runs only for payments its inbox has not seen before.
+func (f *flow) sendReceipt(*message.Message) error {
+	f.mu.Lock()
+	f.s.ReceiptsSent++
+	f.mu.Unlock()
+	return nil
+}
+
+// acked counts the deliveries a handler acknowledged.
+func acked(n *atomic.Int64) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil {
+				n.Add(1)
+			}
+			return out, err
+		}
+	}
+}
+
+// crashBeforeAck is a crash after the inbox committed but before the ack,
+// for crashesBeforeAck's first delivery: the router neither publishes the
+// payment nor acks the order.
+func (f *flow) crashBeforeAck(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if err != nil {
+			return nil, err
+		}
+		var o OrderPlaced
+		_ = json.Unmarshal(msg.Payload, &o)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if o.OrderID == crashesBeforeAck && !f.crashed[o.OrderID] {
+			f.crashed[o.OrderID] = true
+			f.s.Crashed++
+			return nil, errors.New("process crashed before ack")
+		}
+		return out, nil
+	}
+}
+
+// classify counts each delivery by what the inbox did with it.
+func (f *flow) classify(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		ran := new(bool)
+		ctx := msg.Context()
+		msg.SetContext(context.WithValue(ctx, ranKey{}, ran))
+		out, err := h(msg)
+		msg.SetContext(ctx)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.s.BillingDeliveries++
+		switch {
+		case err != nil && *ran:
+			f.s.Failed++
+		case err != nil:
+			return nil, err
+		case *ran:
+			f.s.Charged++
+		default:
+			f.s.Duplicates++
+			f.s.Replayed += len(out)
+		}
+		return out, err
+	}
+}
+
+// produce publishes each order once, some twice (a retry after a lost
+// publish confirmation keeps the message UUID).
+func (f *flow) produce(pub message.Publisher) error {
+	for i, o := range orders {
+		payload, _ := json.Marshal(o)
+		uuid := fmt.Sprintf("00000000-0000-4000-8000-%012d", i+1)
+		copies := 1
+		if resentByProducer[o.OrderID] {
+			copies = 2
+		}
+		for range copies {
+			if err := pub.Publish("orders", message.NewMessage(uuid, payload)); err != nil {
+				return err
+			}
+			f.s.Published++
+		}
+	}
+	return nil
+}
+
+// settle waits until every published order is acked once in the end and
+// every order's payment event, which the relay delivers, is acked by
+// receipts; then until the outbox is empty (the relay deletes a batch's
+// rows after publishing it).
+func (f *flow) settle(ctx context.Context, db *sql.DB) error {
+	if err := waitUntil(ctx, func() bool {
+		return f.billingAcked.Load() == int64(f.s.Published) && f.receiptAcked.Load() == int64(len(orders))
+	}); err != nil {
+		return fmt.Errorf("waiting for the flow to settle: %w", err)
+	}
+	if err := waitUntil(ctx, func() bool {
+		return db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+outbox.DefaultTableName).Scan(&f.s.OutboxLeft) == nil && f.s.OutboxLeft == 0
+	}); err != nil {
+		return fmt.Errorf("waiting for the outbox to drain: %w", err)
+	}
+	return nil
 }
 
 // ranKey marks, in a delivery's context, whether the billing handler ran.

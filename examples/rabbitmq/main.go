@@ -8,10 +8,10 @@
 // Billing charges an order in the inbox transaction, so the charge, the
 // "processed" marker and the PaymentCompleted event (in the outbox) commit
 // together; the relay publishes the event; receipts records one receipt
-// per payment. The demo driver (examples/internal/demo), which a service
-// does not need, places orders, re-sending every third one with the same
-// UUID as a producer does when a publish confirmation is lost, and prints
-// a ledger showing every order charged once.
+// per payment. The demo (demo.go), which a service does not need, places
+// orders, re-sending every third one with the same UUID as a producer does
+// when a publish confirmation is lost, and prints a ledger showing every
+// order charged once.
 //
 // Competing instances, crashes before the ack, poison messages and the
 // other brokers are exercised by examples/internal/e2e.
@@ -34,7 +34,6 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
-	"github.com/idemkit/watermill-idempotent/examples/internal/demo"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -108,13 +107,11 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	}
 
 	// One inbox for the router: keys are scoped by this service's name and
-	// the handler's ("shop/billing"). A handler's
-	// output goes to the outbox inside the inbox transaction, not to the
-	// publisher; the relay publishes it. seen counts the outcomes for the
-	// demo (a service would use the metrics package).
-	seen := &demo.Deliveries{}
+	// the handler's ("shop/billing"). A handler's output goes to the outbox
+	// inside the inbox transaction, not to the publisher; the relay
+	// publishes it.
 	inbox, err := middleware.NewInbox(middleware.Config{
-		DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs(payments), Observer: seen, Logger: logger,
+		DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs(payments), Logger: logger,
 	})
 	if err != nil {
 		return err
@@ -133,7 +130,8 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	router.AddMiddleware(poison, inbox.Middleware)
+	acked := &acks{n: map[string]int{}} // for the demo
+	router.AddMiddleware(acked.middleware, poison, inbox.Middleware)
 	router.AddHandler("billing", orders, sub, payments, pub, bill)
 	router.AddConsumerHandler("receipts", payments, sub, recordReceipt)
 
@@ -143,7 +141,7 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	wg.Go(func() { _ = relay.Run(ctx) })
 	wg.Go(func() { _ = router.Run(ctx) })
 	<-router.Running()
-	return demo.Run(ctx, w, db, pub, orders, seen)
+	return placeOrders(ctx, w, db, pub, orders, acked)
 }
 
 // bill charges an order in the inbox transaction and returns the payment,

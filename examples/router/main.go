@@ -1,19 +1,23 @@
 // Command router is a billing service with the inbox added to its
 // Watermill router: each order is charged once, however often the broker
-// delivers it. It runs until interrupted.
+// delivers it.
 //
 //	POSTGRES_DSN=postgres://user@host:5432/db go run ./examples/router
 //
 // GoChannel stands in for your broker (watermill-amqp, watermill-kafka, …).
+// The demo in demo.go sends three orders, re-sends one, and prints what
+// the service charged.
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"os"
 	"os/signal"
 	"time"
@@ -30,15 +34,15 @@ import (
 )
 
 func main() {
-	dsn := os.Getenv("POSTGRES_DSN")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
+	dsn := cmp.Or(os.Getenv("POSTGRES_DSN"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	logger := watermill.NewStdLogger(false, false)
-	pubSub := gochannel.NewGoChannel(gochannel.Config{}, logger)
-	if err := run(ctx, dsn, pubSub, pubSub, logger); err != nil {
+	// Warnings and errors: Watermill logs each handler's start at INFO.
+	logger := watermill.NewSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	// Persistent: orders sent before the router subscribes wait for it.
+	pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, logger)
+	defer pubSub.Close()
+	if err := demo(ctx, dsn, pubSub, logger, os.Stdout); err != nil {
 		log.Fatal(err)
 	}
 }

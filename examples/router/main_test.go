@@ -5,6 +5,9 @@ import (
 	"context"
 	"database/sql"
 	"os"
+	"regexp"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,4 +117,47 @@ func TestRun(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, 2, n, "one charge per order")
 	require.Equal(t, map[string]int64{"order-1": 1200, "order-2": 550}, charges)
+}
+
+// TestDemo runs what `go run ./examples/router` runs, twice on one schema:
+// each run sends order-2 twice with the same UUID and gets four payments,
+// the two of order-2 with one UUID, and the charges table holds one row
+// per order, after the second run too (its UUIDs are already processed).
+func TestDemo(t *testing.T) {
+	dsn := testenv.PostgresSchemaDSN(t, "router_demo_")
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	const sent = `sent     00000000-0000-4000-8000-000000000001 {"id":"order-1","cents":1200}
+sent     00000000-0000-4000-8000-000000000002 {"id":"order-2","cents":550}
+sent     00000000-0000-4000-8000-000000000003 {"id":"order-3","cents":9900}
+sent     00000000-0000-4000-8000-000000000002 {"id":"order-2","cents":550}
+`
+	const charged = `charged  order-1 $12.00
+charged  order-2 $5.50
+charged  order-3 $99.00
+`
+	paymentLine := regexp.MustCompile(`(?m)^payment  (\S+) (.*)$`)
+	var first []string
+	for run := range 2 {
+		pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+		var out bytes.Buffer
+		require.NoError(t, demo(ctx, dsn, pubSub, watermill.NopLogger{}, &out))
+		require.NoError(t, pubSub.Close())
+		t.Logf("run %d:\n%s", run+1, out.String())
+
+		require.True(t, strings.HasPrefix(out.String(), sent), "the four orders are sent first")
+		require.True(t, strings.HasSuffix(out.String(), charged), "one charge per order")
+		var payments []string // "order UUID", sorted
+		for _, m := range paymentLine.FindAllStringSubmatch(out.String(), -1) {
+			payments = append(payments, m[2]+" "+m[1])
+		}
+		slices.Sort(payments)
+		require.Len(t, payments, 4, "one payment per delivery")
+		require.Equal(t, payments[1], payments[2], "order-2's two deliveries give one payment, with one UUID")
+		if run == 0 {
+			first = payments
+		} else {
+			require.Equal(t, first, payments, "the second run replays the first run's payments")
+		}
+	}
 }
