@@ -72,7 +72,7 @@ func TestRelayMetrics(t *testing.T) {
 			ctx := context.Background()
 			var (
 				db       *sql.DB
-				dialect  outbox.Dialect
+				dialect  sqldialect.Dialect
 				backdate string
 			)
 			var suffix [5]byte

@@ -39,7 +39,7 @@ const benchTopic = "bench.events"
 
 type benchDB struct {
 	name    string
-	dialect outbox.Dialect
+	dialect sqldialect.Dialect
 	open    func(testing.TB) *sql.DB
 }
 

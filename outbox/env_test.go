@@ -46,7 +46,7 @@ type backend struct {
 	// itself (writes in write, relays, dead letters, Migrate) runs on pool.
 	db      *sql.DB
 	pool    *pgxpool.Pool
-	dialect outbox.Dialect
+	dialect sqldialect.Dialect
 	table   string
 	outbox  *outbox.Outbox
 }

@@ -79,7 +79,7 @@ func coreChecks(t *testing.T, b backend) {
 func TestMigrateUpgradesPreReleaseTable(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		dialect outbox.Dialect
+		dialect sqldialect.Dialect
 		ddl     string
 	}{
 		{"postgres", sqldialect.PostgreSQL, `CREATE TABLE {T} (

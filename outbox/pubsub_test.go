@@ -106,7 +106,7 @@ func (s *pubSubSuite) constructor(t *testing.T) (message.Publisher, message.Subs
 
 // startSuiteRelay creates a fresh outbox table in db and runs a relay from
 // it to broker until t ends.
-func startSuiteRelay(t *testing.T, db *sql.DB, dialect outbox.Dialect, broker message.Publisher, cfg outbox.RelayConfig) *outbox.Outbox {
+func startSuiteRelay(t *testing.T, db *sql.DB, dialect sqldialect.Dialect, broker message.Publisher, cfg outbox.RelayConfig) *outbox.Outbox {
 	t.Helper()
 	table := "outbox_pubsub_" + randomSuffix()
 	ob, err := outbox.New(outbox.Config{Dialect: dialect, Table: table})
@@ -193,7 +193,7 @@ func TestPubSub(t *testing.T) {
 
 // testPubSubAMQP runs the suite on an outbox in db relayed to RabbitMQ
 // at url (durable queue configuration).
-func testPubSubAMQP(t *testing.T, url string, db *sql.DB, dialect outbox.Dialect, relayConfig outbox.RelayConfig) {
+func testPubSubAMQP(t *testing.T, url string, db *sql.DB, dialect sqldialect.Dialect, relayConfig outbox.RelayConfig) {
 	logger := testLogger(t)
 	queues := newQueueSet(t, url)
 	broker, err := amqp.NewPublisher(amqp.NewDurableQueueConfig(url), logger)

@@ -32,7 +32,7 @@ func TestSchemaDDLRendersTableNames(t *testing.T) {
 	} {
 		require.Contains(t, ddl, want)
 	}
-	for _, d := range []outbox.Dialect{sqldialect.PostgreSQL, sqldialect.MySQL, sqldialect.SQLite} {
+	for _, d := range []sqldialect.Dialect{sqldialect.PostgreSQL, sqldialect.MySQL, sqldialect.SQLite} {
 		ddl := outbox.SchemaDDL(d, "app.orders_outbox")
 		require.NotEmpty(t, ddl, d)
 		require.False(t, strings.Contains(ddl, outbox.DefaultTableName), "%s: %s", d, ddl)

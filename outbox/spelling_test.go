@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // uuidRecorder is a publisher that keeps the UUIDs it was given.
@@ -55,7 +56,7 @@ func TestOutboxTableSpelledTwoWays(t *testing.T) {
 		_, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "`+table+`", "`+outbox.DeadLetterTableName(table)+`"`)
 		require.NoError(t, err)
 	})
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: table})
+	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL, Table: table})
 	require.NoError(t, err)
 	require.NoError(t, ob.Migrate(ctx, db))
 
@@ -67,14 +68,14 @@ func TestOutboxTableSpelledTwoWays(t *testing.T) {
 	require.NoError(t, err)
 
 	pub := &uuidRecorder{}
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: other}, nil)
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: other}, nil)
 	require.NoError(t, err)
 	n, err := relay.ForwardBatch(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, []string{"good"}, pub.uuids)
 
-	dl, err := outbox.NewDeadLetters(db, outbox.Config{Dialect: outbox.PostgreSQL, Table: table})
+	dl, err := outbox.NewDeadLetters(db, outbox.Config{Dialect: sqldialect.PostgreSQL, Table: table})
 	require.NoError(t, err)
 	dead, err := dl.Count(ctx)
 	require.NoError(t, err)
@@ -83,7 +84,7 @@ func TestOutboxTableSpelledTwoWays(t *testing.T) {
 	var channel string
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT convert_from(rtrim(tgargs, '\x00'::bytea), 'UTF8') FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`,
 		`"`+table+`"`).Scan(&channel))
-	same, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: table}, nil)
+	same, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: table}, nil)
 	require.NoError(t, err)
 	require.Equal(t, channel, same.NotifyChannel(), "the trigger notifies the channel of the spelling Migrate used")
 	require.NotEqual(t, channel, relay.NotifyChannel(), "another spelling listens elsewhere: polling only")

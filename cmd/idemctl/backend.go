@@ -29,6 +29,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	redisrepo "github.com/idemkit/watermill-idempotent/repository/redis"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // kind is the store a DSN names.
@@ -191,13 +192,13 @@ func openSQL(ctx context.Context, g *Globals) (*store, error) {
 	case k == kindPostgres && g.Layout == layoutPartitioned:
 		s.partitioned = true
 		s.repo, err = postgres.NewPartitionedRepository(db, postgres.PartitionedConfig{Table: g.Table, Interval: g.PartitionInterval, Ahead: g.PartitionAhead})
-		s.outbox = outbox.Config{Dialect: outbox.PostgreSQL, Table: g.OutboxTable}
+		s.outbox = outbox.Config{Dialect: sqldialect.PostgreSQL, Table: g.OutboxTable}
 	case k == kindPostgres:
 		s.repo, err = postgres.NewRepository(db, postgres.Config{Table: g.Table})
-		s.outbox = outbox.Config{Dialect: outbox.PostgreSQL, Table: g.OutboxTable}
+		s.outbox = outbox.Config{Dialect: sqldialect.PostgreSQL, Table: g.OutboxTable}
 	case k == kindMySQL:
 		s.repo, err = mysqlrepo.NewRepository(db, mysqlrepo.Config{Table: g.Table})
-		s.outbox = outbox.Config{Dialect: outbox.MySQL, Table: g.OutboxTable}
+		s.outbox = outbox.Config{Dialect: sqldialect.MySQL, Table: g.OutboxTable}
 	case k == kindSQLite:
 		s.repo, err = sqlite.NewRepository(db, sqlite.Config{Table: g.Table})
 	}
@@ -494,7 +495,7 @@ func (s *store) inboxLine() (migrationLine, error) {
 func (s *store) outboxLine() (migrationLine, error) {
 	cfg := s.outbox
 	if s.kind == kindSQLite {
-		cfg = outbox.Config{Dialect: outbox.SQLite, Table: s.outboxTable}
+		cfg = outbox.Config{Dialect: sqldialect.SQLite, Table: s.outboxTable}
 	}
 	ob, err := outbox.New(cfg)
 	if err != nil {

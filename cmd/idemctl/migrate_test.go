@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	redisrepo "github.com/idemkit/watermill-idempotent/repository/redis"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // mysqlURL is the MariaDB of testenv as the URL idemctl takes (testenv's
@@ -72,12 +73,12 @@ func countFiles(t *testing.T, fsys fs.FS, dir string) int {
 func TestMigrateOutboxAndVersions(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		dialect outbox.Dialect
+		dialect sqldialect.Dialect
 		open    func(t *testing.T) (db *sql.DB, dsn string)
 	}{
-		{"postgres", outbox.PostgreSQL, func(t *testing.T) (*sql.DB, string) { return testenv.Postgres(t), pgDSN(t) }},
-		{"mariadb", outbox.MySQL, mysqlURL},
-		{"sqlite", outbox.SQLite, func(t *testing.T) (*sql.DB, string) {
+		{"postgres", sqldialect.PostgreSQL, func(t *testing.T) (*sql.DB, string) { return testenv.Postgres(t), pgDSN(t) }},
+		{"mariadb", sqldialect.MySQL, mysqlURL},
+		{"sqlite", sqldialect.SQLite, func(t *testing.T) (*sql.DB, string) {
 			return nil, "sqlite://" + filepath.Join(t.TempDir(), "store.db")
 		}},
 	} {

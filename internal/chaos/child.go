@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // specEnv carries a child process's spec (JSON). Its presence makes the
@@ -191,7 +192,7 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 		if err != nil {
 			return err
 		}
-		ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: s.Names.Outbox})
+		ob, err := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL, Table: s.Names.Outbox})
 		if err != nil {
 			return err
 		}
@@ -348,7 +349,7 @@ func runRelay(ctx context.Context, s spec, logger watermill.LoggerAdapter) error
 	}
 	defer pub.Close()
 	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{
-		Dialect: outbox.PostgreSQL, Table: s.Names.Outbox, RetryInterval: 200 * time.Millisecond, BatchSize: 100,
+		Dialect: sqldialect.PostgreSQL, Table: s.Names.Outbox, RetryInterval: 200 * time.Millisecond, BatchSize: 100,
 		Notifier: pgxoutbox.Notifier(db),
 	}, logger)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // Drivers of the service measurement.
@@ -324,7 +325,7 @@ func newService(ctx context.Context, dsn, driver, prefix string, pub message.Pub
 	var err error
 	obs := [2]*outbox.Outbox{}
 	for i, suffix := range []string{"_obn", "_obp"} {
-		if obs[i], err = outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: prefix + suffix}); err != nil {
+		if obs[i], err = outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL, Table: prefix + suffix}); err != nil {
 			return svc, err
 		}
 	}
@@ -334,7 +335,7 @@ func newService(ctx context.Context, dsn, driver, prefix string, pub message.Pub
 		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(msg.UUID))}, nil
 	}
 	relayConfig := func(i int) outbox.RelayConfig {
-		c := outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: prefix + []string{"_obn", "_obp"}[i]}
+		c := outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: prefix + []string{"_obn", "_obp"}[i]}
 		if i == 0 {
 			c.PollInterval = serviceNotifyPoll
 		} else {

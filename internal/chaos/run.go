@@ -27,6 +27,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // quietPeriod is how long the queues must stay empty before the drain
@@ -561,7 +562,7 @@ func (e *env) setup(ctx context.Context, mode string, n names, conn *amqp091.Con
 	sqliteLedgerDDL := `CREATE TABLE IF NOT EXISTS ` + n.Effects + ` (id INTEGER PRIMARY KEY AUTOINCREMENT,
 		order_id TEXT NOT NULL, process TEXT NOT NULL, at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)`
 	if mode == Transactional {
-		ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: n.Outbox})
+		ob, err := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL, Table: n.Outbox})
 		if err != nil {
 			return err
 		}
