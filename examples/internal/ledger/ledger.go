@@ -90,3 +90,28 @@ func (o *Outcomes) WaitAcked(ctx context.Context, n int) error {
 	}
 	return nil
 }
+
+// Topic is a message.Publisher that keeps what is published to it, a
+// poison topic to look at.
+type Topic struct {
+	mu   sync.Mutex
+	msgs []*message.Message
+}
+
+// Publish implements message.Publisher.
+func (p *Topic) Publish(_ string, msgs ...*message.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.msgs = append(p.msgs, msgs...)
+	return nil
+}
+
+// Close implements message.Publisher.
+func (p *Topic) Close() error { return nil }
+
+// Messages returns what was published.
+func (p *Topic) Messages() []*message.Message {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]*message.Message(nil), p.msgs...)
+}
