@@ -109,9 +109,7 @@ func run(ctx context.Context, dsn string, w io.Writer, legacy bool) error {
 		setup func(router *message.Router) error
 	}{
 		{"before   (Deduplicator: Adler-32 of the payload, in memory)", func(router *message.Router) error {
-			dedup := &wmiddleware.Deduplicator{} // the defaults
-			router.AddMiddleware(dedup.Middleware, s.retry().Middleware)
-			router.AddNoPublisherHandler("billing", "orders", s.pubsub, s.chargeBefore)
+			s.deduplicator(router, &wmiddleware.Deduplicator{}) // the defaults
 			return nil
 		}},
 		{"prepare  (Deduplicator: SHA-256 of the payload, in the inbox table)", func(router *message.Router) error {
@@ -123,8 +121,7 @@ func run(ctx context.Context, dsn string, w io.Writer, legacy bool) error {
 				// nil *Deduplicator), too short for a database round trip.
 				Timeout: 5 * time.Second,
 			}
-			router.AddMiddleware(dedup.Middleware, s.retry().Middleware)
-			router.AddNoPublisherHandler("billing", "orders", s.pubsub, s.chargeBefore)
+			s.deduplicator(router, dedup)
 			return nil
 		}},
 		{"window   (inbox: key = the same SHA-256 of the payload)", func(router *message.Router) error {
@@ -175,6 +172,13 @@ func (s *shop) retry() wmiddleware.Retry {
 	}
 }
 
+// deduplicator sets the router up as before the migration: the
+// Deduplicator, then Retry, then the handler on its own statement.
+func (s *shop) deduplicator(router *message.Router, dedup *wmiddleware.Deduplicator) {
+	router.AddMiddleware(dedup.Middleware, s.retry().Middleware)
+	router.AddConsumerHandler("billing", "orders", s.pubsub, s.chargeBefore)
+}
+
 // inbox sets the router up as after the migration: the poison queue, then
 // Retry, then the inbox (each retry is a new transaction), then the
 // middlewares that must run in the inbox transaction, then Recoverer (a
@@ -195,7 +199,7 @@ func (s *shop) inbox(router *message.Router, repo *postgres.Repository, key midd
 	router.AddMiddleware(poison, s.retry().Middleware, inbox.Middleware)
 	router.AddMiddleware(inTx...)
 	router.AddMiddleware(wmiddleware.Recoverer)
-	router.AddNoPublisherHandler("billing", "orders", s.pubsub, s.charge)
+	router.AddConsumerHandler("billing", "orders", s.pubsub, s.charge)
 	return nil
 }
 
