@@ -53,6 +53,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
+	"github.com/idemkit/watermill-idempotent/examples/internal/ledger"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -84,7 +85,7 @@ type order struct {
 }
 
 // run runs the four phases against the database at dsn and prints a line
-// per phase. legacy false leaves legacyKey out of the third phase, to
+// per phase. legacy false leaves legacyKey out of the last phase, to
 // show what it prevents.
 func run(ctx context.Context, dsn string, w io.Writer, legacy bool) error {
 	db, err := sql.Open("pgx", dsn)
@@ -92,11 +93,8 @@ func run(ctx context.Context, dsn string, w io.Writer, legacy bool) error {
 		return err
 	}
 	defer db.Close()
-	repo, err := postgres.NewRepository(db, postgres.Config{})
+	repo, err := ledger.Repository(ctx, db) // the inbox's table
 	if err != nil {
-		return err
-	}
-	if err := repo.Migrate(ctx); err != nil {
 		return err
 	}
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS charges (order_id TEXT NOT NULL, cents BIGINT NOT NULL)`); err != nil {

@@ -1,8 +1,9 @@
-// Package ledger is the effect the broker examples (servicebus, eventhubs,
-// migrate-deduplicator) make once per message: a row per applied message
-// in a table "ledger", written in the inbox transaction, and an Observer
-// that counts the inbox's outcomes so a program or a test can wait for
-// its deliveries instead of sleeping.
+// Package ledger holds what the broker examples (servicebus, eventhubs,
+// cosmos, migrate-deduplicator) share and a service does not need: the
+// inbox's repository, an effect made once per message (a row in a table
+// "ledger", written in the inbox transaction), an Observer counting the
+// inbox's outcomes so that a program or a test waits for its deliveries
+// instead of sleeping, and a Topic keeping what a poison queue publishes.
 package ledger
 
 import (
@@ -18,13 +19,20 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
-// Migrate creates the inbox's table and the ledger in db (PostgreSQL).
-func Migrate(ctx context.Context, db *sql.DB) (*postgres.Repository, error) {
+// Repository returns the inbox's repository on db (PostgreSQL, the
+// default table), its table created.
+func Repository(ctx context.Context, db *sql.DB) (*postgres.Repository, error) {
 	repo, err := postgres.NewRepository(db, postgres.Config{})
 	if err != nil {
 		return nil, err
 	}
-	if err := repo.Migrate(ctx); err != nil {
+	return repo, repo.Migrate(ctx)
+}
+
+// Migrate creates the inbox's table and the ledger in db (PostgreSQL).
+func Migrate(ctx context.Context, db *sql.DB) (*postgres.Repository, error) {
+	repo, err := Repository(ctx, db)
+	if err != nil {
 		return nil, err
 	}
 	_, err = db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ledger (uuid TEXT NOT NULL, payload TEXT NOT NULL)`)
