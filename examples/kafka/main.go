@@ -104,7 +104,7 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers:               brokers,
 		Marshaler:             kafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: saramaConfig(kafka.DefaultSaramaSyncPublisherConfig()),
+		OverwriteSaramaConfig: idempotent(saramaConfig(kafka.DefaultSaramaSyncPublisherConfig())),
 	}, logger)
 	if err != nil {
 		return err
@@ -193,4 +193,17 @@ func recordReceipt(msg *message.Message) error {
 	_, err := tx.ExecContext(msg.Context(), `INSERT INTO receipts (payment_id, payment) VALUES ($1, $2)`,
 		msg.UUID, string(msg.Payload))
 	return err
+}
+
+// idempotent turns on Kafka's idempotent producer: the broker recognises
+// a retried produce request (its answer was lost) by the producer id and
+// sequence number and stores it once, so producer retries make no copies
+// for the inbox to absorb. Sarama refuses it without acks from every
+// in-sync replica, one request in flight and retries (docs/brokers.md).
+func idempotent(sc *sarama.Config) *sarama.Config {
+	sc.Producer.Idempotent = true
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Net.MaxOpenRequests = 1
+	sc.Producer.Retry.Max = 10
+	return sc
 }
