@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/settings"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/trace"
 
@@ -166,28 +168,18 @@ func (c *Config) setDefaults() {
 	if c.Methods == nil {
 		c.Methods = DefaultMethods
 	}
-	if c.MaxKeyLength == 0 {
-		c.MaxKeyLength = DefaultMaxKeyLength
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = DefaultMaxResponseBytes
-	}
+	settings.Default(&c.MaxKeyLength, DefaultMaxKeyLength)
+	settings.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	settings.Default(&c.MaxResponseBytes, DefaultMaxResponseBytes)
 	if c.Store == nil {
 		c.Store = DefaultStore
 	}
 	if c.ReplayHeaders == nil {
 		c.ReplayHeaders = DefaultReplayHeaders
 	}
-	if c.RetryAfter == 0 {
-		c.RetryAfter = DefaultRetryAfter
-	}
+	settings.Default(&c.RetryAfter, DefaultRetryAfter)
 	// The lease settings' defaults are once's, written in one place.
-	ls := lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)}
-	ls.SetDefaults()
-	c.Lease, c.ExtendEvery, c.StoreTimeout, c.FinishRetry = ls.Lease, ls.ExtendEvery, ls.StoreTimeout, middleware.FinishRetry(ls.Retry)
+	lease.Fill(&c.Lease, &c.ExtendEvery, &c.StoreTimeout, (*lease.Retry)(&c.FinishRetry))
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
@@ -220,15 +212,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("config.Methods: %q is not an upper-case method", m))
 		}
 	}
-	if c.MaxKeyLength <= 0 {
-		errs = append(errs, fmt.Errorf("config.MaxKeyLength must be positive, got %d", c.MaxKeyLength))
-	}
-	if c.MaxBodyBytes <= 0 {
-		errs = append(errs, fmt.Errorf("config.MaxBodyBytes must be positive, got %d", c.MaxBodyBytes))
-	}
-	if c.MaxResponseBytes <= 0 {
-		errs = append(errs, fmt.Errorf("config.MaxResponseBytes must be positive, got %d", c.MaxResponseBytes))
-	}
+	errs = append(errs, settings.Positive("config.MaxKeyLength", c.MaxKeyLength))
+	errs = append(errs, settings.Positive("config.MaxBodyBytes", c.MaxBodyBytes))
+	errs = append(errs, settings.Positive("config.MaxResponseBytes", c.MaxResponseBytes))
 	if c.RetryAfter < 0 {
 		errs = append(errs, fmt.Errorf("config.RetryAfter must not be negative, got %s", c.RetryAfter))
 	}
@@ -243,10 +229,7 @@ func (c Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid httpidem config: %w", err)
-	}
-	return nil
+	return settings.Invalid("httpidem", errs)
 }
 
 // onceConfig is the configuration of the once.TwoPhase that stores keys.

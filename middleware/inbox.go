@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/settings"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
@@ -244,10 +246,7 @@ func (c Config) Validate() error {
 	if _, ok := c.Repository.(repository.Reader); c.ReadFirst && !ok {
 		errs = append(errs, fmt.Errorf("config.ReadFirst needs a Repository implementing repository.Reader; %T does not", c.Repository))
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid inbox config: %w", err)
-	}
-	return nil
+	return settings.Invalid("inbox", errs)
 }
 
 // Inbox is a router middleware that makes a handler's effects happen once
@@ -500,7 +499,7 @@ func answer(ctx context.Context, obs *observation, a protocol.Answer, r ran, ext
 		return nil, obs.end(ctx, OutcomePayloadMismatch, a.Err, nil)
 	case protocol.Busy:
 		return nil, obs.end(ctx, OutcomeLeaseBusy, a.Err, watermill.LogFields{"lease_owner": a.Record.LeaseOwner})
-	case protocol.Intervene:
+	case protocol.NeedsIntervention:
 		return nil, obs.end(ctx, OutcomeNeedsIntervention, a.Err, nil)
 	}
 	return nil, obs.end(ctx, OutcomeFailed, a.Err, nil)

@@ -3,8 +3,9 @@ package middleware
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/internal/settings"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -19,7 +20,7 @@ import (
 // in progress under an expired lease: an earlier attempt started the
 // effect and stopped answering (crashed, hung, partitioned), so the effect
 // may have partly happened.
-type ExpiredLeasePolicy int
+type ExpiredLeasePolicy = protocol.ExpiredLeasePolicy
 
 const (
 	// Intervene fails the delivery with the permanent ErrNeedsIntervention
@@ -27,24 +28,13 @@ const (
 	// system and then marks the record completed or releases it for a
 	// retry. The default: the safe choice for effects that are not
 	// idempotent downstream (a payment without an idempotency key).
-	Intervene ExpiredLeasePolicy = iota
+	Intervene = protocol.Intervene
 	// Reclaim takes the record over (exactly one racing delivery wins) and
 	// runs the handler again. Use it only when the effect is idempotent
 	// downstream, e.g. an API called with the propagated key as its
 	// Idempotency-Key.
-	Reclaim
+	Reclaim = protocol.Reclaim
 )
-
-func (p ExpiredLeasePolicy) String() string {
-	switch p {
-	case Intervene:
-		return "intervene"
-	case Reclaim:
-		return "reclaim"
-	default:
-		return fmt.Sprintf("ExpiredLeasePolicy(%d)", int(p))
-	}
-}
 
 // DefaultLease is the default lease of a two-phase claim, in package once
 // and httpidem too.
@@ -114,17 +104,20 @@ func (c *TwoPhaseConfig) setDefaults() {
 	if c.Key == nil {
 		c.Key = UUIDKey
 	}
-	s := c.leaseSettings()
-	s.SetDefaults()
-	c.Lease, c.ExtendEvery, c.StoreTimeout, c.FinishRetry = s.Lease, s.ExtendEvery, s.StoreTimeout, FinishRetry(s.Retry)
+	lease.Fill(&c.Lease, &c.ExtendEvery, &c.StoreTimeout, (*lease.Retry)(&c.FinishRetry))
 	protocol.SetDefaults(&c.Retention, DefaultRetention, &c.Logger, &c.Now)
 	if c.MaxResultBytes == 0 {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}
 }
 
-func (c TwoPhaseConfig) leaseSettings() lease.Settings {
-	return lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)}
+// protocol returns the settings the protocol's two-phase run takes.
+func (c TwoPhaseConfig) protocol() protocol.TwoPhaseConfig {
+	return protocol.TwoPhaseConfig{
+		Repo: c.Repository, Policy: c.OnExpiredLease, Retention: c.Retention, RedeliveryWindow: c.RedeliveryWindow,
+		Lease: lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)},
+		Now:   c.Now, Logger: c.Logger,
+	}
 }
 
 // Validate reports every problem with the configuration at once.
@@ -134,15 +127,8 @@ func (c TwoPhaseConfig) Validate() error {
 		errs = append(errs, errors.New("missing TwoPhaseConfig.Repository"))
 	}
 	errs = append(errs, validateScoping("TwoPhaseConfig", c.Consumer, c.HandlerScopes, true)...)
-	errs = append(errs, protocol.ValidateRetention(c.Retention, c.RedeliveryWindow)...)
-	errs = append(errs, c.leaseSettings().Validate(c.Retention)...)
-	if c.OnExpiredLease != Intervene && c.OnExpiredLease != Reclaim {
-		errs = append(errs, fmt.Errorf("config.OnExpiredLease: unknown policy %s", c.OnExpiredLease))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid two-phase inbox config: %w", err)
-	}
-	return nil
+	errs = append(errs, c.protocol().Validate()...)
+	return settings.Invalid("two-phase inbox", errs)
 }
 
 // TwoPhaseInbox is the inbox for effects that cannot join a SQL
@@ -189,13 +175,7 @@ func NewTwoPhaseInbox(config TwoPhaseConfig) (*TwoPhaseInbox, error) {
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
 		obs:    newObservability("two-phase", config.Logger, config.Observer, config.TracerProvider),
-		proto: &protocol.TwoPhase{
-			Leases: &lease.Keeper{
-				Repo: config.Repository, Settings: config.leaseSettings(),
-				Now: config.Now, Logger: config.Logger, Name: "Inbox",
-			},
-			Retention: config.Retention, Reclaim: config.OnExpiredLease == Reclaim, Prefix: "inbox",
-		},
+		proto:  protocol.NewTwoPhase(config.protocol(), "Inbox", "inbox", false),
 	}, nil
 }
 

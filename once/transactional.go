@@ -4,8 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/internal/settings"
 
 	"github.com/ThreeDotsLabs/watermill"
 
@@ -52,10 +53,7 @@ func (c TxConfig) Validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, protocol.ValidateRetention(c.Retention, 0)...)
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid once config: %w", err)
-	}
-	return nil
+	return settings.Invalid("once", errs)
 }
 
 // TxFunc is the work Transactional.Do runs once per key, inside the

@@ -3,8 +3,9 @@ package once
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/internal/settings"
 
 	"github.com/ThreeDotsLabs/watermill"
 
@@ -59,14 +60,17 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	s := c.leaseSettings()
-	s.SetDefaults()
-	c.Lease, c.ExtendEvery, c.StoreTimeout, c.FinishRetry = s.Lease, s.ExtendEvery, s.StoreTimeout, middleware.FinishRetry(s.Retry)
+	lease.Fill(&c.Lease, &c.ExtendEvery, &c.StoreTimeout, (*lease.Retry)(&c.FinishRetry))
 	protocol.SetDefaults(&c.Retention, middleware.DefaultRetention, &c.Logger, &c.Now)
 }
 
-func (c Config) leaseSettings() lease.Settings {
-	return lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)}
+// protocol returns the settings the protocol's two-phase run takes.
+func (c Config) protocol() protocol.TwoPhaseConfig {
+	return protocol.TwoPhaseConfig{
+		Repo: c.Repository, Policy: c.OnExpiredLease, Retention: c.Retention,
+		Lease: lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)},
+		Now:   c.Now, Logger: c.Logger,
+	}
 }
 
 // Validate reports every problem with the configuration at once.
@@ -78,15 +82,8 @@ func (c Config) Validate() error {
 	if err := checkScope("Config.Scope", c.Scope); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, protocol.ValidateRetention(c.Retention, 0)...)
-	errs = append(errs, c.leaseSettings().Validate(c.Retention)...)
-	if c.OnExpiredLease != middleware.Intervene && c.OnExpiredLease != middleware.Reclaim {
-		errs = append(errs, fmt.Errorf("config.OnExpiredLease: unknown policy %s", c.OnExpiredLease))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid once config: %w", err)
-	}
-	return nil
+	errs = append(errs, c.protocol().Validate()...)
+	return settings.Invalid("once", errs)
 }
 
 // Func is the work TwoPhase.Do runs once per key. Its output is stored
@@ -112,14 +109,7 @@ func NewTwoPhase(config Config) (*TwoPhase, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &TwoPhase{config: config, proto: &protocol.TwoPhase{
-		Leases: &lease.Keeper{
-			Repo: config.Repository, Settings: config.leaseSettings(),
-			Now: config.Now, Logger: config.Logger, Name: "Once",
-		},
-		Retention: config.Retention, Reclaim: config.OnExpiredLease == middleware.Reclaim,
-		BoundClaim: true, Prefix: "once",
-	}}, nil
+	return &TwoPhase{config: config, proto: protocol.NewTwoPhase(config.protocol(), "Once", "once", true)}, nil
 }
 
 // Do runs fn once per key, with no input fingerprint: DoInput(ctx, key,

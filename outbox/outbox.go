@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"regexp"
 
+	"github.com/idemkit/watermill-idempotent/internal/settings"
+
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -89,10 +91,7 @@ func (c Config) Validate() error {
 	if err := repository.ValidateTableName(c.Table); err != nil {
 		errs = append(errs, err)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid outbox config: %w", err)
-	}
-	return nil
+	return settings.Invalid("outbox", errs)
 }
 
 // Outgoing is one message bound for a destination topic, the unit

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/settings"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -127,21 +129,11 @@ type RelayConfig struct {
 }
 
 func (c *RelayConfig) setDefaults() {
-	if c.Table == "" {
-		c.Table = DefaultTableName
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.MaxBatchBytes == 0 {
-		c.MaxBatchBytes = DefaultMaxBatchBytes
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = DefaultCloseTimeout
-	}
+	settings.Default(&c.Table, DefaultTableName)
+	settings.Default(&c.BatchSize, DefaultBatchSize)
+	settings.Default(&c.MaxBatchBytes, DefaultMaxBatchBytes)
+	settings.Default(&c.MaxAttempts, DefaultMaxAttempts)
+	settings.Default(&c.CloseTimeout, DefaultCloseTimeout)
 	if c.PollInterval == 0 {
 		if c.notify() {
 			c.PollInterval = DefaultNotifyPollInterval
@@ -149,18 +141,14 @@ func (c *RelayConfig) setDefaults() {
 			c.PollInterval = DefaultPollInterval
 		}
 	}
-	if c.RetryInterval == 0 {
-		c.RetryInterval = DefaultRelayRetryInterval
-	}
+	settings.Default(&c.RetryInterval, DefaultRelayRetryInterval)
 	if c.MaxRetryInterval == 0 {
 		c.MaxRetryInterval = max(DefaultMaxRetryInterval, c.RetryInterval)
 	}
 	if c.IsPermanent == nil {
 		c.IsPermanent = IsPermanent
 	}
-	if c.BacklogInterval == 0 {
-		c.BacklogInterval = DefaultBacklogInterval
-	}
+	settings.Default(&c.BacklogInterval, DefaultBacklogInterval)
 }
 
 func (c RelayConfig) notify() bool {
@@ -188,31 +176,16 @@ func (c RelayConfig) Validate() error {
 	if c.BatchSize <= 0 || c.BatchSize > 10_000 {
 		errs = append(errs, fmt.Errorf("RelayConfig.BatchSize must be in 1..10000, got %d", c.BatchSize))
 	}
-	if c.MaxBatchBytes <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.MaxBatchBytes must be positive, got %d", c.MaxBatchBytes))
-	}
-	if c.MaxAttempts <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.MaxAttempts must be positive, got %d", c.MaxAttempts))
-	}
-	if c.CloseTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.CloseTimeout must be positive, got %s", c.CloseTimeout))
-	}
-	if c.PollInterval <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.PollInterval must be positive, got %s", c.PollInterval))
-	}
-	if c.RetryInterval <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.RetryInterval must be positive, got %s", c.RetryInterval))
-	}
+	errs = append(errs, settings.Positive("RelayConfig.MaxBatchBytes", c.MaxBatchBytes))
+	errs = append(errs, settings.Positive("RelayConfig.MaxAttempts", c.MaxAttempts))
+	errs = append(errs, settings.Positive("RelayConfig.CloseTimeout", c.CloseTimeout))
+	errs = append(errs, settings.Positive("RelayConfig.PollInterval", c.PollInterval))
+	errs = append(errs, settings.Positive("RelayConfig.RetryInterval", c.RetryInterval))
 	if c.MaxRetryInterval < c.RetryInterval {
 		errs = append(errs, fmt.Errorf("RelayConfig.MaxRetryInterval must be at least RetryInterval (%s), got %s", c.RetryInterval, c.MaxRetryInterval))
 	}
-	if c.BacklogInterval <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.BacklogInterval must be positive, got %s", c.BacklogInterval))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid relay config: %w", err)
-	}
-	return nil
+	errs = append(errs, settings.Positive("RelayConfig.BacklogInterval", c.BacklogInterval))
+	return settings.Invalid("relay", errs)
 }
 
 // Relay forwards messages from the outbox table to a Watermill publisher.

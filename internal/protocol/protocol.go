@@ -64,9 +64,9 @@ const (
 	Mismatch
 	// Busy: another call holds the key; Err is a *BusyError.
 	Busy
-	// Intervene: an earlier attempt's lease expired mid-run and the policy
+	// NeedsIntervention: an earlier attempt's lease expired mid-run and the policy
 	// asks for an operator; Err wraps ErrNeedsIntervention.
-	Intervene
+	NeedsIntervention
 	// Unclaimed: the store failed before the function could run; Err.
 	Unclaimed
 )

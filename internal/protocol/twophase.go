@@ -13,6 +13,55 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
+// ExpiredLeasePolicy decides what a call does with a key in progress
+// under an expired lease (package middleware exports it, with its
+// values).
+type ExpiredLeasePolicy int
+
+// The policies.
+const (
+	Intervene ExpiredLeasePolicy = iota
+	Reclaim
+)
+
+func (p ExpiredLeasePolicy) String() string {
+	if names := [...]string{Intervene: "intervene", Reclaim: "reclaim"}; p >= 0 && int(p) < len(names) {
+		return names[p]
+	}
+	return fmt.Sprintf("ExpiredLeasePolicy(%d)", int(p))
+}
+
+// TwoPhaseConfig holds the settings every two-phase entry point's config
+// has, with their defaults applied.
+type TwoPhaseConfig struct {
+	Repo                        repository.TwoPhase
+	Lease                       lease.Settings
+	Policy                      ExpiredLeasePolicy
+	Retention, RedeliveryWindow time.Duration
+	Now                         func() time.Time
+	Logger                      watermill.LoggerAdapter
+}
+
+// Validate reports every problem with c's retention, lease settings and
+// policy.
+func (c TwoPhaseConfig) Validate() []error {
+	errs := ValidateRetention(c.Retention, c.RedeliveryWindow)
+	errs = append(errs, c.Lease.Validate(c.Retention)...)
+	if c.Policy != Intervene && c.Policy != Reclaim {
+		errs = append(errs, fmt.Errorf("config.OnExpiredLease: unknown policy %s", c.Policy))
+	}
+	return errs
+}
+
+// NewTwoPhase returns the TwoPhase of an entry point: name starts its
+// log messages ("Inbox"), prefix its errors ("inbox").
+func NewTwoPhase(c TwoPhaseConfig, name, prefix string, boundClaim bool) *TwoPhase {
+	return &TwoPhase{
+		Leases:    &lease.Keeper{Repo: c.Repo, Settings: c.Lease, Now: c.Now, Logger: c.Logger, Name: name},
+		Retention: c.Retention, Reclaim: c.Policy == Reclaim, BoundClaim: boundClaim, Prefix: prefix,
+	}
+}
+
 // TwoPhase runs the protocol for effects outside a transaction: claim the
 // key in progress under a lease, run the effect while the lease is kept
 // alive, then complete the key with the result (or release it after a
@@ -108,7 +157,7 @@ func (p *TwoPhase) claim(ctx context.Context, c Call, lp repository.LeaseParams)
 		a.Kind, a.Err = Busy, &BusyError{Scope: c.Scope, Key: c.Key, Owner: rec.LeaseOwner, LeaseUntil: rec.LeaseUntil}
 		return a, false
 	case !p.Reclaim:
-		a.Kind, a.Err = Intervene, fmt.Errorf("%w: scope %q, key %q: attempt %d by %s expired at %s", ErrNeedsIntervention, c.Scope, c.Key, rec.Attempts, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
+		a.Kind, a.Err = NeedsIntervention, fmt.Errorf("%w: scope %q, key %q: attempt %d by %s expired at %s", ErrNeedsIntervention, c.Scope, c.Key, rec.Attempts, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
 		return a, false
 	}
 	err = p.call(ctx, func(ctx context.Context) error {

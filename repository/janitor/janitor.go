@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/settings"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -92,15 +94,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Interval == 0 {
-		c.Interval = DefaultInterval
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Pause == 0 {
-		c.Pause = DefaultPause
-	}
+	settings.Default(&c.Interval, DefaultInterval)
+	settings.Default(&c.BatchSize, DefaultBatchSize)
+	settings.Default(&c.Pause, DefaultPause)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -110,12 +106,8 @@ func (c *Config) setDefaults() {
 // defaults are applied: it rejects zero values as well as negative ones.
 func (c Config) Validate() error {
 	var errs []error
-	if c.Interval <= 0 {
-		errs = append(errs, fmt.Errorf("interval must be positive, got %s", c.Interval))
-	}
-	if c.BatchSize <= 0 {
-		errs = append(errs, fmt.Errorf("batch size must be positive, got %d", c.BatchSize))
-	}
+	errs = append(errs, settings.Positive("interval", c.Interval))
+	errs = append(errs, settings.Positive("batch size", c.BatchSize))
 	if c.Pause < 0 {
 		errs = append(errs, fmt.Errorf("pause must not be negative, got %s", c.Pause))
 	}
