@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/internal/settings"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -20,7 +21,6 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultNamespace        = "http"
 	DefaultMaxKeyLength     = 255
 	DefaultMaxBodyBytes     = 1 << 20
 	DefaultMaxResponseBytes = 1 << 20
@@ -71,7 +71,11 @@ type Config struct {
 	Route func(*http.Request) string
 	// Namespace is the consumer (scope) of the stored records, so HTTP
 	// keys never meet keys of the inboxes or of package once in a shared
-	// table. Default: DefaultNamespace ("http").
+	// table, and two services sharing a table never replay each other's
+	// responses: set it to the name of this service ("orders-api").
+	// Required; at most 255 bytes, valid UTF-8, no NUL byte. Keys stored
+	// before it was required are under "http": set Namespace "http" to
+	// keep them.
 	Namespace string
 	// Methods are the request methods made idempotent; requests with other
 	// methods pass through untouched. Default: DefaultMethods (POST,
@@ -162,9 +166,6 @@ func (c *Config) setDefaults() {
 	if c.Route == nil {
 		c.Route = defaultRoute
 	}
-	if c.Namespace == "" {
-		c.Namespace = DefaultNamespace
-	}
 	if c.Methods == nil {
 		c.Methods = DefaultMethods
 	}
@@ -180,15 +181,7 @@ func (c *Config) setDefaults() {
 	settings.Default(&c.RetryAfter, DefaultRetryAfter)
 	// The lease settings' defaults are once's, written in one place.
 	lease.Fill(&c.Lease, &c.ExtendEvery, &c.StoreTimeout, (*lease.Retry)(&c.FinishRetry))
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	protocol.SetDefaults(&c.Retention, DefaultRetention, &c.Logger, &c.Now)
 }
 
 // Validate reports every problem with the configuration at once.
@@ -218,10 +211,20 @@ func (c Config) Validate() error {
 	if c.RetryAfter < 0 {
 		errs = append(errs, fmt.Errorf("config.RetryAfter must not be negative, got %s", c.RetryAfter))
 	}
-	// Lease, ExtendEvery, OnExpiredLease, StoreTimeout, FinishRetry,
-	// Retention and Namespace are once's settings: its Validate is the one rule for them.
+	switch err := protocol.CheckScope(c.Namespace); {
+	case c.Namespace == "":
+		errs = append(errs, errors.New("missing Config.Namespace: set it to the name of this service (\"orders-api\"), "+
+			"so that services sharing the table never replay each other's responses (before it was required, keys were stored under \"http\")"))
+	case err != nil:
+		errs = append(errs, fmt.Errorf("config.Namespace %w", err))
+	}
+	// Lease, ExtendEvery, OnExpiredLease, StoreTimeout, FinishRetry and
+	// Retention are once's settings: its Validate is the one rule for
+	// them (the Namespace, its Scope, is checked above).
 	if c.Repository != nil {
-		if err := c.onceConfig().Validate(); err != nil {
+		oc := c.onceConfig()
+		oc.Scope = "namespace"
+		if err := oc.Validate(); err != nil {
 			// Drop once's "invalid once config:" prefix when it has one.
 			if inner := errors.Unwrap(err); inner != nil {
 				err = inner

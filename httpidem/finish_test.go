@@ -101,7 +101,7 @@ func TestHungExtensionDoesNotHoldTheResponse(t *testing.T) {
 		repo := &backends.Faulty{TwoPhase: st.Repo, ExtendHang: 30 * time.Second}
 		var handlerEnd atomic.Int64 // UnixNano
 		idem, err := httpidem.New(httpidem.Config{
-			Repository: repo, Global: true,
+			Repository: repo, Namespace: "orders-api", Global: true,
 			Lease: lease, ExtendEvery: 50 * time.Millisecond,
 		})
 		require.NoError(t, err)

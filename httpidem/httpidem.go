@@ -25,8 +25,8 @@ import (
 
 // Header names.
 const (
-	// HeaderKey carries the client's idempotency key.
-	HeaderKey = middleware.IdempotencyKeyHeader
+	// HeaderKey carries the client's idempotency key; Transport sets it.
+	HeaderKey = "Idempotency-Key"
 	// HeaderReplayed is set to "true" on a replayed response.
 	HeaderReplayed = "Idempotent-Replayed"
 )

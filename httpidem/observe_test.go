@@ -23,7 +23,7 @@ import (
 )
 
 // TestMetricsAndSpans sends one request per outcome and checks that the
-// inbox's Prometheus metrics count each under consumer "http" and that
+// inbox's Prometheus metrics count each under consumer "orders-api" (its Namespace) and that
 // every request has one span with the inbox's attributes, a child of the
 // client's trace.
 func TestMetricsAndSpans(t *testing.T) {
@@ -76,13 +76,13 @@ func TestMetricsAndSpans(t *testing.T) {
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP watermill_idempotent_deliveries_total Deliveries handled by an inbox, by consumer and outcome (processed, duplicate, replayed, payload_mismatch, no_key, no_scope, stale_version, lease_busy, needs_intervention, failed).
 # TYPE watermill_idempotent_deliveries_total counter
-watermill_idempotent_deliveries_total{consumer="http",outcome="failed"} 1
-watermill_idempotent_deliveries_total{consumer="http",outcome="lease_busy"} 1
-watermill_idempotent_deliveries_total{consumer="http",outcome="no_key"} 1
-watermill_idempotent_deliveries_total{consumer="http",outcome="no_scope"} 1
-watermill_idempotent_deliveries_total{consumer="http",outcome="payload_mismatch"} 1
-watermill_idempotent_deliveries_total{consumer="http",outcome="processed"} 2
-watermill_idempotent_deliveries_total{consumer="http",outcome="replayed"} 1
+watermill_idempotent_deliveries_total{consumer="orders-api",outcome="failed"} 1
+watermill_idempotent_deliveries_total{consumer="orders-api",outcome="lease_busy"} 1
+watermill_idempotent_deliveries_total{consumer="orders-api",outcome="no_key"} 1
+watermill_idempotent_deliveries_total{consumer="orders-api",outcome="no_scope"} 1
+watermill_idempotent_deliveries_total{consumer="orders-api",outcome="payload_mismatch"} 1
+watermill_idempotent_deliveries_total{consumer="orders-api",outcome="processed"} 2
+watermill_idempotent_deliveries_total{consumer="orders-api",outcome="replayed"} 1
 `), "watermill_idempotent_deliveries_total"))
 	// Claims were timed for every request that got as far as the store.
 	require.Equal(t, 1, testutil.CollectAndCount(reg, "watermill_idempotent_claim_duration_seconds"))
@@ -99,7 +99,7 @@ watermill_idempotent_deliveries_total{consumer="http",outcome="replayed"} 1
 		mode, _ := attrs.Value("idempotency.mode")
 		require.Equal(t, "http", mode.AsString())
 		consumer, _ := attrs.Value("idempotency.consumer")
-		require.Equal(t, "http", consumer.AsString())
+		require.Equal(t, "orders-api", consumer.AsString())
 		require.Equal(t, "idempotency POST /orders", sp.Name())
 	}
 	require.Len(t, byOutcome["processed"], 2)
@@ -128,7 +128,7 @@ func TestHandlerSpanIsChildOfMiddlewareSpan(t *testing.T) {
 	recorder := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	idem, err := httpidem.New(httpidem.Config{Repository: memory.NewRepository(), Global: true, TracerProvider: tp})
+	idem, err := httpidem.New(httpidem.Config{Repository: memory.NewRepository(), Namespace: "orders-api", Global: true, TracerProvider: tp})
 	require.NoError(t, err)
 	var inHandler trace.SpanContext
 	h := idem.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -495,12 +495,8 @@ func answer(ctx context.Context, obs *observation, a protocol.Answer, r ran, ext
 		}
 		obs.d.Replayed = len(out)
 		return out, obs.end(ctx, OutcomeReplayed, nil, watermill.LogFields{"replayed": len(out)})
-	case protocol.Mismatch:
-		return nil, obs.end(ctx, OutcomePayloadMismatch, a.Err, nil)
 	case protocol.Busy:
 		return nil, obs.end(ctx, OutcomeLeaseBusy, a.Err, watermill.LogFields{"lease_owner": a.Record.LeaseOwner})
-	case protocol.NeedsIntervention:
-		return nil, obs.end(ctx, OutcomeNeedsIntervention, a.Err, nil)
 	}
-	return nil, obs.end(ctx, OutcomeFailed, a.Err, nil)
+	return nil, obs.end(ctx, Outcome(a.Outcome()), a.Err, nil)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/middleware"
@@ -31,6 +32,21 @@ var ErrNoKey = fmt.Errorf("once: %w", middleware.ErrNoKey)
 
 var errNilFunc = errors.New("once: nil function")
 
+// check refuses a call without a key or a function before it begins,
+// reporting one without a key to observer.
+func check(ctx context.Context, observer middleware.Observer, scope, key string, noFunc bool) error {
+	switch {
+	case key == "":
+		if observer != nil {
+			observer.ObserveDelivery(ctx, middleware.Delivery{Consumer: scope, Outcome: middleware.OutcomeNoKey, Err: ErrNoKey})
+		}
+		return ErrNoKey
+	case noFunc:
+		return errNilFunc
+	}
+	return nil
+}
+
 // checkScope tells why scope cannot be stored as a consumer, or nil.
 func checkScope(field, scope string) error {
 	if scope == "" {
@@ -44,8 +60,15 @@ func checkScope(field, scope string) error {
 
 // result returns the protocol's answer a to a call: fn's output when it
 // ran (out), the stored one when a completed call is replayed, or the
-// answer's error. A panic of fn goes on up.
-func result(a protocol.Answer, out []byte) (Result, error) {
+// answer's error. It reports the call to observer (if any) first. A
+// panic of fn goes on up.
+func result(ctx context.Context, observer middleware.Observer, start time.Time, scope, key string, a protocol.Answer, out []byte) (Result, error) {
+	if observer != nil {
+		observer.ObserveDelivery(ctx, middleware.Delivery{
+			Consumer: scope, Key: key, Outcome: middleware.Outcome(a.Outcome()), Err: a.Err,
+			Claim: a.Claim, Total: time.Since(start),
+		})
+	}
 	if a.Panic != nil {
 		panic(a.Panic)
 	}

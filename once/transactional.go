@@ -34,6 +34,12 @@ type TxConfig struct {
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.
 	Now func() time.Time
+	// Observer, if set, receives every call's outcome as a
+	// middleware.Delivery with Consumer Scope (processed, replayed,
+	// payload_mismatch, lease_busy, needs_intervention, no_key, failed),
+	// so metrics.Metrics counts calls as it counts deliveries. Default:
+	// nil.
+	Observer middleware.Observer
 }
 
 func (c *TxConfig) setDefaults() {
@@ -109,11 +115,9 @@ func (o *Transactional) Do(ctx context.Context, key string, fn TxFunc) (Result, 
 // An empty key is ErrNoKey.
 func (o *Transactional) DoInput(ctx context.Context, key string, input []byte, fn TxFunc) (Result, error) {
 	c := o.config
-	if key == "" {
-		return Result{}, ErrNoKey
-	}
-	if fn == nil {
-		return Result{}, errNilFunc
+	start := time.Now()
+	if err := check(ctx, c.Observer, c.Scope, key, fn == nil); err != nil {
+		return Result{}, err
 	}
 	now := c.Now()
 	var out []byte
@@ -123,5 +127,5 @@ func (o *Transactional) DoInput(ctx context.Context, key string, input []byte, f
 		out, err = fn(withCall(ctx, c.Scope, key), tx.Tx)
 		return out, err
 	})
-	return result(a, out)
+	return result(ctx, c.Observer, start, c.Scope, key, a, out)
 }

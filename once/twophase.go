@@ -57,6 +57,12 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.
 	Now func() time.Time
+	// Observer, if set, receives every call's outcome as a
+	// middleware.Delivery with Consumer Scope (processed, replayed,
+	// payload_mismatch, lease_busy, needs_intervention, no_key, failed),
+	// so metrics.Metrics counts calls as it counts deliveries. Default:
+	// nil.
+	Observer middleware.Observer
 }
 
 func (c *Config) setDefaults() {
@@ -154,11 +160,9 @@ func (o *TwoPhase) Do(ctx context.Context, key string, fn Func) (Result, error) 
 // An empty key is ErrNoKey.
 func (o *TwoPhase) DoInput(ctx context.Context, key string, input []byte, fn Func) (Result, error) {
 	c := o.config
-	if key == "" {
-		return Result{}, ErrNoKey
-	}
-	if fn == nil {
-		return Result{}, errNilFunc
+	start := time.Now()
+	if err := check(ctx, c.Observer, c.Scope, key, fn == nil); err != nil {
+		return Result{}, err
 	}
 	owner := watermill.NewUUID()
 	var out []byte
@@ -171,5 +175,5 @@ func (o *TwoPhase) DoInput(ctx context.Context, key string, input []byte, fn Fun
 		},
 		Result: func() ([]byte, error) { return out, nil },
 	})
-	return result(a, out)
+	return result(ctx, c.Observer, start, c.Scope, key, a, out)
 }

@@ -118,11 +118,18 @@ type RelayConfig struct {
 	// a minute after that. Default: DefaultMaxRetryInterval (30s), or
 	// RetryInterval if that is longer.
 	MaxRetryInterval time.Duration
-	// Metrics receives a report per batch and, if it also implements
-	// BacklogObserver, a Backlog sample every BacklogInterval while Run
-	// runs. Default: nil (none).
-	Metrics RelayMetrics
-	// BacklogInterval is how often Run samples Backlog for a Metrics
+	// Name names the relay in its reports to Observer (the relay label
+	// of metrics.Metrics). Give relays on different outbox tables
+	// different names; replicas of one relay share one. Default: Table.
+	Name string
+	// Observer receives a report per batch that claimed rows or failed
+	// and, if it also implements BacklogObserver, a Backlog sample every
+	// BacklogInterval while Run runs. metrics.Metrics implements both.
+	// Default: nil (none).
+	Observer RelayObserver
+	// Logger receives the relay's logs. Default: watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+	// BacklogInterval is how often Run samples Backlog for an Observer
 	// that implements BacklogObserver; each sample counts the table's
 	// rows. Default: DefaultBacklogInterval (15s). Unused otherwise.
 	BacklogInterval time.Duration
@@ -130,6 +137,8 @@ type RelayConfig struct {
 
 func (c *RelayConfig) setDefaults() {
 	settings.Default(&c.Table, DefaultTableName)
+	settings.Default(&c.Name, c.Table)
+	settings.Logger(&c.Logger)
 	settings.Default(&c.BatchSize, DefaultBatchSize)
 	settings.Default(&c.MaxBatchBytes, DefaultMaxBatchBytes)
 	settings.Default(&c.MaxAttempts, DefaultMaxAttempts)
@@ -230,16 +239,15 @@ type Relay struct {
 }
 
 // NewRelay returns a relay reading the outbox in db and publishing to
-// publisher. logger may be nil (watermill.NopLogger). The relay does not
-// close db or publisher.
-func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
-	return NewRelayOn(sqlstore.StdDB(db), publisher, config, logger)
+// publisher. The relay does not close db or publisher.
+func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig) (*Relay, error) {
+	return NewRelayOn(sqlstore.StdDB(db), publisher, config)
 }
 
 // NewRelayOn is NewRelay on a pool of any driver, for this module's
 // driver packages (pgxoutbox.NewRelay runs the relay on a pgxpool.Pool);
 // use NewRelay or pgxoutbox.NewRelay.
-func NewRelayOn(db sqlstore.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
+func NewRelayOn(db sqlstore.DB, publisher message.Publisher, config RelayConfig) (*Relay, error) {
 	if db == nil {
 		return nil, errors.New("outbox: relay: db is nil")
 	}
@@ -250,16 +258,13 @@ func NewRelayOn(db sqlstore.DB, publisher message.Publisher, config RelayConfig,
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
 	return &Relay{
 		db:              db,
 		pub:             publisher,
 		config:          config,
 		d:               newDialect(config.Dialect, config.Table),
 		deadLetterTable: DeadLetterTableName(config.Table),
-		logger:          logger.With(watermill.LogFields{"outbox_table": config.Table}),
+		logger:          config.Logger.With(watermill.LogFields{"outbox_table": config.Table}),
 		stop:            make(chan struct{}),
 	}, nil
 }
@@ -267,7 +272,7 @@ func NewRelayOn(db sqlstore.DB, publisher message.Publisher, config RelayConfig,
 // Run forwards batches until ctx ends or Close is called. After a batch
 // that published or dead-lettered something it looks again at once; after
 // an empty one it waits for a NOTIFY (PostgreSQL with a Notifier) or
-// PollInterval. A failed batch is logged, reported to Metrics and retried
+// PollInterval. A failed batch is logged, reported to Observer and retried
 // after RetryInterval, doubled after each further failed batch that wrote
 // nothing up to MaxRetryInterval: database or broker outages do not end
 // Run, and cost it a bounded number of attempts.
@@ -307,7 +312,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.mu.Unlock()
 		close(done)
 	}()
-	if bo, ok := r.config.Metrics.(BacklogObserver); ok {
+	if bo, ok := r.config.Observer.(BacklogObserver); ok {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

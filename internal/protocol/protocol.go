@@ -18,6 +18,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/idemkit/watermill-idempotent/internal/settings"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -83,6 +84,25 @@ type Answer struct {
 	Claim time.Duration
 }
 
+// Outcome names the answer as package middleware's Outcome values do:
+// processed, replayed, payload_mismatch, lease_busy, needs_intervention
+// or failed.
+func (a Answer) Outcome() string {
+	switch {
+	case a.Kind == Ran && a.Err == nil:
+		return "processed"
+	case a.Kind == Replay:
+		return "replayed"
+	case a.Kind == Mismatch:
+		return "payload_mismatch"
+	case a.Kind == Busy:
+		return "lease_busy"
+	case a.Kind == NeedsIntervention:
+		return "needs_intervention"
+	}
+	return "failed"
+}
+
 // Duplicate answers a call that found its key taken by rec: Replay when
 // the input matches and the record is completed, Mismatch when the input
 // differs, Busy when the record is still in progress.
@@ -103,9 +123,7 @@ func SetDefaults(retention *time.Duration, defaultRetention time.Duration, logge
 	if *retention == 0 {
 		*retention = defaultRetention
 	}
-	if *logger == nil {
-		*logger = watermill.NopLogger{}
-	}
+	settings.Logger(logger)
 	if *now == nil {
 		*now = time.Now
 	}

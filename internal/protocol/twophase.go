@@ -103,7 +103,7 @@ func (p *TwoPhase) Do(ctx context.Context, c Call) Answer {
 	if a, ok := p.claim(ctx, c, lp); !ok {
 		return a
 	}
-	if err, panicked := p.run(ctx, c, lp); err != nil {
+	if panicked, err := p.run(ctx, c, lp); err != nil {
 		// The claim goes so that the retry can run.
 		if relErr := p.Leases.Release(ctx, lp, c.Fields); relErr != nil {
 			p.Leases.Logger.Error(p.Leases.Name+": could not release the claim after a failed call; it frees when the lease expires", relErr, c.Fields)
@@ -192,7 +192,7 @@ func (p *TwoPhase) call(ctx context.Context, call func(context.Context) error) e
 
 // run runs c.Run while its lease is kept alive, and recovers a panic so
 // that the key is released before the panic goes on.
-func (p *TwoPhase) run(parent context.Context, c Call, lp repository.LeaseParams) (err error, panicked any) {
+func (p *TwoPhase) run(parent context.Context, c Call, lp repository.LeaseParams) (panicked any, err error) {
 	ctx, cancel := context.WithCancelCause(parent)
 	stopKeeping := p.Leases.Keep(ctx, lp, c.Fields, func(err error) { cancel(fmt.Errorf("%s: %w", p.Prefix, err)) })
 	defer func() {
@@ -201,8 +201,8 @@ func (p *TwoPhase) run(parent context.Context, c Call, lp repository.LeaseParams
 	}()
 	defer func() {
 		if r := recover(); r != nil {
-			err, panicked = fmt.Errorf("%s: handler panicked: %v", p.Prefix, r), r
+			panicked, err = r, fmt.Errorf("%s: handler panicked: %v", p.Prefix, r)
 		}
 	}()
-	return c.Run(ctx), nil
+	return nil, c.Run(ctx)
 }

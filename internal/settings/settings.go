@@ -5,6 +5,8 @@ package settings
 import (
 	"errors"
 	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
 )
 
 // Default sets *v to def when *v is the zero value.
@@ -31,4 +33,11 @@ func Positive[T ~int | ~int64](name string, v T) error {
 		return fmt.Errorf("%s must be positive, got %v", name, v)
 	}
 	return nil
+}
+
+// Logger sets *l to watermill.NopLogger when it is nil.
+func Logger(l *watermill.LoggerAdapter) {
+	if *l == nil {
+		*l = watermill.NopLogger{}
+	}
 }
