@@ -3,42 +3,20 @@ package once_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/internal/backends"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/once"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
 )
 
-// deliveries records what an Observer receives.
-type deliveries struct {
-	mu  sync.Mutex
-	all []middleware.Delivery
-}
-
-func (d *deliveries) ObserveDelivery(_ context.Context, dl middleware.Delivery) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.all = append(d.all, dl)
-}
-
-func (d *deliveries) outcomes() []middleware.Outcome {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var out []middleware.Outcome
-	for _, dl := range d.all {
-		out = append(out, dl.Outcome)
-	}
-	return out
-}
-
 // Every call is reported to the Observer as a delivery of consumer Scope,
 // with the inboxes' outcomes, so one metrics value counts them too.
 func TestObserverReportsEveryCall(t *testing.T) {
-	seen := &deliveries{}
+	seen := &backends.Deliveries{}
 	o, err := once.NewTwoPhase(once.Config{Repository: memory.NewRepository(), Scope: "nightly-export", Observer: seen})
 	require.NoError(t, err)
 	ok := func(context.Context) ([]byte, error) { return []byte("done"), nil }
@@ -58,10 +36,11 @@ func TestObserverReportsEveryCall(t *testing.T) {
 	require.Equal(t, []middleware.Outcome{
 		middleware.OutcomeProcessed, middleware.OutcomeReplayed, middleware.OutcomePayloadMismatch,
 		middleware.OutcomeFailed, middleware.OutcomeNoKey,
-	}, seen.outcomes())
-	for _, d := range seen.all {
+	}, seen.Outcomes())
+	all := seen.All()
+	for _, d := range all {
 		require.Equal(t, "nightly-export", d.Consumer)
 	}
-	require.Equal(t, "k", seen.all[0].Key)
-	require.ErrorIs(t, seen.all[3].Err, boom)
+	require.Equal(t, "k", all[0].Key)
+	require.ErrorIs(t, all[3].Err, boom)
 }

@@ -116,6 +116,12 @@ func Duplicate(scope, key string, hash []byte, rec repository.Record) Answer {
 	return Answer{Kind: Replay, Record: rec}
 }
 
+// settled reports whether the answer to a call finding rec is Duplicate's
+// whatever the lease says: the input differs, or the record is completed.
+func settled(rec repository.Record, hash []byte) bool {
+	return !bytes.Equal(rec.PayloadHash, hash) || rec.State == repository.StateCompleted
+}
+
 // SetDefaults fills the settings every entry point's config has: the
 // retention (with the entry point's default), the logger
 // (watermill.NopLogger) and the clock (time.Now).

@@ -1,7 +1,6 @@
 package protocol
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -149,7 +148,7 @@ func (p *TwoPhase) claim(ctx context.Context, c Call, lp repository.LeaseParams)
 	rec := acq.Existing
 	a := Answer{Record: rec, Claim: took}
 	switch {
-	case !bytes.Equal(rec.PayloadHash, c.Hash), rec.State == repository.StateCompleted:
+	case settled(rec, c.Hash):
 		a = Duplicate(c.Scope, c.Key, c.Hash, rec)
 		a.Claim = took
 		return a, false
