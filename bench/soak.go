@@ -118,8 +118,8 @@ SELECT 'expired', 'e' || n, 'completed', 1, $1, $1, $2 FROM generate_series(1, $
 		Interval:  5 * time.Second,
 		BatchSize: o.janitorBatch,
 		Pause:     o.janitorPause,
-		OnBatch:   func(b janitor.Batch) { deleted.Add(int64(b.Deleted)) },
-	}, nil)
+		Observer:  janitor.ObserverFunc(func(_ context.Context, b janitor.Batch) { deleted.Add(int64(b.Deleted)) }),
+	})
 	if err != nil {
 		return err
 	}

@@ -2,8 +2,8 @@
 // runs the inbox, an outbox relay and a janitor:
 //
 //	jh := health.NewJanitorStatus()
-//	j, _ := janitor.NewJanitor(repo, janitor.Config{OnBatch: jh.ObserveBatch}, logger)
-//	h, _ := health.NewHandler(health.Config{DB: db, Relay: relay, Janitor: jh}, logger)
+//	j, _ := janitor.NewJanitor(repo, janitor.Config{Observer: jh, Logger: logger})
+//	h, _ := health.NewHandler(health.Config{DB: db, Relay: relay, Janitor: jh, Logger: logger})
 //	mux.Handle("/livez", h.Liveness())
 //	mux.Handle("/readyz", h.Readiness())
 //
@@ -25,6 +25,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/internal/settings"
 
 	"github.com/ThreeDotsLabs/watermill"
 
@@ -63,7 +65,8 @@ type Config struct {
 	// MaxBacklogAge. The backlog read is one COUNT(*)/MIN query, a scan
 	// of the outbox table (see outbox.Relay.Backlog). Default: nil.
 	Relay Relay
-	// Janitor is the status a janitor reports through its OnBatch hook.
+	// Janitor is the status a janitor reports to as its Observer (with
+	// metrics too: janitor.Observers(m, status)).
 	// Readiness wants a successful batch within MaxJanitorAge; liveness
 	// wants any batch within MaxJanitorAge. Default: nil.
 	Janitor *JanitorStatus
@@ -79,6 +82,8 @@ type Config struct {
 	MaxJanitorAge time.Duration
 	// Now returns the current time. Default: time.Now.
 	Now func() time.Time
+	// Logger receives failed checks at Info. Default: watermill.NopLogger.
+	Logger watermill.LoggerAdapter
 }
 
 func (c *Config) setDefaults() {
@@ -94,6 +99,7 @@ func (c *Config) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	settings.Logger(&c.Logger)
 }
 
 // Validate reports every problem with the configuration at once.
@@ -120,9 +126,9 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// JanitorStatus remembers the janitor's last batches. Pass its
-// ObserveBatch as (or call it from) janitor.Config.OnBatch. Safe for
-// concurrent use.
+// JanitorStatus remembers the janitor's last batches. It is a
+// janitor.Observer: pass it as janitor.Config.Observer (with
+// janitor.Observers to report to metrics too). Safe for concurrent use.
 type JanitorStatus struct {
 	mu          sync.Mutex
 	lastBatch   time.Time
@@ -135,9 +141,9 @@ type JanitorStatus struct {
 // the janitor's first batch, both probes report the janitor as failing.
 func NewJanitorStatus() *JanitorStatus { return &JanitorStatus{now: time.Now} }
 
-// ObserveBatch records one janitor batch; its signature fits
-// janitor.Config.OnBatch. It never blocks for long.
-func (s *JanitorStatus) ObserveBatch(b janitor.Batch) {
+// ObserveJanitorBatch implements janitor.Observer: it records one
+// janitor batch. It never blocks for long.
+func (s *JanitorStatus) ObserveJanitorBatch(_ context.Context, b janitor.Batch) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -174,17 +180,14 @@ type Handler struct {
 	logger watermill.LoggerAdapter
 }
 
-// NewHandler returns the probes for the components in config. logger may
-// be nil (watermill.NopLogger); failed checks are logged at Info.
-func NewHandler(config Config, logger watermill.LoggerAdapter) (*Handler, error) {
+// NewHandler returns the probes for the components in config; failed
+// checks are logged at Info to config.Logger.
+func NewHandler(config Config) (*Handler, error) {
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
-	return &Handler{config: config, logger: logger}, nil
+	return &Handler{config: config, logger: config.Logger}, nil
 }
 
 // Liveness returns the liveness probe: the relay's Run is running and the

@@ -71,10 +71,10 @@ func TestRelayStoppedAndRunning(t *testing.T) {
 	})
 	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = pub.Close() })
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: table, DisableNotify: true, PollInterval: 10 * time.Millisecond}, nil)
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: table, DisableNotify: true, PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
 
-	h, err := health.NewHandler(health.Config{DB: db, Relay: relay, MaxBacklogAge: time.Minute}, nil)
+	h, err := health.NewHandler(health.Config{DB: db, Relay: relay, MaxBacklogAge: time.Minute})
 	require.NoError(t, err)
 
 	// Stopped, with a message waiting.
@@ -136,7 +136,7 @@ func TestRelayBacklogTooOld(t *testing.T) {
 	// while the relay runs.
 	pub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	require.NoError(t, pub.Close()) // a closed GoChannel refuses every Publish
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: table, DisableNotify: true, RetryInterval: 10 * time.Millisecond, MaxAttempts: 1_000_000}, nil)
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: table, DisableNotify: true, RetryInterval: 10 * time.Millisecond, MaxAttempts: 1_000_000})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -148,7 +148,7 @@ func TestRelayBacklogTooOld(t *testing.T) {
 	require.NoError(t, ob.WriteTx(ctx, tx, outbox.Outgoing{Topic: "t", Message: message.NewMessage(watermill.NewUUID(), []byte("x"))}))
 	require.NoError(t, tx.Commit())
 
-	h, err := health.NewHandler(health.Config{Relay: relay, MaxBacklogAge: 50 * time.Millisecond}, nil)
+	h, err := health.NewHandler(health.Config{Relay: relay, MaxBacklogAge: 50 * time.Millisecond})
 	require.NoError(t, err)
 	r := eventually(t, h.Readiness(), http.StatusServiceUnavailable)
 	require.Contains(t, r.Checks["relay"].Error, "oldest outbox message is")
@@ -166,10 +166,10 @@ func TestJanitorFailingAndOK(t *testing.T) {
 	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
 
 	status := health.NewJanitorStatus()
-	j, err := janitor.NewJanitor(repo, janitor.Config{OnBatch: status.ObserveBatch}, nil)
+	j, err := janitor.NewJanitor(repo, janitor.Config{Observer: status})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = j.Close() })
-	h, err := health.NewHandler(health.Config{Janitor: status, MaxJanitorAge: time.Minute}, nil)
+	h, err := health.NewHandler(health.Config{Janitor: status, MaxJanitorAge: time.Minute})
 	require.NoError(t, err)
 
 	code, r := get(t, h.Readiness())
@@ -194,7 +194,7 @@ func TestJanitorFailingAndOK(t *testing.T) {
 
 	// A pass long ago is too old for both probes.
 	late, err := health.NewHandler(health.Config{Janitor: status, MaxJanitorAge: time.Minute,
-		Now: func() time.Time { return time.Now().Add(2 * time.Minute) }}, nil)
+		Now: func() time.Time { return time.Now().Add(2 * time.Minute) }})
 	require.NoError(t, err)
 	code, r = get(t, late.Liveness())
 	require.Equal(t, http.StatusServiceUnavailable, code)
@@ -204,7 +204,7 @@ func TestJanitorFailingAndOK(t *testing.T) {
 func TestDatabaseDown(t *testing.T) {
 	db := testenv.Postgres(t)
 	require.NoError(t, db.Close()) // a closed pool fails every ping
-	h, err := health.NewHandler(health.Config{DB: db, Timeout: time.Second}, nil)
+	h, err := health.NewHandler(health.Config{DB: db, Timeout: time.Second})
 	require.NoError(t, err)
 	code, r := get(t, h.Readiness())
 	require.Equal(t, http.StatusServiceUnavailable, code)
@@ -214,8 +214,8 @@ func TestDatabaseDown(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	_, err := health.NewHandler(health.Config{}, nil)
+	_, err := health.NewHandler(health.Config{})
 	require.ErrorContains(t, err, "nothing to check")
-	_, err = health.NewHandler(health.Config{Janitor: health.NewJanitorStatus(), Timeout: -1}, nil)
+	_, err = health.NewHandler(health.Config{Janitor: health.NewJanitorStatus(), Timeout: -1})
 	require.ErrorContains(t, err, "Timeout must be positive")
 }

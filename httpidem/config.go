@@ -7,6 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/protocol"
+	"github.com/idemkit/watermill-idempotent/internal/settings"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/trace"
 
@@ -18,7 +21,6 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultNamespace        = "http"
 	DefaultMaxKeyLength     = 255
 	DefaultMaxBodyBytes     = 1 << 20
 	DefaultMaxResponseBytes = 1 << 20
@@ -69,7 +71,11 @@ type Config struct {
 	Route func(*http.Request) string
 	// Namespace is the consumer (scope) of the stored records, so HTTP
 	// keys never meet keys of the inboxes or of package once in a shared
-	// table. Default: DefaultNamespace ("http").
+	// table, and two services sharing a table never replay each other's
+	// responses: set it to the name of this service ("orders-api").
+	// Required; at most 255 bytes, valid UTF-8, no NUL byte. Keys stored
+	// before it was required are under "http": set Namespace "http" to
+	// keep them.
 	Namespace string
 	// Methods are the request methods made idempotent; requests with other
 	// methods pass through untouched. Default: DefaultMethods (POST,
@@ -160,43 +166,22 @@ func (c *Config) setDefaults() {
 	if c.Route == nil {
 		c.Route = defaultRoute
 	}
-	if c.Namespace == "" {
-		c.Namespace = DefaultNamespace
-	}
 	if c.Methods == nil {
 		c.Methods = DefaultMethods
 	}
-	if c.MaxKeyLength == 0 {
-		c.MaxKeyLength = DefaultMaxKeyLength
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = DefaultMaxResponseBytes
-	}
+	settings.Default(&c.MaxKeyLength, DefaultMaxKeyLength)
+	settings.Default(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	settings.Default(&c.MaxResponseBytes, DefaultMaxResponseBytes)
 	if c.Store == nil {
 		c.Store = DefaultStore
 	}
 	if c.ReplayHeaders == nil {
 		c.ReplayHeaders = DefaultReplayHeaders
 	}
-	if c.RetryAfter == 0 {
-		c.RetryAfter = DefaultRetryAfter
-	}
+	settings.Default(&c.RetryAfter, DefaultRetryAfter)
 	// The lease settings' defaults are once's, written in one place.
-	ls := lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)}
-	ls.SetDefaults()
-	c.Lease, c.ExtendEvery, c.StoreTimeout, c.FinishRetry = ls.Lease, ls.ExtendEvery, ls.StoreTimeout, middleware.FinishRetry(ls.Retry)
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	lease.Fill(&c.Lease, &c.ExtendEvery, &c.StoreTimeout, (*lease.Retry)(&c.FinishRetry))
+	protocol.SetDefaults(&c.Retention, DefaultRetention, &c.Logger, &c.Now)
 }
 
 // Validate reports every problem with the configuration at once.
@@ -220,22 +205,26 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("config.Methods: %q is not an upper-case method", m))
 		}
 	}
-	if c.MaxKeyLength <= 0 {
-		errs = append(errs, fmt.Errorf("config.MaxKeyLength must be positive, got %d", c.MaxKeyLength))
-	}
-	if c.MaxBodyBytes <= 0 {
-		errs = append(errs, fmt.Errorf("config.MaxBodyBytes must be positive, got %d", c.MaxBodyBytes))
-	}
-	if c.MaxResponseBytes <= 0 {
-		errs = append(errs, fmt.Errorf("config.MaxResponseBytes must be positive, got %d", c.MaxResponseBytes))
-	}
+	errs = append(errs, settings.Positive("config.MaxKeyLength", c.MaxKeyLength))
+	errs = append(errs, settings.Positive("config.MaxBodyBytes", c.MaxBodyBytes))
+	errs = append(errs, settings.Positive("config.MaxResponseBytes", c.MaxResponseBytes))
 	if c.RetryAfter < 0 {
 		errs = append(errs, fmt.Errorf("config.RetryAfter must not be negative, got %s", c.RetryAfter))
 	}
-	// Lease, ExtendEvery, OnExpiredLease, StoreTimeout, FinishRetry,
-	// Retention and Namespace are once's settings: its Validate is the one rule for them.
+	switch err := protocol.CheckScope(c.Namespace); {
+	case c.Namespace == "":
+		errs = append(errs, errors.New("missing Config.Namespace: set it to the name of this service (\"orders-api\"), "+
+			"so that services sharing the table never replay each other's responses (before it was required, keys were stored under \"http\")"))
+	case err != nil:
+		errs = append(errs, fmt.Errorf("config.Namespace %w", err))
+	}
+	// Lease, ExtendEvery, OnExpiredLease, StoreTimeout, FinishRetry and
+	// Retention are once's settings: its Validate is the one rule for
+	// them (the Namespace, its Scope, is checked above).
 	if c.Repository != nil {
-		if err := c.onceConfig().Validate(); err != nil {
+		oc := c.onceConfig()
+		oc.Scope = "namespace"
+		if err := oc.Validate(); err != nil {
 			// Drop once's "invalid once config:" prefix when it has one.
 			if inner := errors.Unwrap(err); inner != nil {
 				err = inner
@@ -243,10 +232,7 @@ func (c Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid httpidem config: %w", err)
-	}
-	return nil
+	return settings.Invalid("httpidem", errs)
 }
 
 // onceConfig is the configuration of the once.TwoPhase that stores keys.

@@ -7,6 +7,7 @@
 //	repo, _ := redis.NewRepository(client, redis.Config{})
 //	idem, err := httpidem.New(httpidem.Config{
 //		Repository: repo,
+//		Namespace:  "orders-api", // this service: keys are stored per Namespace
 //		Principal: func(r *http.Request) (string, error) {
 //			return auth.UserID(r.Context()) // set by the authentication middleware
 //		},

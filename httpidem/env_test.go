@@ -91,6 +91,9 @@ func principal(r *http.Request) (string, error) {
 func server(t *testing.T, repo repository.TwoPhase, s *shop, cfg httpidem.Config) *httptest.Server {
 	t.Helper()
 	cfg.Repository = repo
+	if cfg.Namespace == "" {
+		cfg.Namespace = "orders-api"
+	}
 	if cfg.Principal == nil && !cfg.Global {
 		cfg.Principal = principal
 	}

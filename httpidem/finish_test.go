@@ -1,11 +1,9 @@
 package httpidem_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,24 +29,6 @@ func sendUntilSettled(t *testing.T, client *http.Client, base string, q request)
 	}
 }
 
-// outcomes records the outcome of every observed request.
-type outcomes struct {
-	mu  sync.Mutex
-	all []middleware.Outcome
-}
-
-func (o *outcomes) ObserveDelivery(_ context.Context, d middleware.Delivery) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.all = append(o.all, d.Outcome)
-}
-
-func (o *outcomes) list() []middleware.Outcome {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return append([]middleware.Outcome(nil), o.all...)
-}
-
 // TestCompleteFailingOnce: one dropped connection while the response is
 // stored must neither charge the client twice (Reclaim) nor answer 409
 // needs-intervention forever for a request that succeeded (Intervene):
@@ -62,7 +42,7 @@ func TestCompleteFailingOnce(t *testing.T) {
 					repo := &backends.Faulty{TwoPhase: st.Repo, CommitFirst: lostAnswer}
 					repo.FailComplete.Store(1)
 					s := newShop()
-					seen := &outcomes{}
+					seen := &backends.Deliveries{}
 					srv := server(t, repo, s, httpidem.Config{Lease: 5 * time.Second, OnExpiredLease: policy, Observer: seen})
 					client := &http.Client{Timeout: 30 * time.Second}
 					q := post("pay-1", `{"amount":100}`)
@@ -75,7 +55,7 @@ func TestCompleteFailingOnce(t *testing.T) {
 					require.Equal(t, "true", again.header.Get(httpidem.HeaderReplayed))
 					require.Equal(t, first.body, again.body)
 					require.Equal(t, first.header.Get("Location"), again.header.Get("Location"))
-					require.Equal(t, middleware.OutcomeProcessed, seen.list()[0], "the first response is stored")
+					require.Equal(t, middleware.OutcomeProcessed, seen.Outcomes()[0], "the first response is stored")
 					// A retry; unless the first committed: the lease extension
 					// before the retry then finds the record completed, by this call.
 					wantCompletes := 2
@@ -101,7 +81,7 @@ func TestHungExtensionDoesNotHoldTheResponse(t *testing.T) {
 		repo := &backends.Faulty{TwoPhase: st.Repo, ExtendHang: 30 * time.Second}
 		var handlerEnd atomic.Int64 // UnixNano
 		idem, err := httpidem.New(httpidem.Config{
-			Repository: repo, Global: true,
+			Repository: repo, Namespace: "orders-api", Global: true,
 			Lease: lease, ExtendEvery: 50 * time.Millisecond,
 		})
 		require.NoError(t, err)

@@ -25,8 +25,8 @@ import (
 
 // Header names.
 const (
-	// HeaderKey carries the client's idempotency key.
-	HeaderKey = middleware.IdempotencyKeyHeader
+	// HeaderKey carries the client's idempotency key; Transport sets it.
+	HeaderKey = "Idempotency-Key"
 	// HeaderReplayed is set to "true" on a replayed response.
 	HeaderReplayed = "Idempotent-Replayed"
 )
@@ -136,41 +136,11 @@ func (m *Idempotency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 			end(middleware.OutcomeFailed, http.StatusInternalServerError, errors.New("handler panicked"))
 		}
 	}()
-	switch {
-	case !present:
-		problem(w, http.StatusBadRequest, ProblemKeyMissing, "Idempotency-Key is missing",
-			fmt.Sprintf("%s %s requires an Idempotency-Key header.", r.Method, r.URL.Path), nil)
-		end(middleware.OutcomeNoKey, http.StatusBadRequest, fmt.Errorf("%w: no Idempotency-Key header", middleware.ErrNoKey))
-		return
-	case err != nil:
-		problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Idempotency-Key is invalid", err.Error(), nil)
-		end(middleware.OutcomeNoKey, http.StatusBadRequest, fmt.Errorf("%w: %w", middleware.ErrNoKey, err))
+	principal, body, ok := m.admit(w, r, key, present, err, end)
+	if !ok {
 		return
 	}
 	obs.setKey(key)
-	principal := ""
-	if !c.Global {
-		principal, err = c.Principal(r)
-		if err != nil || principal == "" {
-			problem(w, http.StatusUnauthorized, ProblemNoPrincipal, "No authenticated client",
-				"An Idempotency-Key is kept per client, and this request has none.", nil)
-			end(middleware.OutcomeNoScope, http.StatusUnauthorized, fmt.Errorf("%w: no authenticated client: %w", middleware.ErrNoScope, err))
-			return
-		}
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, c.MaxBodyBytes+1))
-	if err != nil {
-		problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Could not read the request body", err.Error(), nil)
-		end(middleware.OutcomeFailed, http.StatusBadRequest, err)
-		return
-	}
-	if int64(len(body)) > c.MaxBodyBytes {
-		problem(w, http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Request body too large",
-			fmt.Sprintf("Requests with an Idempotency-Key may carry at most %d bytes.", c.MaxBodyBytes), nil)
-		end(middleware.OutcomeFailed, http.StatusRequestEntityTooLarge, fmt.Errorf("request body over %d bytes", c.MaxBodyBytes))
-		return
-	}
-	_ = r.Body.Close()
 	storeKey := lengthPrefixed(principal) + lengthPrefixed(route) + key
 	fields := watermill.LogFields{"principal": principal, "route": route, "key": key}
 
@@ -190,6 +160,55 @@ func (m *Idempotency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 		}
 		return m.encode(rec)
 	})
+	m.answer(w, rec, res, err, fields, end)
+}
+
+// admit checks a request of Methods before it runs: its key (parsed by
+// parseKey), its principal and its body, which it reads. A request that
+// fails a check is answered and ended, and ok is false.
+func (m *Idempotency) admit(w http.ResponseWriter, r *http.Request, key string, present bool, keyErr error, end func(middleware.Outcome, int, error)) (principal string, body []byte, ok bool) {
+	c := m.config
+	switch {
+	case !present:
+		problem(w, http.StatusBadRequest, ProblemKeyMissing, "Idempotency-Key is missing",
+			fmt.Sprintf("%s %s requires an Idempotency-Key header.", r.Method, r.URL.Path), nil)
+		end(middleware.OutcomeNoKey, http.StatusBadRequest, fmt.Errorf("%w: no Idempotency-Key header", middleware.ErrNoKey))
+		return "", nil, false
+	case keyErr != nil:
+		problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Idempotency-Key is invalid", keyErr.Error(), nil)
+		end(middleware.OutcomeNoKey, http.StatusBadRequest, fmt.Errorf("%w: %w", middleware.ErrNoKey, keyErr))
+		return "", nil, false
+	}
+	if !c.Global {
+		var err error
+		principal, err = c.Principal(r)
+		if err != nil || principal == "" {
+			problem(w, http.StatusUnauthorized, ProblemNoPrincipal, "No authenticated client",
+				"An Idempotency-Key is kept per client, and this request has none.", nil)
+			end(middleware.OutcomeNoScope, http.StatusUnauthorized, fmt.Errorf("%w: no authenticated client: %w", middleware.ErrNoScope, err))
+			return "", nil, false
+		}
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, c.MaxBodyBytes+1))
+	if err != nil {
+		problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Could not read the request body", err.Error(), nil)
+		end(middleware.OutcomeFailed, http.StatusBadRequest, err)
+		return "", nil, false
+	}
+	if int64(len(body)) > c.MaxBodyBytes {
+		problem(w, http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Request body too large",
+			fmt.Sprintf("Requests with an Idempotency-Key may carry at most %d bytes.", c.MaxBodyBytes), nil)
+		end(middleware.OutcomeFailed, http.StatusRequestEntityTooLarge, fmt.Errorf("request body over %d bytes", c.MaxBodyBytes))
+		return "", nil, false
+	}
+	_ = r.Body.Close()
+	return principal, body, true
+}
+
+// answer sends the response of a request once does answered: the
+// handler's (rec, when it ran), a replayed one, or a problem.
+func (m *Idempotency) answer(w http.ResponseWriter, rec *recorder, res once.Result, err error, fields watermill.LogFields, end func(middleware.Outcome, int, error)) {
+	c := m.config
 	switch {
 	case rec != nil:
 		// The handler ran: its response goes out whatever the store said.

@@ -23,7 +23,7 @@ import (
 
 // TestMetricsAndSpans sends one request per outcome and checks that the
 // Observer (metrics.Metrics in production) receives each under consumer
-// "http", with its outcome, and that
+// "orders-api" (its Namespace), with its outcome, and that
 // every request has one span with the inbox's attributes, a child of the
 // client's trace.
 func TestMetricsAndSpans(t *testing.T) {
@@ -70,8 +70,8 @@ func TestMetricsAndSpans(t *testing.T) {
 	require.Equal(t, 201, (<-inFlight).status)
 
 	require.Equal(t, map[string]int{
-		"http failed": 1, "http lease_busy": 1, "http no_key": 1, "http no_scope": 1,
-		"http payload_mismatch": 1, "http processed": 2, "http replayed": 1,
+		"orders-api failed": 1, "orders-api lease_busy": 1, "orders-api no_key": 1, "orders-api no_scope": 1,
+		"orders-api payload_mismatch": 1, "orders-api processed": 2, "orders-api replayed": 1,
 	}, m.counts())
 
 	spans := tp.Ended()
@@ -86,7 +86,7 @@ func TestMetricsAndSpans(t *testing.T) {
 		mode, _ := attrs.Value("idempotency.mode")
 		require.Equal(t, "http", mode.AsString())
 		consumer, _ := attrs.Value("idempotency.consumer")
-		require.Equal(t, "http", consumer.AsString())
+		require.Equal(t, "orders-api", consumer.AsString())
 		require.Equal(t, "idempotency POST /orders", sp.Name())
 	}
 	require.Len(t, byOutcome["processed"], 2)
@@ -113,7 +113,7 @@ func TestMetricsAndSpans(t *testing.T) {
 // the middleware's span, so its own spans nest under it.
 func TestHandlerSpanIsChildOfMiddlewareSpan(t *testing.T) {
 	tp := tracetest.NewRecorder()
-	idem, err := httpidem.New(httpidem.Config{Repository: memory.NewRepository(), Global: true, TracerProvider: tp})
+	idem, err := httpidem.New(httpidem.Config{Repository: memory.NewRepository(), Namespace: "orders-api", Global: true, TracerProvider: tp})
 	require.NoError(t, err)
 	var inHandler trace.SpanContext
 	h := idem.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

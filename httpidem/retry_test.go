@@ -106,12 +106,25 @@ func TestClientsWithRetriesGetOneOrder(t *testing.T) {
 // Config without a principal is refused unless explicitly global.
 func TestPrincipalRequired(t *testing.T) {
 	st := backends.Open(t, "memory")
-	_, err := httpidem.New(httpidem.Config{Repository: st.Repo})
+	_, err := httpidem.New(httpidem.Config{Repository: st.Repo, Namespace: "orders-api"})
 	require.ErrorContains(t, err, "missing Config.Principal")
-	_, err = httpidem.New(httpidem.Config{Repository: st.Repo, Global: true})
+	_, err = httpidem.New(httpidem.Config{Repository: st.Repo, Namespace: "orders-api", Global: true})
 	require.NoError(t, err)
-	_, err = httpidem.New(httpidem.Config{Repository: st.Repo, Global: true, Principal: principal})
+	_, err = httpidem.New(httpidem.Config{Repository: st.Repo, Namespace: "orders-api", Global: true, Principal: principal})
 	require.ErrorContains(t, err, "exclusive")
+}
+
+// Config without a Namespace is refused: two services sharing a table
+// would replay each other's responses. An invalid one is refused too.
+func TestNamespaceRequired(t *testing.T) {
+	st := backends.Open(t, "memory")
+	_, err := httpidem.New(httpidem.Config{Repository: st.Repo, Global: true})
+	require.ErrorContains(t, err, "missing Config.Namespace")
+	require.NotContains(t, err.Error(), "Scope", "the error names httpidem's field, not once's")
+	_, err = httpidem.New(httpidem.Config{Repository: st.Repo, Global: true, Namespace: "orders\x00api"})
+	require.ErrorContains(t, err, "config.Namespace contains a NUL byte")
+	_, err = httpidem.New(httpidem.Config{Repository: st.Repo, Global: true, Namespace: "orders-api"})
+	require.NoError(t, err)
 }
 
 // onStatus is a client transport that calls fn when a response has the
@@ -151,7 +164,7 @@ func TestValidateChecksLease(t *testing.T) {
 			if c.Methods == nil {
 				c.Methods = httpidem.DefaultMethods
 			}
-			c.Namespace, c.MaxKeyLength, c.MaxBodyBytes, c.MaxResponseBytes = "http", 64, 1, 1
+			c.Namespace, c.MaxKeyLength, c.MaxBodyBytes, c.MaxResponseBytes = "orders-api", 64, 1, 1
 			require.ErrorContains(t, c.Validate(), tc.want)
 			_, err := httpidem.New(c)
 			require.ErrorContains(t, err, tc.want)

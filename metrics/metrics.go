@@ -6,14 +6,18 @@
 //	m, err := metrics.New(metrics.Config{Registerer: reg})
 //	if err != nil { … }
 //	inbox, err := middleware.NewInbox(middleware.Config{…, Consumer: "shop", Observer: m})
-//	jan, err := janitor.NewJanitor(repo, janitor.Config{
-//		OnBatch:  m.ObserveJanitorBatch,
-//		OnSample: m.ObserveRecordCounts,
-//	}, logger)
+//	jan, err := janitor.NewJanitor(repo, janitor.Config{Observer: m})
 //	relay, err := outbox.NewRelay(db, publisher, outbox.RelayConfig{
-//		Dialect: postgres.Dialect,
-//		Metrics: m.Relay("orders"),
-//	}, logger)
+//		Dialect:  postgres.Dialect,
+//		Name:     "orders", // the relay label
+//		Observer: m,
+//	})
+//
+// One Metrics value is the Observer of every part: the inboxes
+// (middleware.Observer), package once and httpidem (the same interface),
+// the janitor (janitor.Observer and janitor.SampleObserver) and the
+// outbox relay (outbox.RelayObserver and outbox.BacklogObserver).
+//
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
 // See docs/observability.md for the metric list and suggested alerts.
@@ -30,7 +34,6 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
-	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 )
 
@@ -73,9 +76,10 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Metrics collects the library's metrics. It implements
-// middleware.Observer; its Observe… methods plug into the janitor's hooks
-// and Relay into an outbox relay's. It is safe for concurrent use.
+// Metrics collects the library's metrics. It implements every observer
+// interface of the module: middleware.Observer, janitor.Observer,
+// janitor.SampleObserver, outbox.RelayObserver and
+// outbox.BacklogObserver. It is safe for concurrent use.
 type Metrics struct {
 	deliveries     *prometheus.CounterVec
 	claimSeconds   *prometheus.HistogramVec
@@ -189,9 +193,9 @@ func (m *Metrics) ObserveDelivery(_ context.Context, d middleware.Delivery) {
 	m.txSeconds.WithLabelValues(d.Consumer, string(d.Outcome)).Observe(d.Total.Seconds())
 }
 
-// ObserveJanitorBatch counts a janitor batch; pass it as
-// janitor.Config.OnBatch.
-func (m *Metrics) ObserveJanitorBatch(b janitor.Batch) {
+// ObserveJanitorBatch implements janitor.Observer: it counts a janitor
+// batch.
+func (m *Metrics) ObserveJanitorBatch(_ context.Context, b janitor.Batch) {
 	m.janitorDeleted.Add(float64(b.Deleted))
 	if b.Err != nil {
 		m.janitorErrors.Inc()
@@ -219,8 +223,9 @@ const (
 // keep their last values. Each call replaces the previous sample, so feed
 // it from one source (one janitor per Metrics); a sample older than the
 // last one applied is ignored, so two passes finishing out of order do
-// not roll the gauges back. Pass it as janitor.Config.OnSample.
-func (m *Metrics) ObserveRecordCounts(now time.Time, counts []repository.RecordCount) {
+// not roll the gauges back. It implements janitor.SampleObserver.
+func (m *Metrics) ObserveRecordCounts(_ context.Context, s janitor.Sample) {
+	now, counts := s.Now, s.Counts
 	m.sampleMu.Lock()
 	defer m.sampleMu.Unlock()
 	if now.Before(m.sampledAt) {
@@ -243,66 +248,60 @@ func (m *Metrics) ObserveRecordCounts(now time.Time, counts []repository.RecordC
 	m.sampledAt, m.sampledConsumer = now, seen
 }
 
-// RelayObserver records one outbox relay's measurements under its relay
-// label. It implements outbox.RelayMetrics and outbox.BacklogObserver, so
-// a relay given it as RelayConfig.Metrics also samples its backlog. It is
-// safe for concurrent use.
-type RelayObserver struct {
-	published    prometheus.Counter
-	failed       prometheus.Counter
-	deadLettered prometheus.Counter
-	lag          prometheus.Observer
-	batch        prometheus.Observer
-	backlog      *prometheus.GaugeVec
-	oldestAge    *prometheus.GaugeVec
-	deadLetters  *prometheus.GaugeVec
-	name         string
+// Metrics is the observer of every part of the module.
+var _ interface {
+	middleware.Observer
+	janitor.Observer
+	janitor.SampleObserver
+	outbox.RelayObserver
+	outbox.BacklogObserver
+} = (*Metrics)(nil)
+
+// relaySeries are one relay's counters and histograms.
+type relaySeries struct {
+	published, failed, deadLettered prometheus.Counter
+	lag, batch                      prometheus.Observer
 }
 
-var (
-	_ outbox.RelayMetrics    = (*RelayObserver)(nil)
-	_ outbox.BacklogObserver = (*RelayObserver)(nil)
-)
-
-// Relay returns the observer for the relay called name, the value of the
-// relay label; pass it as outbox.RelayConfig.Metrics. Its counters and
-// histograms exist (at 0) from this call; the backlog gauges appear with
-// the relay's first sample. Relays sharing a name share the series: give
-// relays on different outbox tables different names, and aggregate
-// replicas of one relay with sum (counters, histograms) or max (gauges).
-func (m *Metrics) Relay(name string) *RelayObserver {
-	return &RelayObserver{
+func (m *Metrics) relay(name string) relaySeries {
+	return relaySeries{
 		published:    m.relayPublished.WithLabelValues(name),
 		failed:       m.relayFailed.WithLabelValues(name),
 		deadLettered: m.relayDead.WithLabelValues(name),
 		lag:          m.relayLag.WithLabelValues(name),
 		batch:        m.relayBatch.WithLabelValues(name),
-		backlog:      m.outboxBacklog,
-		oldestAge:    m.outboxOldestAge,
-		deadLetters:  m.outboxDead,
-		name:         name,
 	}
 }
 
-// BatchForwarded implements outbox.RelayMetrics: it counts the published
-// and dead-lettered messages, observes each one's lag and the batch's
-// duration.
-func (o *RelayObserver) BatchForwarded(s outbox.BatchStats) {
-	o.published.Add(float64(s.Published))
-	o.deadLettered.Add(float64(s.DeadLettered))
-	for _, lag := range s.Lag {
-		o.lag.Observe(lag.Seconds())
+// ObserveRelayBatch implements outbox.RelayObserver: under the relay
+// label b.Relay (RelayConfig.Name) it counts the published and
+// dead-lettered messages and the failed batches, and observes each
+// message's lag and the duration of a batch that claimed rows. Relays
+// sharing a name share the series: give relays on different outbox
+// tables different names, and aggregate replicas of one relay with sum
+// (counters, histograms) or max (gauges).
+func (m *Metrics) ObserveRelayBatch(_ context.Context, b outbox.RelayBatch) {
+	r := m.relay(b.Relay)
+	r.published.Add(float64(b.Published))
+	r.deadLettered.Add(float64(b.DeadLettered))
+	if b.Err != nil {
+		r.failed.Inc()
 	}
-	o.batch.Observe(s.Duration.Seconds())
+	for _, l := range b.Lag {
+		r.lag.Observe(l.Seconds())
+	}
+	if b.Claimed > 0 {
+		r.batch.Observe(b.Duration.Seconds())
+	}
 }
-
-// BatchFailed implements outbox.RelayMetrics.
-func (o *RelayObserver) BatchFailed(error) { o.failed.Inc() }
 
 // ObserveBacklog implements outbox.BacklogObserver: it sets the backlog
-// and dead-letter gauges.
-func (o *RelayObserver) ObserveBacklog(b outbox.Backlog) {
-	o.backlog.WithLabelValues(o.name).Set(float64(b.Messages))
-	o.oldestAge.WithLabelValues(o.name).Set(b.OldestAge.Seconds())
-	o.deadLetters.WithLabelValues(o.name).Set(float64(b.DeadLetters))
+// and dead-letter gauges of the relay b.Relay. A relay samples its
+// backlog as soon as Run starts, so its counters and histograms exist
+// (at 0) from then on, not only from its first batch.
+func (m *Metrics) ObserveBacklog(_ context.Context, b outbox.Backlog) {
+	m.relay(b.Relay)
+	m.outboxBacklog.WithLabelValues(b.Relay).Set(float64(b.Messages))
+	m.outboxOldestAge.WithLabelValues(b.Relay).Set(b.OldestAge.Seconds())
+	m.outboxDead.WithLabelValues(b.Relay).Set(float64(b.DeadLetters))
 }

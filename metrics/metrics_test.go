@@ -141,9 +141,9 @@ func TestJanitorAndRecordMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m, err := metrics.New(metrics.Config{Registerer: reg, Namespace: "custom"})
 	require.NoError(t, err)
-	m.ObserveJanitorBatch(janitor.Batch{Deleted: 1000})
-	m.ObserveJanitorBatch(janitor.Batch{Deleted: 17})
-	m.ObserveJanitorBatch(janitor.Batch{Err: errors.New("db gone")})
+	m.ObserveJanitorBatch(t.Context(), janitor.Batch{Deleted: 1000})
+	m.ObserveJanitorBatch(t.Context(), janitor.Batch{Deleted: 17})
+	m.ObserveJanitorBatch(t.Context(), janitor.Batch{Err: errors.New("db gone")})
 	m.SetRecords("payments", "stale", 3)
 
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`

@@ -31,10 +31,10 @@ func TestObserveRecordCounts(t *testing.T) {
 	require.NoError(t, err)
 	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 
-	m.ObserveRecordCounts(t0, []repository.RecordCount{
+	m.ObserveRecordCounts(t.Context(), janitor.Sample{Now: t0, Counts: []repository.RecordCount{
 		{Consumer: "billing", InProgress: 1, Stale: 2, Completed: 3},
 		{Consumer: "shipping", Stale: 1},
-	})
+	}})
 	requireRecords(t, reg, `
 watermill_idempotent_records{consumer="billing",state="completed"} 3
 watermill_idempotent_records{consumer="billing",state="in_progress"} 1
@@ -46,7 +46,7 @@ watermill_idempotent_records{consumer="shipping",state="stale"} 1
 
 	// shipping's records are gone: its stale gauge must not stick at 1.
 	t1 := t0.Add(time.Minute)
-	m.ObserveRecordCounts(t1, []repository.RecordCount{{Consumer: "billing", Completed: 4}})
+	m.ObserveRecordCounts(t.Context(), janitor.Sample{Now: t1, Counts: []repository.RecordCount{{Consumer: "billing", Completed: 4}}})
 	after := `
 watermill_idempotent_records{consumer="billing",state="completed"} 4
 watermill_idempotent_records{consumer="billing",state="in_progress"} 0
@@ -57,10 +57,10 @@ watermill_idempotent_records{consumer="shipping",state="stale"} 0
 `
 	requireRecords(t, reg, after)
 
-	m.ObserveRecordCounts(t0, []repository.RecordCount{{Consumer: "shipping", Stale: 9}})
+	m.ObserveRecordCounts(t.Context(), janitor.Sample{Now: t0, Counts: []repository.RecordCount{{Consumer: "shipping", Stale: 9}}})
 	requireRecords(t, reg, after) // an older sample arriving late is ignored
 
-	m.ObserveRecordCounts(t1.Add(time.Minute), nil)
+	m.ObserveRecordCounts(t.Context(), janitor.Sample{Now: t1.Add(time.Minute), Counts: nil})
 	requireRecords(t, reg, `
 watermill_idempotent_records{consumer="billing",state="completed"} 0
 watermill_idempotent_records{consumer="billing",state="in_progress"} 0
@@ -104,9 +104,8 @@ func TestJanitorSamplesRecordGauges(t *testing.T) {
 
 	j, err := janitor.NewJanitor(repo, janitor.Config{
 		Now:      func() time.Time { return now },
-		OnBatch:  m.ObserveJanitorBatch,
-		OnSample: m.ObserveRecordCounts,
-	}, nil)
+		Observer: m,
+	})
 	require.NoError(t, err)
 	defer j.Close()
 	n, err := j.RunOnce(t.Context())

@@ -114,7 +114,6 @@ func TestRelayMetrics(t *testing.T) {
 			reg := prometheus.NewPedanticRegistry()
 			m, err := metrics.New(metrics.Config{Registerer: reg})
 			require.NoError(t, err)
-			obs := m.Relay("orders")
 			broker := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 			t.Cleanup(func() { _ = broker.Close() })
 			relay, err := outbox.NewRelay(db, &failFirst{Publisher: broker}, outbox.RelayConfig{
@@ -123,13 +122,15 @@ func TestRelayMetrics(t *testing.T) {
 				BatchSize:       10,
 				RetryInterval:   10 * time.Millisecond,
 				BacklogInterval: 5 * time.Millisecond,
-				Metrics:         obs,
-			}, nil)
+				Name:            "orders",
+				Observer:        m,
+			})
 			require.NoError(t, err)
 
 			backlog, err := relay.Backlog(ctx)
 			require.NoError(t, err)
-			obs.ObserveBacklog(backlog)
+			backlog.Relay = "orders" // as the relay's own samples carry it
+			m.ObserveBacklog(ctx, backlog)
 			require.Equal(t, 25.0, relayMetric(t, reg, "watermill_idempotent_outbox_backlog_messages").GetGauge().GetValue())
 			require.GreaterOrEqual(t, relayMetric(t, reg, "watermill_idempotent_outbox_oldest_message_age_seconds").GetGauge().GetValue(), 3600.0)
 
@@ -198,31 +199,38 @@ watermill_idempotent_outbox_oldest_message_age_seconds{relay="orders"} 0
 	}
 }
 
-// Counters and histograms exist from Relay; the gauges only once sampled,
-// so a relay that never sampled does not claim an empty outbox.
+// A relay's series appear with its first backlog sample, which Run takes
+// as it starts: its counters and histograms at 0, so rates start from
+// there, and the gauges; none before, so a relay that never sampled does
+// not claim an empty outbox.
 func TestRelayObserverSeries(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m, err := metrics.New(metrics.Config{Registerer: reg})
 	require.NoError(t, err)
-	obs := m.Relay("orders")
-	for name, want := range map[string]int{
-		"watermill_idempotent_relay_published_messages_total":     1,
-		"watermill_idempotent_relay_failed_batches_total":         1,
-		"watermill_idempotent_relay_dead_lettered_messages_total": 1,
-		"watermill_idempotent_outbox_dead_letters":                0,
-		"watermill_idempotent_relay_lag_seconds":                  1,
-		"watermill_idempotent_relay_batch_duration_seconds":       1,
-		"watermill_idempotent_outbox_backlog_messages":            0,
-		"watermill_idempotent_outbox_oldest_message_age_seconds":  0,
-	} {
-		n, err := testutil.GatherAndCount(reg, name)
-		require.NoError(t, err)
-		require.Equal(t, want, n, name)
+	names := []string{
+		"watermill_idempotent_relay_published_messages_total",
+		"watermill_idempotent_relay_failed_batches_total",
+		"watermill_idempotent_relay_dead_lettered_messages_total",
+		"watermill_idempotent_outbox_dead_letters",
+		"watermill_idempotent_relay_lag_seconds",
+		"watermill_idempotent_relay_batch_duration_seconds",
+		"watermill_idempotent_outbox_backlog_messages",
+		"watermill_idempotent_outbox_oldest_message_age_seconds",
 	}
-	obs.ObserveBacklog(outbox.Backlog{Messages: 3, OldestAge: 1500 * time.Millisecond, DeadLetters: 2})
+	count := func(want int) {
+		t.Helper()
+		for _, name := range names {
+			n, err := testutil.GatherAndCount(reg, name)
+			require.NoError(t, err)
+			require.Equal(t, want, n, name)
+		}
+	}
+	count(0)
+	m.ObserveBacklog(t.Context(), outbox.Backlog{Relay: "orders", Messages: 3, OldestAge: 1500 * time.Millisecond, DeadLetters: 2})
+	count(1)
 	require.Equal(t, 1.5, relayMetric(t, reg, "watermill_idempotent_outbox_oldest_message_age_seconds").GetGauge().GetValue())
 	require.Equal(t, 3.0, relayMetric(t, reg, "watermill_idempotent_outbox_backlog_messages").GetGauge().GetValue())
 	require.Equal(t, 2.0, relayMetric(t, reg, "watermill_idempotent_outbox_dead_letters").GetGauge().GetValue())
-	obs.BatchForwarded(outbox.BatchStats{Claimed: 4, Published: 3, DeadLettered: 1})
+	m.ObserveRelayBatch(t.Context(), outbox.RelayBatch{Relay: "orders", Claimed: 4, Published: 3, DeadLettered: 1})
 	require.Equal(t, 1.0, relayMetric(t, reg, "watermill_idempotent_relay_dead_lettered_messages_total").GetCounter().GetValue())
 }

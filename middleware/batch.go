@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
@@ -112,10 +113,8 @@ type delivery struct {
 	done chan struct{} // closed: the fields below are final
 
 	existing *repository.Record // a duplicate: replay it
-	out      []*message.Message
-	outcome  Outcome
-	err      error
-	produced int // messages the handler returned
+	ran      ran                // what the handler left, once committed
+	err      error              // nil once committed
 }
 
 // handleBatched is handle in batch mode: the delivery joins the next
@@ -139,16 +138,13 @@ func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*m
 	}
 	i.batch.submit(d)
 	if d.existing != nil {
-		return replay(ctx, obs, *d.existing, d.hash)
+		return answer(ctx, obs, protocol.Duplicate(scope, key, d.hash, *d.existing), ran{}, nil)
 	}
 	var fields watermill.LogFields
 	if obs.fields != nil && obs.d.Batch > 0 { // built only for a logger that writes it
 		fields = watermill.LogFields{"batch": obs.d.Batch}
-		if d.outcome == OutcomeProcessed {
-			fields["produced"] = d.produced
-		}
 	}
-	return d.out, obs.end(ctx, d.outcome, d.err, fields)
+	return answer(ctx, obs, protocol.Answer{Kind: protocol.Ran, Err: d.err}, d.ran, fields)
 }
 
 // submit queues d and returns once d is done, leading batches when its
@@ -367,8 +363,8 @@ func (b *batcher) beginClaim(ctx context.Context, live []*delivery) (_ InboxTx, 
 // can, one claim each otherwise.
 func claimAll(ctx context.Context, tx InboxTx, params []repository.ClaimParams) ([]repository.Claim, error) {
 	if std, ok := tx.(stdTx); ok {
-		if br, ok := std.repo.(repository.BatchTransactional); ok {
-			return br.ClaimBatchTx(ctx, std.tx, params)
+		if br, ok := std.Repo.(repository.BatchTransactional); ok {
+			return br.ClaimBatchTx(ctx, std.Tx, params)
 		}
 	}
 	claims := make([]repository.Claim, len(params))
@@ -393,14 +389,14 @@ func (b *batcher) runOne(tx InboxTx, d *delivery) (err error) {
 			err = fmt.Errorf("inbox: handler panicked: %v", r)
 		}
 	}()
-	out, produced, stale, err := b.inbox.runHandler(d.ctx, tx, d.h, d.msg, d.scope, d.key)
+	r, result, err := b.inbox.runHandler(d.ctx, tx, d.h, d.msg, d.scope, d.key)
+	if err == nil {
+		err = b.inbox.tx.Save(context.WithoutCancel(d.ctx), tx, d.scope, d.key, result)
+	}
 	if err != nil {
 		return err
 	}
-	d.out, d.outcome, d.err, d.produced = out, OutcomeProcessed, nil, produced
-	if stale {
-		d.outcome = OutcomeStaleVersion
-	}
+	d.ran, d.err = r, nil
 	return nil
 }
 
@@ -421,7 +417,7 @@ func inFailedTx(err error) bool { return sqldialect.SQLState(err) == "25P02" }
 
 // fail sets d's outcome to err, with nothing committed, and returns d.
 func (d *delivery) fail(err error) *delivery {
-	d.out, d.outcome, d.err = nil, OutcomeFailed, err
+	d.ran, d.err = ran{}, err
 	return d
 }
 

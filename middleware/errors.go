@@ -3,6 +3,7 @@ package middleware
 import (
 	"errors"
 
+	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -14,15 +15,16 @@ var (
 	// ErrPayloadMismatch is returned when a key that was already processed
 	// arrives with a different payload: the producer reused a key for other
 	// content. It is permanent; the message belongs in the poison queue.
-	ErrPayloadMismatch = errors.New("deduplication key reused with a different payload")
+	ErrPayloadMismatch = protocol.ErrPayloadMismatch
 	// ErrNeedsIntervention is returned in two-phase mode when an earlier
 	// attempt's lease expired mid-effect and the policy asks for an
 	// operator. It is permanent.
-	ErrNeedsIntervention = errors.New("earlier attempt expired mid-effect: needs intervention")
+	ErrNeedsIntervention = protocol.ErrNeedsIntervention
 	// ErrInProgress is returned when the key is held in progress by another
-	// consumer (a two-phase claim in the same table). It is transient: the
-	// message is nacked and retried later.
-	ErrInProgress = errors.New("deduplication key is in progress elsewhere")
+	// consumer (a two-phase claim in the same table), wrapped in a
+	// *once.BusyError. It is transient: the message is nacked and retried
+	// later.
+	ErrInProgress = protocol.ErrInProgress
 )
 
 // IsPermanent reports whether err is an error that retrying the same

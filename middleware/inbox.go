@@ -1,17 +1,19 @@
 package middleware
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/settings"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -206,36 +208,15 @@ type BatchClaimBeginner interface {
 }
 
 // stdTx is an inbox transaction on database/sql.
-type stdTx struct {
-	tx   *sql.Tx
-	repo repository.Transactional
-}
+type stdTx struct{ protocol.SQLTx }
 
-func (t stdTx) Claim(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
-	return t.repo.ClaimTx(ctx, t.tx, p)
-}
-
-func (t stdTx) SaveResult(ctx context.Context, p repository.SaveResultParams) error {
-	return t.repo.SaveResultTx(ctx, t.tx, p)
-}
-
-func (t stdTx) WithTx(ctx context.Context) context.Context { return withTx(ctx, t.tx) }
-func (t stdTx) Commit(context.Context) error               { return t.tx.Commit() }
-func (t stdTx) Rollback(context.Context) error             { return t.tx.Rollback() }
+func (t stdTx) WithTx(ctx context.Context) context.Context { return withTx(ctx, t.Tx) }
 
 func (c *Config) setDefaults() {
 	if c.Key == nil {
 		c.Key = UUIDKey
 	}
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	protocol.SetDefaults(&c.Retention, DefaultRetention, &c.Logger, &c.Now)
 	if c.MaxResultBytes == 0 {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}
@@ -260,30 +241,12 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("missing Config.Repository"))
 	}
 	errs = append(errs, validateScoping("Config", c.Consumer, c.HandlerScopes, true)...)
-	errs = append(errs, validateShared(c.Retention, c.RedeliveryWindow)...)
+	errs = append(errs, protocol.ValidateRetention(c.Retention, c.RedeliveryWindow)...)
 	errs = append(errs, c.Batch.validate()...)
 	if _, ok := c.Repository.(repository.Reader); c.ReadFirst && !ok {
 		errs = append(errs, fmt.Errorf("config.ReadFirst needs a Repository implementing repository.Reader; %T does not", c.Repository))
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid inbox config: %w", err)
-	}
-	return nil
-}
-
-// validateShared checks the settings both inboxes have.
-func validateShared(retention, redeliveryWindow time.Duration) []error {
-	var errs []error
-	if retention <= 0 {
-		errs = append(errs, fmt.Errorf("config.Retention must be positive, got %s", retention))
-	}
-	if redeliveryWindow < 0 {
-		errs = append(errs, fmt.Errorf("config.RedeliveryWindow must not be negative, got %s", redeliveryWindow))
-	}
-	if retention < redeliveryWindow {
-		errs = append(errs, fmt.Errorf("config.Retention (%s) is shorter than RedeliveryWindow (%s): duplicates arriving after the marker expired would be processed again", retention, redeliveryWindow))
-	}
-	return errs
+	return settings.Invalid("inbox", errs)
 }
 
 // Inbox is a router middleware that makes a handler's effects happen once
@@ -317,6 +280,7 @@ type Inbox struct {
 	batch  *batcher          // nil unless Config.Batch is on
 	reader repository.Reader // nil: no ReadFirst
 	dups   duplicateRates
+	tx     protocol.Transactional[InboxTx]
 }
 
 // NewInbox validates config and returns an Inbox.
@@ -337,6 +301,10 @@ func NewInbox(config Config) (*Inbox, error) {
 		reader: reader,
 		dups:   duplicateRates{above: above},
 	}
+	i.tx = protocol.Transactional[InboxTx]{Prefix: "inbox", Begin: i.begin}
+	if cb, ok := config.Beginner.(ClaimBeginner); ok {
+		i.tx.BeginClaim = cb.BeginClaim
+	}
 	if config.Batch.MaxMessages > 1 {
 		i.batch = &batcher{inbox: i, max: config.Batch.MaxMessages, wait: config.Batch.MaxWait}
 	}
@@ -355,7 +323,7 @@ func (i *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
+func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	c := i.config
 	obs, ctx, scope, key, err := beginDelivery(i.obs, i.scope, c.Key, msg)
 	if err != nil {
@@ -373,84 +341,69 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*messag
 		switch {
 		case err == nil && rec.State == repository.StateCompleted:
 			rate.observe(true)
-			return replay(ctx, obs, rec, hash)
+			return answer(ctx, obs, protocol.Duplicate(scope, key, hash, rec), ran{}, nil)
 		case err != nil && !errors.Is(err, repository.ErrNotFound):
 			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: read key %q: %w", key, err), nil)
 		}
 		// Not there (or not completed): the transaction's claim decides.
 	}
 
-	tx, claim, took, err := i.beginClaim(ctx, repository.ClaimParams{
+	var r ran
+	a := i.tx.Run(ctx, repository.ClaimParams{
 		Consumer:    scope,
 		Key:         key,
 		PayloadHash: hash,
 		Now:         now,
 		ExpiresAt:   now.Add(c.Retention),
+	}, func(ctx context.Context, tx InboxTx) (result []byte, err error) {
+		r, result, err = i.runHandler(ctx, tx, h, msg, scope, key)
+		return result, err
 	})
-	obs.d.Claim += took
-	if err != nil {
-		return nil, obs.end(ctx, OutcomeFailed, err, nil)
+	obs.d.Claim += a.Claim
+	if a.Kind != protocol.Unclaimed {
+		rate.observe(a.Kind != protocol.Ran)
 	}
-	committed := false
-	defer func() {
-		if !committed && tx != nil {
-			// Covers errors and panics alike: nothing of this attempt stays.
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-	rate.observe(!claim.Claimed)
-	if !claim.Claimed {
-		return replay(ctx, obs, claim.Existing, hash)
-	}
+	return answer(ctx, obs, a, r, nil)
+}
 
-	out, produced, stale, err := i.runHandler(ctx, tx, h, msg, scope, key)
-	if err != nil {
-		return nil, obs.end(ctx, OutcomeFailed, err, nil)
-	}
-	// Committed even if the delivery is being cancelled, as its output
-	// was stored (runHandler).
-	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: commit key %q: %w", key, err), nil)
-	}
-	committed = true
-	if stale {
-		// The marker commits too, so copies of the stale message are
-		// duplicates from now on.
-		return out, obs.end(ctx, OutcomeStaleVersion, nil, nil)
-	}
-	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": produced})
+// ran is what a handler that ran left: the messages for the router to
+// publish, how many it returned, and whether it returned ErrStaleVersion
+// (then the marker is stored all the same).
+type ran struct {
+	out      []*message.Message
+	produced int
+	stale    bool
 }
 
 // runHandler runs h for msg on tx, in ctx with the delivery's scope and
-// key, and stores its output in tx (storeOutput). It returns the messages
-// for the router to publish, how many the handler returned, and whether
-// it returned ErrStaleVersion (then the marker commits all the same).
-// On an error nothing is to be committed.
-func (i *Inbox) runHandler(ctx context.Context, tx InboxTx, h message.HandlerFunc, msg *message.Message, scope, key string) (out []*message.Message, produced int, stale bool, err error) {
+// key, and writes its output to Config.Outputs (outputs). It returns
+// what the handler left and the result to store with the marker. On an
+// error nothing is to be committed.
+func (i *Inbox) runHandler(ctx context.Context, tx InboxTx, h message.HandlerFunc, msg *message.Message, scope, key string) (r ran, result []byte, err error) {
 	original := msg.Context()
 	msg.SetContext(withScope(withKey(tx.WithTx(withInboxTx(ctx)), key), scope))
-	out, err = h(msg)
+	out, err := h(msg)
 	msg.SetContext(original)
-	stale = errors.Is(err, ErrStaleVersion)
-	if err != nil && !stale {
-		return nil, 0, false, err
+	r.stale = errors.Is(err, ErrStaleVersion)
+	if err != nil && !r.stale {
+		return ran{}, nil, err
 	}
 	i.obs.inject(ctx, out)
 	// The handler's work is done: finish the bookkeeping even if the
 	// delivery is being cancelled, rather than throw that work away.
-	produced = len(out)
-	out, err = i.storeOutput(context.WithoutCancel(ctx), tx, scope, key, out)
+	r.produced = len(out)
+	r.out, result, err = i.outputs(context.WithoutCancel(ctx), tx, scope, key, out)
 	if err != nil {
-		return nil, 0, false, err
+		return ran{}, nil, err
 	}
-	return out, produced, stale, nil
+	return r, result, nil
 }
 
-// storeOutput stores a handler's output messages in tx: through
+// outputs writes a handler's output messages in tx through
 // Config.Outputs when it is set (the relay publishes them, so nothing is
-// left to return or replay), otherwise as the key's result for replay.
+// left to return or replay), and encodes the result to store for replay.
 // It returns the messages for the router to publish now.
-func (i *Inbox) storeOutput(ctx context.Context, tx InboxTx, scope, key string, out []*message.Message) ([]*message.Message, error) {
+func (i *Inbox) outputs(ctx context.Context, tx InboxTx, scope, key string, out []*message.Message) (_ []*message.Message, result []byte, _ error) {
 	c := i.config
 	if c.Outputs != nil && len(out) > 0 {
 		for pos, m := range out {
@@ -458,10 +411,10 @@ func (i *Inbox) storeOutput(ctx context.Context, tx InboxTx, scope, key string, 
 		}
 		var sqlTx *sql.Tx
 		if s, ok := tx.(stdTx); ok {
-			sqlTx = s.tx
+			sqlTx = s.Tx
 		}
 		if err := c.Outputs.WriteOutputs(tx.WithTx(ctx), sqlTx, out); err != nil {
-			return nil, fmt.Errorf("inbox: write %d outputs of key %q: %w", len(out), key, err)
+			return nil, nil, fmt.Errorf("inbox: write %d outputs of key %q: %w", len(out), key, err)
 		}
 		// They commit with the marker and the relay publishes them: nothing
 		// for the router to publish, nothing to replay.
@@ -469,48 +422,9 @@ func (i *Inbox) storeOutput(ctx context.Context, tx InboxTx, scope, key string, 
 	}
 	result, err := encodeResult(out, c.MaxResultBytes)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: key %q: %w", key, err)
+		return nil, nil, fmt.Errorf("inbox: key %q: %w", key, err)
 	}
-	if result != nil {
-		if err := tx.SaveResult(ctx, repository.SaveResultParams{Consumer: scope, Key: key, Result: result}); err != nil {
-			return nil, fmt.Errorf("inbox: store result of key %q: %w", key, err)
-		}
-	}
-	return out, nil
-}
-
-// beginClaim begins the delivery's transaction and claims its key: in
-// one round trip on a ClaimBeginner, otherwise with BEGIN and the claim.
-// On a duplicate the transaction stays open (unless the ClaimBeginner
-// ended it, then tx is nil); on an error it has been rolled back.
-//
-// The transaction is not bound to the delivery's context: database/sql
-// would roll it back on its own when that context is cancelled (a
-// subscriber shutting down), racing the commit and leaving its outcome
-// unknown. Statements still run with ctx and fail once it is cancelled;
-// the commit alone decides.
-func (i *Inbox) beginClaim(ctx context.Context, p repository.ClaimParams) (_ InboxTx, _ repository.Claim, took time.Duration, _ error) {
-	if cb, ok := i.config.Beginner.(ClaimBeginner); ok {
-		start := time.Now()
-		tx, claim, err := cb.BeginClaim(ctx, p)
-		took = time.Since(start)
-		if err != nil {
-			return nil, claim, took, fmt.Errorf("inbox: claim key %q: %w", p.Key, err)
-		}
-		return tx, claim, took, nil
-	}
-	tx, err := i.begin(context.WithoutCancel(ctx))
-	if err != nil {
-		return nil, repository.Claim{}, 0, fmt.Errorf("inbox: begin transaction: %w", err)
-	}
-	start := time.Now()
-	claim, err := tx.Claim(ctx, p)
-	took = time.Since(start)
-	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, claim, took, fmt.Errorf("inbox: claim key %q: %w", p.Key, err)
-	}
-	return tx, claim, took, nil
+	return out, result, nil
 }
 
 // begin begins a transaction on Beginner, or on DB.
@@ -518,11 +432,11 @@ func (i *Inbox) begin(ctx context.Context) (InboxTx, error) {
 	if i.config.Beginner != nil {
 		return i.config.Beginner.BeginInbox(ctx)
 	}
-	tx, err := i.config.DB.BeginTx(ctx, i.config.TxOptions)
+	tx, err := protocol.BeginSQL(i.config.DB, i.config.TxOptions, i.config.Repository)(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return stdTx{tx, i.config.Repository}, nil
+	return stdTx{tx}, nil
 }
 
 // beginDelivery starts observing msg and resolves its scope and key. A
@@ -555,26 +469,34 @@ func extractKey(keyFunc KeyFunc, scope string, msg *message.Message) (string, er
 	return key, nil
 }
 
-// replay answers a duplicate: the stored output again when the payload
-// matches, ErrPayloadMismatch when it does not, ErrInProgress when the
-// record is not completed.
-func replay(ctx context.Context, obs *observation, rec repository.Record, hash []byte) ([]*message.Message, error) {
-	scope, key := obs.d.Consumer, obs.d.Key
-	if !bytes.Equal(rec.PayloadHash, hash) {
-		err := fmt.Errorf("%w: scope %q, key %q (first claimed at %s)", ErrPayloadMismatch, scope, key, rec.CreatedAt.Format(time.RFC3339))
-		return nil, obs.end(ctx, OutcomePayloadMismatch, err, nil)
+// answer ends the delivery with the protocol's answer a, and returns
+// what the handler returns to the router: r's messages when the handler
+// ran, the stored ones when a duplicate is replayed. extra are log
+// fields of the outcome.
+func answer(ctx context.Context, obs *observation, a protocol.Answer, r ran, extra watermill.LogFields) ([]*message.Message, error) {
+	switch a.Kind {
+	case protocol.Ran:
+		switch {
+		case a.Err != nil:
+			return nil, obs.end(ctx, OutcomeFailed, a.Err, extra)
+		case r.stale:
+			// The marker is stored too, so copies of the stale message are
+			// duplicates from now on.
+			return r.out, obs.end(ctx, OutcomeStaleVersion, nil, extra)
+		}
+		return r.out, obs.end(ctx, OutcomeProcessed, nil, extra.Add(watermill.LogFields{"produced": r.produced}))
+	case protocol.Replay:
+		out, err := DecodeResult(a.Record.Result)
+		if err != nil {
+			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: replay key %q: %w", obs.d.Key, err), nil)
+		}
+		if len(out) == 0 {
+			return nil, obs.end(ctx, OutcomeDuplicate, nil, nil)
+		}
+		obs.d.Replayed = len(out)
+		return out, obs.end(ctx, OutcomeReplayed, nil, watermill.LogFields{"replayed": len(out)})
+	case protocol.Busy:
+		return nil, obs.end(ctx, OutcomeLeaseBusy, a.Err, watermill.LogFields{"lease_owner": a.Record.LeaseOwner})
 	}
-	if rec.State != repository.StateCompleted {
-		err := fmt.Errorf("%w: scope %q, key %q is %s", ErrInProgress, scope, key, rec.State)
-		return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
-	}
-	out, err := DecodeResult(rec.Result)
-	if err != nil {
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: replay key %q: %w", key, err), nil)
-	}
-	if len(out) == 0 {
-		return nil, obs.end(ctx, OutcomeDuplicate, nil, nil)
-	}
-	obs.d.Replayed = len(out)
-	return out, obs.end(ctx, OutcomeReplayed, nil, watermill.LogFields{"replayed": len(out)})
+	return nil, obs.end(ctx, Outcome(a.Outcome()), a.Err, nil)
 }

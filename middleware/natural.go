@@ -3,11 +3,10 @@ package middleware
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -39,6 +38,10 @@ type NaturalKeyConfig struct {
 	Observer Observer
 	// Logger receives one line per duplicate. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+	// TracerProvider creates the span of each delivery, as in Config
+	// (idempotency.mode "natural"). Default: the global
+	// otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 // NaturalKey is a router middleware for handlers whose business row is
@@ -74,7 +77,11 @@ type NaturalKeyConfig struct {
 type NaturalKey struct {
 	config NaturalKeyConfig
 	scope  scoping
+	obs    observability
 }
+
+// modeNatural is NaturalKey's idempotency.mode.
+const modeNatural = "natural"
 
 // NewNaturalKey returns a NaturalKey with config's defaults applied.
 func NewNaturalKey(config NaturalKeyConfig) *NaturalKey {
@@ -86,48 +93,35 @@ func NewNaturalKey(config NaturalKeyConfig) *NaturalKey {
 	if config.Logger == nil {
 		config.Logger = watermill.NopLogger{}
 	}
-	return &NaturalKey{config: config, scope: newScoping(config.Consumer, nil)}
+	return &NaturalKey{
+		config: config,
+		scope:  newScoping(config.Consumer, nil),
+		obs:    newObservability(modeNatural, config.Logger, config.Observer, config.TracerProvider),
+	}
 }
 
 // Middleware wraps h; add it to a router or a single handler.
 func (n *NaturalKey) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		start := time.Now()
-		ctx := msg.Context()
-		name, scopeErr := n.scope.resolve(ctx)
+		name, scopeErr := n.scope.resolve(msg.Context())
 		if scopeErr != nil {
 			name = n.scope.fallback() // only a label here: never fail the delivery for it
 		}
+		obs, ctx := n.obs.begin(msg, name)
+		original := msg.Context()
+		msg.SetContext(ctx)
 		out, err := h(msg)
-		outcome := OutcomeProcessed
+		msg.SetContext(original)
 		switch {
 		case err == nil:
+			return out, obs.end(ctx, OutcomeProcessed, nil, nil)
 		case !n.config.IsDuplicate(err):
-			outcome = OutcomeFailed
-		default:
-			if inInboxTx(ctx) {
-				err = fmt.Errorf("natural key: a duplicate inside the inbox transaction cannot be acknowledged (place NaturalKey outside the Inbox): %w", err)
-				outcome = OutcomeFailed
-				break
-			}
-			n.config.Logger.Info("NaturalKey: business row exists, duplicate acknowledged", watermill.LogFields{
-				"consumer":       name,
-				"message_uuid":   msg.UUID,
-				"correlation_id": wmiddleware.MessageCorrelationID(msg),
-				"err":            err,
-			})
-			out, err, outcome = nil, nil, OutcomeDuplicate
+			return nil, obs.end(ctx, OutcomeFailed, err, nil)
+		case inInboxTx(original):
+			err = fmt.Errorf("natural key: a duplicate inside the inbox transaction cannot be acknowledged (place NaturalKey outside the Inbox): %w", err)
+			return nil, obs.end(ctx, OutcomeFailed, err, nil)
 		}
-		if n.config.Observer != nil {
-			n.config.Observer.ObserveDelivery(ctx, Delivery{
-				Consumer:      name,
-				MessageUUID:   msg.UUID,
-				CorrelationID: wmiddleware.MessageCorrelationID(msg),
-				Outcome:       outcome,
-				Err:           err,
-				Total:         time.Since(start),
-			})
-		}
-		return out, err
+		// The row is the marker: acknowledged; the error is only logged.
+		return nil, obs.end(ctx, OutcomeDuplicate, nil, watermill.LogFields{"err": err})
 	}
 }

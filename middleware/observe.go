@@ -116,6 +116,7 @@ type observation struct {
 	recording bool
 	logger    watermill.LoggerAdapter
 	observer  Observer
+	mode      string
 	// fields are the delivery's log fields, nil when the logger is
 	// watermill.NopLogger: nothing is logged, so nothing is built.
 	fields watermill.LogFields
@@ -166,6 +167,7 @@ func (o observability) begin(msg *message.Message, scope string) (*observation, 
 		d:        Delivery{Consumer: scope, MessageUUID: msg.UUID, CorrelationID: correlationID},
 		logger:   o.logger,
 		observer: o.observer,
+		mode:     o.mode,
 	}
 	if msg.Metadata.Get(traceparentKey) != "" {
 		// The message's trace continues in our span, or without one (no
@@ -264,6 +266,13 @@ func (obs *observation) log(outcome Outcome, err error, extra watermill.LogField
 	maps.Copy(fields, obs.fields)
 	fields["outcome"] = string(outcome)
 	maps.Copy(fields, extra)
+	switch {
+	case obs.mode == modeNatural && outcome == OutcomeDuplicate:
+		obs.logger.Info("NaturalKey: business row exists, duplicate acknowledged", fields)
+		return
+	case obs.mode == modeNatural && outcome == OutcomeFailed:
+		return // the router logs the handler's error
+	}
 	switch outcome {
 	case OutcomeProcessed:
 		obs.logger.Debug("Inbox: processed", fields)

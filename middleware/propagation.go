@@ -1,8 +1,6 @@
 package middleware
 
 import (
-	"context"
-	"net/http"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -32,51 +30,4 @@ func Derive(parent, name string) string {
 // same UUIDs, so downstream inboxes dedupe every repeat.
 func OutputUUID(consumer, key string, position int) string {
 	return Derive(strconv.Itoa(len(consumer))+":"+consumer+":"+key, "output-"+strconv.Itoa(position))
-}
-
-// IdempotencyKeyHeader is the HTTP header IdempotencyTransport sets.
-const IdempotencyKeyHeader = "Idempotency-Key"
-
-type idempotencyNameKey struct{}
-
-// WithIdempotencyName names the downstream call made with ctx, so that
-// IdempotencyTransport sends Derive(key, name) instead of the bare key.
-// Use one name per distinct call a handler makes.
-func WithIdempotencyName(ctx context.Context, name string) context.Context {
-	return context.WithValue(ctx, idempotencyNameKey{}, name)
-}
-
-// IdempotencyTransport is an http.RoundTripper that sets the
-// Idempotency-Key header of requests made inside an inbox handler (with a
-// context derived from msg.Context()): the message's deduplication key, or
-// Derive(key, name) when the context carries a name from
-// WithIdempotencyName. A request that already has the header, or whose
-// context has no key, is sent unchanged. The request passed in is never
-// modified; a clone carries the header.
-//
-//	client := &http.Client{Transport: &middleware.IdempotencyTransport{}}
-//	req, _ := http.NewRequestWithContext(middleware.WithIdempotencyName(msg.Context(), "charge"), "POST", url, body)
-//	resp, err := client.Do(req)
-type IdempotencyTransport struct {
-	// Base sends the requests. Default: http.DefaultTransport.
-	Base http.RoundTripper
-}
-
-// RoundTrip implements http.RoundTripper.
-func (t *IdempotencyTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	base := t.Base
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	ctx := req.Context()
-	key, ok := KeyFromContext(ctx)
-	if !ok || req.Header.Get(IdempotencyKeyHeader) != "" {
-		return base.RoundTrip(req)
-	}
-	if name, ok := ctx.Value(idempotencyNameKey{}).(string); ok && name != "" {
-		key = Derive(key, name)
-	}
-	clone := req.Clone(ctx)
-	clone.Header.Set(IdempotencyKeyHeader, key)
-	return base.RoundTrip(clone)
 }

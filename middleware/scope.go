@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/internal/protocol"
 )
 
 // ScopeSeparator joins Config.Consumer and the handler name into a
@@ -81,7 +79,7 @@ func (s scoping) resolve(ctx context.Context) (string, error) {
 	if s.consumer != "" {
 		scope = s.consumer + ScopeSeparator + handler
 	}
-	if err := checkScope(scope); err != nil {
+	if err := protocol.CheckScope(scope); err != nil {
 		return "", fmt.Errorf("%w: scope %q of handler %q %w; rename the handler or map it with HandlerScopes", ErrInvalidScope, scope, handler, err)
 	}
 	return scope, nil
@@ -91,28 +89,13 @@ func (s scoping) resolve(ctx context.Context) (string, error) {
 // and metrics: the Consumer, which is valid, possibly empty.
 func (s scoping) fallback() string { return s.consumer }
 
-// checkScope tells why scope cannot be stored as a consumer, or nil.
-func checkScope(scope string) error {
-	switch {
-	case scope == "":
-		return errors.New("is empty")
-	case len(scope) > repository.MaxConsumerLength:
-		return fmt.Errorf("is %d bytes, longer than %d", len(scope), repository.MaxConsumerLength)
-	case !utf8.ValidString(scope):
-		return errors.New("is not valid UTF-8")
-	case strings.IndexByte(scope, 0) >= 0:
-		return errors.New("contains a NUL byte")
-	}
-	return nil
-}
-
 // validateScoping checks Consumer and HandlerScopes of the config named
 // configName; an inbox's config requires a Consumer.
 func validateScoping(configName, consumer string, handlerScopes map[string]string, required bool) []error {
 	var errs []error
 	switch {
 	case consumer != "":
-		if err := checkScope(consumer); err != nil {
+		if err := protocol.CheckScope(consumer); err != nil {
 			errs = append(errs, fmt.Errorf("%s.Consumer %w", configName, err))
 		}
 	case required:
@@ -133,7 +116,7 @@ func validateScoping(configName, consumer string, handlerScopes map[string]strin
 			errs = append(errs, fmt.Errorf("%s.HandlerScopes: the empty handler name never matches a delivery", configName))
 			continue
 		}
-		if err := checkScope(handlerScopes[h]); err != nil {
+		if err := protocol.CheckScope(handlerScopes[h]); err != nil {
 			errs = append(errs, fmt.Errorf("%s.HandlerScopes[%q] %w", configName, h, err))
 		}
 	}

@@ -1,17 +1,18 @@
 package middleware
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/internal/settings"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/internal/lease"
+	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -19,7 +20,7 @@ import (
 // in progress under an expired lease: an earlier attempt started the
 // effect and stopped answering (crashed, hung, partitioned), so the effect
 // may have partly happened.
-type ExpiredLeasePolicy int
+type ExpiredLeasePolicy = protocol.ExpiredLeasePolicy
 
 const (
 	// Intervene fails the delivery with the permanent ErrNeedsIntervention
@@ -27,24 +28,13 @@ const (
 	// system and then marks the record completed or releases it for a
 	// retry. The default: the safe choice for effects that are not
 	// idempotent downstream (a payment without an idempotency key).
-	Intervene ExpiredLeasePolicy = iota
+	Intervene = protocol.Intervene
 	// Reclaim takes the record over (exactly one racing delivery wins) and
 	// runs the handler again. Use it only when the effect is idempotent
 	// downstream, e.g. an API called with the propagated key as its
 	// Idempotency-Key.
-	Reclaim
+	Reclaim = protocol.Reclaim
 )
-
-func (p ExpiredLeasePolicy) String() string {
-	switch p {
-	case Intervene:
-		return "intervene"
-	case Reclaim:
-		return "reclaim"
-	default:
-		return fmt.Sprintf("ExpiredLeasePolicy(%d)", int(p))
-	}
-}
 
 // DefaultLease is the default lease of a two-phase claim, in package once
 // and httpidem too.
@@ -114,25 +104,20 @@ func (c *TwoPhaseConfig) setDefaults() {
 	if c.Key == nil {
 		c.Key = UUIDKey
 	}
-	s := c.leaseSettings()
-	s.SetDefaults()
-	c.Lease, c.ExtendEvery, c.StoreTimeout, c.FinishRetry = s.Lease, s.ExtendEvery, s.StoreTimeout, FinishRetry(s.Retry)
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	lease.Fill(&c.Lease, &c.ExtendEvery, &c.StoreTimeout, (*lease.Retry)(&c.FinishRetry))
+	protocol.SetDefaults(&c.Retention, DefaultRetention, &c.Logger, &c.Now)
 	if c.MaxResultBytes == 0 {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}
 }
 
-func (c TwoPhaseConfig) leaseSettings() lease.Settings {
-	return lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)}
+// protocol returns the settings the protocol's two-phase run takes.
+func (c TwoPhaseConfig) protocol() protocol.TwoPhaseConfig {
+	return protocol.TwoPhaseConfig{
+		Repo: c.Repository, Policy: c.OnExpiredLease, Retention: c.Retention, RedeliveryWindow: c.RedeliveryWindow,
+		Lease: lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)},
+		Now:   c.Now, Logger: c.Logger,
+	}
 }
 
 // Validate reports every problem with the configuration at once.
@@ -142,15 +127,8 @@ func (c TwoPhaseConfig) Validate() error {
 		errs = append(errs, errors.New("missing TwoPhaseConfig.Repository"))
 	}
 	errs = append(errs, validateScoping("TwoPhaseConfig", c.Consumer, c.HandlerScopes, true)...)
-	errs = append(errs, validateShared(c.Retention, c.RedeliveryWindow)...)
-	errs = append(errs, c.leaseSettings().Validate(c.Retention)...)
-	if c.OnExpiredLease != Intervene && c.OnExpiredLease != Reclaim {
-		errs = append(errs, fmt.Errorf("config.OnExpiredLease: unknown policy %s", c.OnExpiredLease))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid two-phase inbox config: %w", err)
-	}
-	return nil
+	errs = append(errs, c.protocol().Validate()...)
+	return settings.Invalid("two-phase inbox", errs)
 }
 
 // TwoPhaseInbox is the inbox for effects that cannot join a SQL
@@ -184,7 +162,7 @@ type TwoPhaseInbox struct {
 	config TwoPhaseConfig
 	scope  scoping
 	obs    observability
-	leases *lease.Keeper
+	proto  *protocol.TwoPhase
 }
 
 // NewTwoPhaseInbox validates config and returns a TwoPhaseInbox.
@@ -197,10 +175,7 @@ func NewTwoPhaseInbox(config TwoPhaseConfig) (*TwoPhaseInbox, error) {
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
 		obs:    newObservability("two-phase", config.Logger, config.Observer, config.TracerProvider),
-		leases: &lease.Keeper{
-			Repo: config.Repository, Settings: config.leaseSettings(),
-			Now: config.Now, Logger: config.Logger, Name: "Inbox",
-		},
+		proto:  protocol.NewTwoPhase(config.protocol(), "Inbox", "inbox", false),
 	}, nil
 }
 
@@ -211,112 +186,36 @@ func (i *TwoPhaseInbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) (_ []*message.Message, err error) {
-	c := i.config
-	obs, ctx, scope, key, err := beginDelivery(i.obs, i.scope, c.Key, msg)
+func (i *TwoPhaseInbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	obs, ctx, scope, key, err := beginDelivery(i.obs, i.scope, i.config.Key, msg)
 	if err != nil {
 		return nil, err
 	}
-
-	hash := repository.HashPayload(msg.Payload)
 	owner := watermill.NewUUID()
-	now := c.Now()
 	obs.setField("owner", owner)
-	claim := repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}
-
-	claimStart := time.Now()
-	acq, err := c.Repository.Acquire(ctx, repository.AcquireParams{
-		Consumer:    scope,
-		Key:         key,
-		PayloadHash: hash,
-		Owner:       owner,
-		Now:         now,
-		LeaseUntil:  now.Add(c.Lease),
-		ExpiresAt:   now.Add(c.Retention),
+	var r ran
+	a := i.proto.Do(ctx, protocol.Call{
+		Scope: scope, Key: key, Owner: owner, Hash: repository.HashPayload(msg.Payload), Fields: obs.fields,
+		Run: func(ctx context.Context) error {
+			original := msg.Context()
+			defer msg.SetContext(original)
+			msg.SetContext(withScope(withKey(ctx, key), scope))
+			out, err := h(msg)
+			if r.stale = errors.Is(err, ErrStaleVersion); err != nil && !r.stale {
+				return err
+			}
+			r.out, r.produced = out, len(out)
+			return nil
+		},
+		Result: func() ([]byte, error) {
+			i.obs.inject(ctx, r.out)
+			return encodeResult(r.out, i.config.MaxResultBytes)
+		},
 	})
-	obs.d.Claim = time.Since(claimStart)
-	if err != nil {
-		i.leases.ReleaseUnanswered(ctx, claim, err, obs.fields)
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: acquire key %q: %w", key, err), nil)
+	obs.d.Claim = a.Claim
+	out, err := answer(ctx, obs, a, r, nil)
+	if a.Panic != nil {
+		panic(a.Panic) // for Recoverer or the process, as without the inbox
 	}
-	if !acq.Acquired {
-		rec := acq.Existing
-		switch {
-		case !bytes.Equal(rec.PayloadHash, hash), rec.State == repository.StateCompleted:
-			return replay(ctx, obs, rec, hash)
-		case rec.LeaseUntil.After(now):
-			err := fmt.Errorf("%w: scope %q, key %q is leased by %s until %s", ErrInProgress, scope, key, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
-			return nil, obs.end(ctx, OutcomeLeaseBusy, err, watermill.LogFields{"lease_owner": rec.LeaseOwner})
-		case c.OnExpiredLease == Intervene:
-			err := fmt.Errorf("%w: scope %q, key %q: attempt %d by %s expired at %s", ErrNeedsIntervention, scope, key, rec.Attempts, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
-			return nil, obs.end(ctx, OutcomeNeedsIntervention, err, nil)
-		}
-		if _, err := c.Repository.Reclaim(ctx, repository.ReclaimParams{
-			Consumer: scope, Key: key, PrevOwner: rec.LeaseOwner, Owner: owner,
-			Now: now, LeaseUntil: now.Add(c.Lease),
-		}); errors.Is(err, repository.ErrLeaseLost) {
-			// Another delivery reclaimed it first (or it completed): retry later.
-			err = fmt.Errorf("%w: scope %q, key %q was reclaimed by another delivery: %w", ErrInProgress, scope, key, err)
-			return nil, obs.end(ctx, OutcomeLeaseBusy, err, nil)
-		} else if err != nil {
-			i.leases.ReleaseUnanswered(ctx, claim, err, obs.fields)
-			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: reclaim key %q: %w", key, err), nil)
-		}
-		c.Logger.Info("Inbox: reclaimed an expired lease, running the handler again", obs.fields.Add(watermill.LogFields{"previous_owner": rec.LeaseOwner}))
-	}
-
-	out, panicked, err := i.runLeased(h, msg, ctx, claim, obs.fields)
-	stale := errors.Is(err, ErrStaleVersion)
-	if (err != nil && !stale) || panicked != nil {
-		// The claim goes so that the redelivery can run.
-		if relErr := i.leases.Release(ctx, claim, obs.fields); relErr != nil {
-			c.Logger.Error("Inbox: could not release the claim after a failed handler; it frees when the lease expires", relErr, obs.fields)
-		}
-		_ = obs.end(ctx, OutcomeFailed, err, nil)
-		if panicked != nil {
-			panic(panicked) // for Recoverer or the process, as without the inbox
-		}
-		return nil, err
-	}
-
-	i.obs.inject(ctx, out)
-	result, err := encodeResult(out, c.MaxResultBytes)
-	if err != nil {
-		c.Logger.Error("Inbox: the effect happened but its result cannot be stored; the record stays in progress for an operator", err, obs.fields)
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: key %q: %w", key, err), nil)
-	}
-	if err := i.leases.Complete(ctx, claim, result, obs.fields); err != nil {
-		// The effect happened but cannot be recorded: a newer owner holds the
-		// key (repository.ErrLeaseLost) or the store kept failing through
-		// every retry. The delivery is retried and meets whatever the store
-		// says then.
-		c.Logger.Error("Inbox: could not complete the key after the handler ran", err, obs.fields)
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: complete key %q: %w", key, err), nil)
-	}
-	if stale {
-		return out, obs.end(ctx, OutcomeStaleVersion, nil, nil)
-	}
-	return out, obs.end(ctx, OutcomeProcessed, nil, watermill.LogFields{"produced": len(out)})
-}
-
-// runLeased runs h while its lease is kept alive, and recovers a panic of
-// h so that the caller can release the claim before re-raising it.
-func (i *TwoPhaseInbox) runLeased(h message.HandlerFunc, msg *message.Message, parent context.Context, claim repository.LeaseParams, fields watermill.LogFields) (out []*message.Message, panicked any, err error) {
-	original := msg.Context()
-	ctx, cancel := context.WithCancelCause(parent)
-	stopKeeping := i.leases.Keep(ctx, claim, fields, func(err error) { cancel(fmt.Errorf("inbox: %w", err)) })
-	defer func() {
-		stopKeeping()
-		cancel(nil)
-		msg.SetContext(original)
-	}()
-
-	msg.SetContext(withScope(withKey(ctx, claim.Key), claim.Consumer))
-	defer func() {
-		if p := recover(); p != nil {
-			out, panicked, err = nil, p, fmt.Errorf("inbox: handler panicked: %v", p)
-		}
-	}()
-	out, err = h(msg)
-	return out, nil, err
+	return out, err
 }

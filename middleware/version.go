@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idemkit/watermill-idempotent/internal/settings"
+
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -36,10 +38,7 @@ func (c VersionGuardConfig) Validate() error {
 		errs = append(errs, errors.New("missing VersionGuardConfig.Guard"))
 	}
 	errs = append(errs, validateScoping("VersionGuardConfig", c.Consumer, nil, false)...)
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid version guard config: %w", err)
-	}
-	return nil
+	return settings.Invalid("version guard", errs)
 }
 
 // VersionGuard rejects stale messages for consumers that depend on order.

@@ -30,4 +30,9 @@
 // input, see DoInput) and middleware.ErrNeedsIntervention are permanent
 // (middleware.IsPermanent); *BusyError (middleware.ErrInProgress) is
 // transient: another call holds the key right now.
+//
+// Both run the module's one protocol (claim, run, store, answer a
+// duplicate) with the inboxes, and report every call to Config.Observer
+// (TxConfig.Observer) as a middleware.Delivery of consumer Scope, so the
+// metrics package counts calls as it counts deliveries.
 package once

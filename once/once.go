@@ -1,16 +1,13 @@
 package once
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
+	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 // Result is what Do returns for a call that did not fail.
@@ -26,72 +23,63 @@ type Result struct {
 // BusyError is returned (wrapping middleware.ErrInProgress) when another
 // call holds the key in progress. It is transient: try again after
 // LeaseUntil, when the other call has completed, released or expired.
-type BusyError struct {
-	Scope, Key string
-	// Owner is the attempt holding the key; empty for a transactional
-	// record some other two-phase user left in progress.
-	Owner string
-	// LeaseUntil is when the other call's lease runs out unless it is
-	// extended; zero when unknown.
-	LeaseUntil time.Time
-}
-
-func (e *BusyError) Error() string {
-	if e.LeaseUntil.IsZero() {
-		return fmt.Sprintf("%v: scope %q, key %q", middleware.ErrInProgress, e.Scope, e.Key)
-	}
-	return fmt.Sprintf("%v: scope %q, key %q is leased by %s until %s", middleware.ErrInProgress, e.Scope, e.Key, e.Owner, e.LeaseUntil.Format(time.RFC3339Nano))
-}
-
-// Unwrap makes errors.Is(err, middleware.ErrInProgress) true.
-func (e *BusyError) Unwrap() error { return middleware.ErrInProgress }
+// Owner is the attempt holding the key (empty when unknown); LeaseUntil is
+// when its lease runs out unless it is extended (zero when unknown).
+type BusyError = protocol.BusyError
 
 // ErrNoKey is returned (wrapping middleware.ErrNoKey) for an empty key.
 var ErrNoKey = fmt.Errorf("once: %w", middleware.ErrNoKey)
 
+var errNilFunc = errors.New("once: nil function")
+
+// check refuses a call without a key or a function before it begins,
+// reporting one without a key to observer.
+func check(ctx context.Context, observer middleware.Observer, scope, key string, noFunc bool) error {
+	switch {
+	case key == "":
+		if observer != nil {
+			observer.ObserveDelivery(ctx, middleware.Delivery{Consumer: scope, Outcome: middleware.OutcomeNoKey, Err: ErrNoKey})
+		}
+		return ErrNoKey
+	case noFunc:
+		return errNilFunc
+	}
+	return nil
+}
+
 // checkScope tells why scope cannot be stored as a consumer, or nil.
 func checkScope(field, scope string) error {
-	switch {
-	case scope == "":
+	if scope == "" {
 		return fmt.Errorf("missing %s", field)
-	case len(scope) > repository.MaxConsumerLength:
-		return fmt.Errorf("%s is %d bytes, longer than %d", field, len(scope), repository.MaxConsumerLength)
-	case !utf8.ValidString(scope):
-		return fmt.Errorf("%s is not valid UTF-8", field)
-	case strings.IndexByte(scope, 0) >= 0:
-		return fmt.Errorf("%s contains a NUL byte", field)
+	}
+	if err := protocol.CheckScope(scope); err != nil {
+		return fmt.Errorf("%s %w", field, err)
 	}
 	return nil
 }
 
-// replay answers a call that found its key already claimed, as
-// middleware's replay does for a duplicate: the stored output when the
-// input matches and the record is completed, middleware.ErrPayloadMismatch
-// when the input differs, *BusyError when the record is in progress.
-func replay(scope, key string, hash []byte, rec repository.Record) (Result, error) {
+// result returns the protocol's answer a to a call: fn's output when it
+// ran (out), the stored one when a completed call is replayed, or the
+// answer's error. It reports the call to observer (if any) first. A
+// panic of fn goes on up.
+func result(ctx context.Context, observer middleware.Observer, start time.Time, scope, key string, a protocol.Answer, out []byte) (Result, error) {
+	if observer != nil {
+		observer.ObserveDelivery(ctx, middleware.Delivery{
+			Consumer: scope, Key: key, Outcome: middleware.Outcome(a.Outcome()), Err: a.Err,
+			Claim: a.Claim, Total: time.Since(start),
+		})
+	}
+	if a.Panic != nil {
+		panic(a.Panic)
+	}
 	switch {
-	case !bytes.Equal(rec.PayloadHash, hash):
-		return Result{}, fmt.Errorf("%w: scope %q, key %q (first claimed at %s)", middleware.ErrPayloadMismatch, scope, key, rec.CreatedAt.Format(time.RFC3339))
-	case rec.State != repository.StateCompleted:
-		return Result{}, &BusyError{Scope: scope, Key: key, Owner: rec.LeaseOwner, LeaseUntil: rec.LeaseUntil}
+	case a.Err != nil:
+		return Result{}, a.Err
+	case a.Kind == protocol.Replay:
+		return Result{Value: a.Record.Result, Replayed: true}, nil
 	}
-	return Result{Value: rec.Result, Replayed: true}, nil
+	return Result{Value: out}, nil
 }
-
-// validateRetention checks the settings both configs share.
-func validateRetention(retention time.Duration) []error {
-	if retention <= 0 {
-		return []error{fmt.Errorf("config.Retention must be positive, got %s", retention)}
-	}
-	return nil
-}
-
-// panicError carries a recovered panic through the release path.
-type panicError struct{ value any }
-
-func (p panicError) Error() string { return fmt.Sprintf("once: function panicked: %v", p.value) }
-
-var errNilFunc = errors.New("once: nil function")
 
 // keyCtx carries the key and scope of the running call to fn.
 type keyCtx struct{}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/internal/settings"
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -32,18 +34,16 @@ type TxConfig struct {
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.
 	Now func() time.Time
+	// Observer, if set, receives every call's outcome as a
+	// middleware.Delivery with Consumer Scope (processed, replayed,
+	// payload_mismatch, lease_busy, needs_intervention, no_key, failed),
+	// so metrics.Metrics counts calls as it counts deliveries. Default:
+	// nil.
+	Observer middleware.Observer
 }
 
 func (c *TxConfig) setDefaults() {
-	if c.Retention == 0 {
-		c.Retention = middleware.DefaultRetention
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	protocol.SetDefaults(&c.Retention, middleware.DefaultRetention, &c.Logger, &c.Now)
 }
 
 // Validate reports every problem with the configuration at once.
@@ -58,11 +58,8 @@ func (c TxConfig) Validate() error {
 	if err := checkScope("TxConfig.Scope", c.Scope); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, validateRetention(c.Retention)...)
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid once config: %w", err)
-	}
-	return nil
+	errs = append(errs, protocol.ValidateRetention(c.Retention, 0)...)
+	return settings.Invalid("once", errs)
 }
 
 // TxFunc is the work Transactional.Do runs once per key, inside the
@@ -77,6 +74,7 @@ type TxFunc func(ctx context.Context, tx *sql.Tx) ([]byte, error)
 // use.
 type Transactional struct {
 	config TxConfig
+	tx     protocol.Transactional[protocol.SQLTx]
 }
 
 // NewTransactional validates config and returns a Transactional.
@@ -85,7 +83,9 @@ func NewTransactional(config TxConfig) (*Transactional, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &Transactional{config: config}, nil
+	return &Transactional{config: config, tx: protocol.Transactional[protocol.SQLTx]{
+		Prefix: "once", Begin: protocol.BeginSQL(config.DB, config.TxOptions, config.Repository),
+	}}, nil
 }
 
 // Do runs fn once per key, with no input fingerprint: DoInput(ctx, key,
@@ -115,50 +115,17 @@ func (o *Transactional) Do(ctx context.Context, key string, fn TxFunc) (Result, 
 // An empty key is ErrNoKey.
 func (o *Transactional) DoInput(ctx context.Context, key string, input []byte, fn TxFunc) (Result, error) {
 	c := o.config
-	if key == "" {
-		return Result{}, ErrNoKey
-	}
-	if fn == nil {
-		return Result{}, errNilFunc
-	}
-	scope := c.Scope
-	hash := repository.HashPayload(input)
-	now := c.Now()
-	// As in middleware.Inbox: database/sql rolls a transaction back by
-	// itself when its context is cancelled, racing the commit; statements
-	// use ctx, the commit alone decides.
-	tx, err := c.DB.BeginTx(context.WithoutCancel(ctx), c.TxOptions)
-	if err != nil {
-		return Result{}, fmt.Errorf("once: begin transaction: %w", err)
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback() // errors and panics alike
-		}
-	}()
-	claim, err := c.Repository.ClaimTx(ctx, tx, repository.ClaimParams{
-		Consumer: scope, Key: key, PayloadHash: hash, Now: now, ExpiresAt: now.Add(c.Retention),
-	})
-	if err != nil {
-		return Result{}, fmt.Errorf("once: claim key %q: %w", key, err)
-	}
-	if !claim.Claimed {
-		return replay(scope, key, hash, claim.Existing)
-	}
-	out, err := fn(withCall(ctx, scope, key), tx)
-	if err != nil {
+	start := time.Now()
+	if err := check(ctx, c.Observer, c.Scope, key, fn == nil); err != nil {
 		return Result{}, err
 	}
-	finish := context.WithoutCancel(ctx)
-	if out != nil {
-		if err := c.Repository.SaveResultTx(finish, tx, repository.SaveResultParams{Consumer: scope, Key: key, Result: out}); err != nil {
-			return Result{}, fmt.Errorf("once: store result of key %q: %w", key, err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return Result{}, fmt.Errorf("once: commit key %q: %w", key, err)
-	}
-	committed = true
-	return Result{Value: out}, nil
+	now := c.Now()
+	var out []byte
+	a := o.tx.Run(ctx, repository.ClaimParams{
+		Consumer: c.Scope, Key: key, PayloadHash: repository.HashPayload(input), Now: now, ExpiresAt: now.Add(c.Retention),
+	}, func(ctx context.Context, tx protocol.SQLTx) (_ []byte, err error) {
+		out, err = fn(withCall(ctx, c.Scope, key), tx.Tx)
+		return out, err
+	})
+	return result(ctx, c.Observer, start, c.Scope, key, a, out)
 }

@@ -1,15 +1,16 @@
 package once
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/internal/settings"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/idemkit/watermill-idempotent/internal/lease"
+	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -56,25 +57,26 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.
 	Now func() time.Time
+	// Observer, if set, receives every call's outcome as a
+	// middleware.Delivery with Consumer Scope (processed, replayed,
+	// payload_mismatch, lease_busy, needs_intervention, no_key, failed),
+	// so metrics.Metrics counts calls as it counts deliveries. Default:
+	// nil.
+	Observer middleware.Observer
 }
 
 func (c *Config) setDefaults() {
-	s := c.leaseSettings()
-	s.SetDefaults()
-	c.Lease, c.ExtendEvery, c.StoreTimeout, c.FinishRetry = s.Lease, s.ExtendEvery, s.StoreTimeout, middleware.FinishRetry(s.Retry)
-	if c.Retention == 0 {
-		c.Retention = middleware.DefaultRetention
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	lease.Fill(&c.Lease, &c.ExtendEvery, &c.StoreTimeout, (*lease.Retry)(&c.FinishRetry))
+	protocol.SetDefaults(&c.Retention, middleware.DefaultRetention, &c.Logger, &c.Now)
 }
 
-func (c Config) leaseSettings() lease.Settings {
-	return lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)}
+// protocol returns the settings the protocol's two-phase run takes.
+func (c Config) protocol() protocol.TwoPhaseConfig {
+	return protocol.TwoPhaseConfig{
+		Repo: c.Repository, Policy: c.OnExpiredLease, Retention: c.Retention,
+		Lease: lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)},
+		Now:   c.Now, Logger: c.Logger,
+	}
 }
 
 // Validate reports every problem with the configuration at once.
@@ -86,15 +88,8 @@ func (c Config) Validate() error {
 	if err := checkScope("Config.Scope", c.Scope); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, validateRetention(c.Retention)...)
-	errs = append(errs, c.leaseSettings().Validate(c.Retention)...)
-	if c.OnExpiredLease != middleware.Intervene && c.OnExpiredLease != middleware.Reclaim {
-		errs = append(errs, fmt.Errorf("config.OnExpiredLease: unknown policy %s", c.OnExpiredLease))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid once config: %w", err)
-	}
-	return nil
+	errs = append(errs, c.protocol().Validate()...)
+	return settings.Invalid("once", errs)
 }
 
 // Func is the work TwoPhase.Do runs once per key. Its output is stored
@@ -111,7 +106,7 @@ type Func func(ctx context.Context) ([]byte, error)
 // is stronger. TwoPhase is safe for concurrent use.
 type TwoPhase struct {
 	config Config
-	leases *lease.Keeper
+	proto  *protocol.TwoPhase
 }
 
 // NewTwoPhase validates config and returns a TwoPhase.
@@ -120,10 +115,7 @@ func NewTwoPhase(config Config) (*TwoPhase, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &TwoPhase{config: config, leases: &lease.Keeper{
-		Repo: config.Repository, Settings: config.leaseSettings(),
-		Now: config.Now, Logger: config.Logger, Name: "Once",
-	}}, nil
+	return &TwoPhase{config: config, proto: protocol.NewTwoPhase(config.protocol(), "Once", "once", true)}, nil
 }
 
 // Do runs fn once per key, with no input fingerprint: DoInput(ctx, key,
@@ -168,90 +160,20 @@ func (o *TwoPhase) Do(ctx context.Context, key string, fn Func) (Result, error) 
 // An empty key is ErrNoKey.
 func (o *TwoPhase) DoInput(ctx context.Context, key string, input []byte, fn Func) (Result, error) {
 	c := o.config
-	if key == "" {
-		return Result{}, ErrNoKey
-	}
-	if fn == nil {
-		return Result{}, errNilFunc
-	}
-	scope := c.Scope
-	hash := repository.HashPayload(input)
-	owner := watermill.NewUUID()
-	now := c.Now()
-	fields := watermill.LogFields{"scope": scope, "key": key, "owner": owner}
-	claim := repository.LeaseParams{Consumer: scope, Key: key, Owner: owner}
-	var acq repository.Acquisition
-	err := o.leases.Call(ctx, func(ctx context.Context) (err error) {
-		acq, err = c.Repository.Acquire(ctx, repository.AcquireParams{
-			Consumer: scope, Key: key, PayloadHash: hash, Owner: owner,
-			Now: now, LeaseUntil: now.Add(c.Lease), ExpiresAt: now.Add(c.Retention),
-		})
-		return err
-	})
-	if err != nil {
-		o.leases.ReleaseUnanswered(ctx, claim, err, fields)
-		return Result{}, fmt.Errorf("once: acquire key %q: %w", key, err)
-	}
-	if !acq.Acquired {
-		rec := acq.Existing
-		switch {
-		case !bytes.Equal(rec.PayloadHash, hash), rec.State == repository.StateCompleted:
-			return replay(scope, key, hash, rec)
-		case rec.LeaseUntil.After(now):
-			return Result{}, &BusyError{Scope: scope, Key: key, Owner: rec.LeaseOwner, LeaseUntil: rec.LeaseUntil}
-		case c.OnExpiredLease == middleware.Intervene:
-			return Result{}, fmt.Errorf("%w: scope %q, key %q: attempt %d by %s expired at %s", middleware.ErrNeedsIntervention, scope, key, rec.Attempts, rec.LeaseOwner, rec.LeaseUntil.Format(time.RFC3339Nano))
-		}
-		err := o.leases.Call(ctx, func(ctx context.Context) error {
-			_, err := c.Repository.Reclaim(ctx, repository.ReclaimParams{
-				Consumer: scope, Key: key, PrevOwner: rec.LeaseOwner, Owner: owner,
-				Now: now, LeaseUntil: now.Add(c.Lease),
-			})
-			return err
-		})
-		if errors.Is(err, repository.ErrLeaseLost) {
-			return Result{}, &BusyError{Scope: scope, Key: key}
-		} else if err != nil {
-			o.leases.ReleaseUnanswered(ctx, claim, err, fields)
-			return Result{}, fmt.Errorf("once: reclaim key %q: %w", key, err)
-		}
-		c.Logger.Info("Once: reclaimed an expired lease, running again", fields.Add(watermill.LogFields{"previous_owner": rec.LeaseOwner}))
-	}
-
-	out, err := o.runLeased(ctx, fn, claim, fields)
-	if err != nil {
-		if relErr := o.leases.Release(ctx, claim, fields); relErr != nil {
-			c.Logger.Error("Once: could not release the claim after a failed call; it frees when the lease expires", relErr, fields)
-		}
-		var p panicError
-		if errors.As(err, &p) {
-			panic(p.value)
-		}
+	start := time.Now()
+	if err := check(ctx, c.Observer, c.Scope, key, fn == nil); err != nil {
 		return Result{}, err
 	}
-	if err := o.leases.Complete(ctx, claim, out, fields); err != nil {
-		// fn's effect happened but cannot be recorded: a newer owner holds
-		// the key (repository.ErrLeaseLost) or the store kept failing
-		// through every retry.
-		c.Logger.Error("Once: could not complete the key after the call ran", err, fields)
-		return Result{}, fmt.Errorf("once: complete key %q: %w", key, err)
-	}
-	return Result{Value: out}, nil
-}
-
-// runLeased runs fn while its lease is kept alive; a panic of fn comes
-// back as a panicError so that the caller releases first.
-func (o *TwoPhase) runLeased(parent context.Context, fn Func, claim repository.LeaseParams, fields watermill.LogFields) (out []byte, err error) {
-	ctx, cancel := context.WithCancelCause(withCall(parent, claim.Consumer, claim.Key))
-	stopKeeping := o.leases.Keep(ctx, claim, fields, func(err error) { cancel(fmt.Errorf("once: %w", err)) })
-	defer func() {
-		stopKeeping()
-		cancel(nil)
-	}()
-	defer func() {
-		if p := recover(); p != nil {
-			out, err = nil, panicError{p}
-		}
-	}()
-	return fn(ctx)
+	owner := watermill.NewUUID()
+	var out []byte
+	a := o.proto.Do(ctx, protocol.Call{
+		Scope: c.Scope, Key: key, Owner: owner, Hash: repository.HashPayload(input),
+		Fields: watermill.LogFields{"scope": c.Scope, "key": key, "owner": owner},
+		Run: func(ctx context.Context) (err error) {
+			out, err = fn(withCall(ctx, c.Scope, key))
+			return err
+		},
+		Result: func() ([]byte, error) { return out, nil },
+	})
+	return result(ctx, c.Observer, start, c.Scope, key, a, out)
 }

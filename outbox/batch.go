@@ -62,20 +62,19 @@ func (r *Relay) ForwardBatch(ctx context.Context) (int, error) {
 	return len(res.lag), err
 }
 
-// forwardBatch runs forward and reports it to Metrics.
+// forwardBatch runs forward and reports it to the Observer.
 func (r *Relay) forwardBatch(ctx context.Context) (batchResult, error) {
 	start := time.Now()
 	res, err := r.forward(ctx)
-	if m := r.config.Metrics; m != nil {
-		if res.claimed > 0 {
-			m.BatchForwarded(BatchStats{
-				Claimed: res.claimed, Published: len(res.lag), DeadLettered: res.deadLettered,
-				Duration: time.Since(start), Lag: res.lag,
-			})
+	if o := r.config.Observer; o != nil && (res.claimed > 0 || (err != nil && ctx.Err() == nil)) {
+		b := RelayBatch{
+			Relay: r.config.Name, Claimed: res.claimed, Published: len(res.lag), DeadLettered: res.deadLettered,
+			Duration: time.Since(start), Lag: res.lag,
 		}
-		if err != nil && ctx.Err() == nil {
-			m.BatchFailed(err)
+		if ctx.Err() == nil {
+			b.Err = err
 		}
+		o.ObserveRelayBatch(ctx, b)
 	}
 	return res, err
 }

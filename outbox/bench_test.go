@@ -170,7 +170,7 @@ func (p *relayPipeline) write(ctx context.Context, msgs []*message.Message, befo
 }
 
 func (p *relayPipeline) start(pub message.Publisher) func() {
-	relay, err := outbox.NewRelay(p.db, pub, p.config, nil)
+	relay, err := outbox.NewRelay(p.db, pub, p.config)
 	require.NoError(p.b, err)
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(context.Background()) }()

@@ -46,11 +46,11 @@ type deadLetterCounter struct {
 	published, deadLettered, failed atomic.Int64
 }
 
-func (c *deadLetterCounter) BatchForwarded(s outbox.BatchStats) {
+func (c *deadLetterCounter) forwardedBatch(s outbox.RelayBatch) {
 	c.published.Add(int64(s.Published))
 	c.deadLettered.Add(int64(s.DeadLettered))
 }
-func (c *deadLetterCounter) BatchFailed(error) { c.failed.Add(1) }
+func (c *deadLetterCounter) failedBatch(error) { c.failed.Add(1) }
 
 func (b backend) deadLetters(t *testing.T) *outbox.DeadLetters {
 	t.Helper()
@@ -93,7 +93,7 @@ func TestPoisonRowIsDeadLetteredWhileOthersFlow(t *testing.T) {
 		m := &deadLetterCounter{}
 		cfg := b.relayConfig()
 		cfg.MaxAttempts = maxAttempts
-		cfg.Metrics = m
+		cfg.Observer = m
 		relay, err := b.newRelay(pub, cfg, testLogger(t))
 		require.NoError(t, err)
 		start := time.Now()
@@ -153,7 +153,7 @@ func TestUndecodableMetadataIsDeadLetteredAtOnce(t *testing.T) {
 
 		m := &deadLetterCounter{}
 		cfg := b.relayConfig()
-		cfg.Metrics = m
+		cfg.Observer = m
 		relay, err := b.newRelay(s, cfg, testLogger(t))
 		require.NoError(t, err)
 		n, err := relay.ForwardBatch(ctx)
@@ -367,4 +367,9 @@ func TestRelayConfigValidatesNewLimits(t *testing.T) {
 	require.ErrorContains(t, err, "RelayConfig.MaxBatchBytes must be positive")
 	require.ErrorContains(t, err, "RelayConfig.MaxAttempts must be positive")
 	require.ErrorContains(t, err, "RelayConfig.CloseTimeout must be positive")
+}
+
+// ObserveRelayBatch makes deadLetterCounter a RelayObserver.
+func (c *deadLetterCounter) ObserveRelayBatch(_ context.Context, b outbox.RelayBatch) {
+	splitBatch(b, c.forwardedBatch, c.failedBatch)
 }

@@ -22,7 +22,8 @@
 //	relay, err := outbox.NewRelay(db, amqpPublisher, outbox.RelayConfig{
 //		Dialect:  postgres.Dialect,
 //		Notifier: pgxoutbox.Notifier(db), // LISTEN/NOTIFY wake-up; PostgreSQL only
-//	}, logger)
+//		Logger:   logger,
+//	})
 //	go func() { _ = relay.Run(ctx) }()
 //	defer relay.Close()
 //

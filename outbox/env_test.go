@@ -69,11 +69,15 @@ func (b backend) relayConfig() outbox.RelayConfig {
 
 // newRelay is outbox.NewRelay on the backend's driver (pgxoutbox.NewRelay
 // on "postgres-pgx", with its pool's LISTEN).
+// logger, if set, becomes cfg.Logger.
 func (b backend) newRelay(pub message.Publisher, cfg outbox.RelayConfig, logger watermill.LoggerAdapter) (*outbox.Relay, error) {
-	if b.pool != nil {
-		return pgxoutbox.NewRelay(b.pool, pub, cfg, logger)
+	if logger != nil {
+		cfg.Logger = logger
 	}
-	return outbox.NewRelay(b.db, pub, cfg, logger)
+	if b.pool != nil {
+		return pgxoutbox.NewRelay(b.pool, pub, cfg)
+	}
+	return outbox.NewRelay(b.db, pub, cfg)
 }
 
 // newDeadLetters is the dead-letter API on the backend's driver.
@@ -388,4 +392,18 @@ func getenvInt(t *testing.T, name string) int {
 	n, err := strconv.Atoi(v)
 	require.NoError(t, err, name)
 	return n
+}
+
+// splitBatch hands a relay's report to two functions, as the relay's two
+// hooks reported it before RelayObserver: forwarded gets a batch that
+// claimed rows (Relay and Err cleared), failed the error of a failed one.
+func splitBatch(b outbox.RelayBatch, forwarded func(outbox.RelayBatch), failed func(error)) {
+	err := b.Err
+	b.Relay, b.Err = "", nil
+	if b.Claimed > 0 {
+		forwarded(b)
+	}
+	if err != nil {
+		failed(err)
+	}
 }

@@ -54,7 +54,7 @@ func Example() {
 	relay, err := outbox.NewRelay(db, broker, outbox.RelayConfig{
 		Dialect:  sqldialect.PostgreSQL,
 		Notifier: pgxoutbox.Notifier(db), // wake on commit (LISTEN/NOTIFY)
-	}, watermill.NopLogger{})
+	})
 	if err != nil {
 		log.Fatal(err)
 	}

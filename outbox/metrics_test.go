@@ -92,7 +92,7 @@ func TestBatchLag(t *testing.T) {
 		b.backdate(t, "old")
 		wrote["new"] = during(func() { b.write(t, "new", newMessages("new", 3)...) })
 		cfg := b.relayConfig()
-		cfg.Metrics = m
+		cfg.Observer = m
 		relay, err := b.newRelay(p, cfg, nil)
 		require.NoError(t, err)
 
@@ -100,7 +100,7 @@ func TestBatchLag(t *testing.T) {
 		forward := during(func() { n, err = relay.ForwardBatch(context.Background()) })
 		require.NoError(t, err)
 		require.Equal(t, 5, n)
-		stats := (<-m.forwarded).(outbox.BatchStats)
+		stats := (<-m.forwarded).(outbox.RelayBatch)
 		require.Equal(t, 5, stats.Published)
 		require.Len(t, stats.Lag, 5, "one lag per published message")
 		for i, lag := range stats.Lag {
@@ -126,12 +126,12 @@ func TestBatchLagOnlyForPublished(t *testing.T) {
 		b.write(t, "a", newMessages("a", 2)...)
 		b.write(t, "b", newMessages("b", 3)...)
 		cfg := b.relayConfig()
-		cfg.Metrics = m
+		cfg.Observer = m
 		relay, err := b.newRelay(&failOnce{Publisher: s, topic: "b"}, cfg, nil)
 		require.NoError(t, err)
 		_, err = relay.ForwardBatch(context.Background())
 		require.Error(t, err)
-		stats := (<-m.forwarded).(outbox.BatchStats)
+		stats := (<-m.forwarded).(outbox.RelayBatch)
 		require.Equal(t, [2]int{5, 2}, [2]int{stats.Claimed, stats.Published})
 		require.Len(t, stats.Lag, 2)
 	})
@@ -200,10 +200,10 @@ type backlogMetrics struct {
 	changed chan struct{}
 }
 
-func (m *backlogMetrics) BatchForwarded(outbox.BatchStats) {}
-func (m *backlogMetrics) BatchFailed(error)                {}
+func (m *backlogMetrics) forwardedBatch(outbox.RelayBatch) {}
+func (m *backlogMetrics) failedBatch(error)                {}
 
-func (m *backlogMetrics) ObserveBacklog(b outbox.Backlog) {
+func (m *backlogMetrics) ObserveBacklog(_ context.Context, b outbox.Backlog) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.samples = append(m.samples, b)
@@ -249,7 +249,7 @@ func (g *gate) Publish(topic string, msgs ...*message.Message) error {
 
 func (g *gate) release() { g.openOnce.Do(func() { close(g.open) }) }
 
-// Run samples the backlog for a Metrics that implements BacklogObserver:
+// Run samples the backlog for an Observer that implements BacklogObserver:
 // the exact count while a batch holds the rows unacknowledged, 0 after.
 func TestRunSamplesBacklog(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
@@ -257,7 +257,7 @@ func TestRunSamplesBacklog(t *testing.T) {
 		g := &gate{Publisher: newSink(t, nil, "a"), entered: make(chan struct{}), open: make(chan struct{})}
 		b.write(t, "a", newMessages("a", 6)...)
 		cfg := b.relayConfig()
-		cfg.Metrics = m
+		cfg.Observer = m
 		cfg.BacklogInterval = 5 * time.Millisecond
 		relay, err := b.newRelay(g, cfg, testLogger(t))
 		require.NoError(t, err)
@@ -281,7 +281,12 @@ func TestRunSamplesBacklog(t *testing.T) {
 		g.release()
 		i = m.waitSample(t, i+1, func(s outbox.Backlog) bool { return s.Messages == 0 })
 		m.mu.Lock()
-		require.Equal(t, outbox.Backlog{}, m.samples[i])
+		require.Equal(t, outbox.Backlog{Relay: cfg.Table}, m.samples[i], "named after the table by default")
 		m.mu.Unlock()
 	})
+}
+
+// ObserveRelayBatch makes backlogMetrics a RelayObserver.
+func (m *backlogMetrics) ObserveRelayBatch(_ context.Context, b outbox.RelayBatch) {
+	splitBatch(b, m.forwardedBatch, m.failedBatch)
 }

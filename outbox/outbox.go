@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"regexp"
 
+	"github.com/idemkit/watermill-idempotent/internal/settings"
+
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -68,12 +70,14 @@ type Config struct {
 	// ("schema.table"). Default: DefaultTableName. Validated with
 	// repository.ValidateTableName, so it cannot carry SQL.
 	Table string
+	// Logger receives the logs of the publishers InTx and NewPublisher
+	// return (watermill-sql's Publisher). Default: watermill.NopLogger.
+	Logger watermill.LoggerAdapter
 }
 
 func (c *Config) setDefaults() {
-	if c.Table == "" {
-		c.Table = DefaultTableName
-	}
+	settings.Default(&c.Table, DefaultTableName)
+	settings.Logger(&c.Logger)
 }
 
 // Validate reports every problem with the configuration at once.
@@ -89,10 +93,7 @@ func (c Config) Validate() error {
 	if err := repository.ValidateTableName(c.Table); err != nil {
 		errs = append(errs, err)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid outbox config: %w", err)
-	}
-	return nil
+	return settings.Invalid("outbox", errs)
 }
 
 // Outgoing is one message bound for a destination topic, the unit
@@ -168,7 +169,7 @@ func (o *Outbox) MigrateOn(ctx context.Context, db sqlexec.DB) error {
 //
 // A nil tx gives a publisher whose Publish always fails.
 func (o *Outbox) InTx(tx *sql.Tx) message.Publisher {
-	p, err := NewPublisher(tx, o.config, nil)
+	p, err := NewPublisher(tx, o.config)
 	if err != nil {
 		return failingPublisher{err}
 	}
@@ -177,8 +178,8 @@ func (o *Outbox) InTx(tx *sql.Tx) message.Publisher {
 
 // NewPublisher is InTx for callers without an Outbox value: it returns
 // watermill-sql's Publisher writing into the outbox table described by
-// config through tx. logger may be nil (watermill.NopLogger).
-func NewPublisher(tx *sql.Tx, config Config, logger watermill.LoggerAdapter) (message.Publisher, error) {
+// config through tx.
+func NewPublisher(tx *sql.Tx, config Config) (message.Publisher, error) {
 	if tx == nil {
 		return nil, errors.New("outbox: tx is nil")
 	}
@@ -186,14 +187,11 @@ func NewPublisher(tx *sql.Tx, config Config, logger watermill.LoggerAdapter) (me
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
 	p, err := wsql.NewPublisher(tx, wsql.PublisherConfig{
 		SchemaAdapter: schemaAdapter{d: newDialect(config.Dialect, config.Table)},
 		// Never: DDL inside the caller's transaction would commit it on MySQL.
 		AutoInitializeSchema: false,
-	}, logger)
+	}, config.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}

@@ -23,7 +23,7 @@ func TestConfigValidate(t *testing.T) {
 	for _, bad := range []string{`x"; DROP TABLE y; --`, "a.b.c", "1abc", "with space", strings.Repeat("a", 64)} {
 		_, err = outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL, Table: bad})
 		require.ErrorIs(t, err, repository.ErrInvalidTableName, bad)
-		_, err = outbox.NewRelay(nil, nil, outbox.RelayConfig{Dialect: sqldialect.MySQL, Table: bad}, nil)
+		_, err = outbox.NewRelay(nil, nil, outbox.RelayConfig{Dialect: sqldialect.MySQL, Table: bad})
 		require.Error(t, err)
 	}
 	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.MySQL})
@@ -68,7 +68,7 @@ func TestCommitAndRollbackTogether(t *testing.T) {
 		require.NoError(t, err)
 		_, err = tx.ExecContext(ctx, `INSERT INTO `+orders+` (id) VALUES (`+b.ph(1)+`)`, "o-2")
 		require.NoError(t, err)
-		pub, err := outbox.NewPublisher(tx, b.outbox.Config(), nil)
+		pub, err := outbox.NewPublisher(tx, b.outbox.Config())
 		require.NoError(t, err)
 		require.NoError(t, pub.Publish("orders.created", message.NewMessage("rolled-back-1", []byte{0})))
 		require.NoError(t, b.outbox.WriteTx(ctx, tx, outbox.Outgoing{Topic: "audit", Message: message.NewMessage("rolled-back-2", nil)}))
@@ -184,8 +184,8 @@ type countingMetrics struct {
 	forwarded, failed chan any
 }
 
-func (m countingMetrics) BatchForwarded(s outbox.BatchStats) { m.forwarded <- s }
-func (m countingMetrics) BatchFailed(err error)              { m.failed <- err }
+func (m countingMetrics) forwardedBatch(s outbox.RelayBatch) { m.forwarded <- s }
+func (m countingMetrics) failedBatch(err error)              { m.failed <- err }
 
 func TestMetricsHooks(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
@@ -194,16 +194,16 @@ func TestMetricsHooks(t *testing.T) {
 		b.write(t, "a", newMessages("a", 2)...)
 		b.write(t, "b", newMessages("b", 2)...)
 		cfg := b.relayConfig()
-		cfg.Metrics = m
+		cfg.Observer = m
 		relay, err := b.newRelay(&failOnce{Publisher: s, topic: "b"}, cfg, nil)
 		require.NoError(t, err)
 		_, err = relay.ForwardBatch(context.Background())
 		require.Error(t, err)
-		require.Equal(t, outbox.BatchStats{Claimed: 4, Published: 2}, zeroDuration(<-m.forwarded))
+		require.Equal(t, outbox.RelayBatch{Claimed: 4, Published: 2}, zeroDuration(<-m.forwarded))
 		require.ErrorContains(t, (<-m.failed).(error), "broker unavailable")
 		_, err = relay.ForwardBatch(context.Background())
 		require.NoError(t, err)
-		require.Equal(t, outbox.BatchStats{Claimed: 2, Published: 2}, zeroDuration(<-m.forwarded))
+		require.Equal(t, outbox.RelayBatch{Claimed: 2, Published: 2}, zeroDuration(<-m.forwarded))
 		_, err = relay.ForwardBatch(context.Background())
 		require.NoError(t, err)
 		require.Empty(t, m.forwarded, "an empty batch is not reported")
@@ -212,8 +212,13 @@ func TestMetricsHooks(t *testing.T) {
 }
 
 // zeroDuration drops the timing fields; metrics_test.go checks them.
-func zeroDuration(v any) outbox.BatchStats {
-	s := v.(outbox.BatchStats)
+func zeroDuration(v any) outbox.RelayBatch {
+	s := v.(outbox.RelayBatch)
 	s.Duration, s.Lag = 0, nil
 	return s
+}
+
+// ObserveRelayBatch makes countingMetrics a RelayObserver.
+func (m countingMetrics) ObserveRelayBatch(_ context.Context, b outbox.RelayBatch) {
+	splitBatch(b, m.forwardedBatch, m.failedBatch)
 }

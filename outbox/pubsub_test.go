@@ -113,8 +113,8 @@ func startSuiteRelay(t *testing.T, db *sql.DB, dialect sqldialect.Dialect, broke
 	require.NoError(t, err)
 	require.NoError(t, ob.Migrate(context.Background(), db))
 	t.Cleanup(backend{db: db, dialect: dialect, table: table}.drop)
-	cfg.Dialect, cfg.Table = dialect, table
-	relay, err := outbox.NewRelay(db, broker, cfg, testLogger(t))
+	cfg.Dialect, cfg.Table, cfg.Logger = dialect, table, testLogger(t)
+	relay, err := outbox.NewRelay(db, broker, cfg)
 	require.NoError(t, err)
 	runRelay(t, relay)
 	return ob

@@ -65,8 +65,8 @@ type failedBatches struct {
 	end []time.Time
 }
 
-func (f *failedBatches) BatchForwarded(outbox.BatchStats) {}
-func (f *failedBatches) BatchFailed(error) {
+func (f *failedBatches) forwardedBatch(outbox.RelayBatch) {}
+func (f *failedBatches) failedBatch(error) {
 	f.mu.Lock()
 	f.end = append(f.end, time.Now())
 	f.mu.Unlock()
@@ -85,7 +85,7 @@ func backingOffRelay(t *testing.T, b backend, pub message.Publisher, retry, maxR
 	cfg := b.relayConfig()
 	cfg.MaxAttempts = 1
 	cfg.RetryInterval, cfg.MaxRetryInterval = retry, maxRetry
-	cfg.Metrics = failed
+	cfg.Observer = failed
 	relay, err := b.newRelay(pub, cfg, testLogger(t))
 	require.NoError(t, err)
 	return relay, failed
@@ -247,4 +247,9 @@ func TestPublisherOutageDeadLettersNothing(t *testing.T) {
 		t.Logf("%s: publisher down %s, %d rows, MaxAttempts 1, RetryInterval %s, MaxRetryInterval %s: %d failed batches, %d Publish calls refused, 0 dead-lettered, all %d published %s after the start",
 			b.name, outage, rows, retry, maxRetry, len(failed.times()), calls, rows, recovered.Round(time.Millisecond))
 	})
+}
+
+// ObserveRelayBatch makes failedBatches a RelayObserver.
+func (f *failedBatches) ObserveRelayBatch(_ context.Context, b outbox.RelayBatch) {
+	splitBatch(b, f.forwardedBatch, f.failedBatch)
 }

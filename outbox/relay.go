@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/settings"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -117,32 +119,31 @@ type RelayConfig struct {
 	// a minute after that. Default: DefaultMaxRetryInterval (30s), or
 	// RetryInterval if that is longer.
 	MaxRetryInterval time.Duration
-	// Metrics receives a report per batch and, if it also implements
-	// BacklogObserver, a Backlog sample every BacklogInterval while Run
-	// runs. Default: nil (none).
-	Metrics RelayMetrics
-	// BacklogInterval is how often Run samples Backlog for a Metrics
+	// Name names the relay in its reports to Observer (the relay label
+	// of metrics.Metrics). Give relays on different outbox tables
+	// different names; replicas of one relay share one. Default: Table.
+	Name string
+	// Observer receives a report per batch that claimed rows or failed
+	// and, if it also implements BacklogObserver, a Backlog sample every
+	// BacklogInterval while Run runs. metrics.Metrics implements both.
+	// Default: nil (none).
+	Observer RelayObserver
+	// Logger receives the relay's logs. Default: watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+	// BacklogInterval is how often Run samples Backlog for an Observer
 	// that implements BacklogObserver; each sample counts the table's
 	// rows. Default: DefaultBacklogInterval (15s). Unused otherwise.
 	BacklogInterval time.Duration
 }
 
 func (c *RelayConfig) setDefaults() {
-	if c.Table == "" {
-		c.Table = DefaultTableName
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.MaxBatchBytes == 0 {
-		c.MaxBatchBytes = DefaultMaxBatchBytes
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = DefaultCloseTimeout
-	}
+	settings.Default(&c.Table, DefaultTableName)
+	settings.Default(&c.Name, c.Table)
+	settings.Logger(&c.Logger)
+	settings.Default(&c.BatchSize, DefaultBatchSize)
+	settings.Default(&c.MaxBatchBytes, DefaultMaxBatchBytes)
+	settings.Default(&c.MaxAttempts, DefaultMaxAttempts)
+	settings.Default(&c.CloseTimeout, DefaultCloseTimeout)
 	if c.PollInterval == 0 {
 		if c.notify() {
 			c.PollInterval = DefaultNotifyPollInterval
@@ -150,18 +151,14 @@ func (c *RelayConfig) setDefaults() {
 			c.PollInterval = DefaultPollInterval
 		}
 	}
-	if c.RetryInterval == 0 {
-		c.RetryInterval = DefaultRelayRetryInterval
-	}
+	settings.Default(&c.RetryInterval, DefaultRelayRetryInterval)
 	if c.MaxRetryInterval == 0 {
 		c.MaxRetryInterval = max(DefaultMaxRetryInterval, c.RetryInterval)
 	}
 	if c.IsPermanent == nil {
 		c.IsPermanent = IsPermanent
 	}
-	if c.BacklogInterval == 0 {
-		c.BacklogInterval = DefaultBacklogInterval
-	}
+	settings.Default(&c.BacklogInterval, DefaultBacklogInterval)
 }
 
 func (c RelayConfig) notify() bool {
@@ -189,31 +186,16 @@ func (c RelayConfig) Validate() error {
 	if c.BatchSize <= 0 || c.BatchSize > 10_000 {
 		errs = append(errs, fmt.Errorf("RelayConfig.BatchSize must be in 1..10000, got %d", c.BatchSize))
 	}
-	if c.MaxBatchBytes <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.MaxBatchBytes must be positive, got %d", c.MaxBatchBytes))
-	}
-	if c.MaxAttempts <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.MaxAttempts must be positive, got %d", c.MaxAttempts))
-	}
-	if c.CloseTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.CloseTimeout must be positive, got %s", c.CloseTimeout))
-	}
-	if c.PollInterval <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.PollInterval must be positive, got %s", c.PollInterval))
-	}
-	if c.RetryInterval <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.RetryInterval must be positive, got %s", c.RetryInterval))
-	}
+	errs = append(errs, settings.Positive("RelayConfig.MaxBatchBytes", c.MaxBatchBytes))
+	errs = append(errs, settings.Positive("RelayConfig.MaxAttempts", c.MaxAttempts))
+	errs = append(errs, settings.Positive("RelayConfig.CloseTimeout", c.CloseTimeout))
+	errs = append(errs, settings.Positive("RelayConfig.PollInterval", c.PollInterval))
+	errs = append(errs, settings.Positive("RelayConfig.RetryInterval", c.RetryInterval))
 	if c.MaxRetryInterval < c.RetryInterval {
 		errs = append(errs, fmt.Errorf("RelayConfig.MaxRetryInterval must be at least RetryInterval (%s), got %s", c.RetryInterval, c.MaxRetryInterval))
 	}
-	if c.BacklogInterval <= 0 {
-		errs = append(errs, fmt.Errorf("RelayConfig.BacklogInterval must be positive, got %s", c.BacklogInterval))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("invalid relay config: %w", err)
-	}
-	return nil
+	errs = append(errs, settings.Positive("RelayConfig.BacklogInterval", c.BacklogInterval))
+	return settings.Invalid("relay", errs)
 }
 
 // Relay forwards messages from the outbox table to a Watermill publisher.
@@ -258,15 +240,14 @@ type Relay struct {
 }
 
 // NewRelay returns a relay reading the outbox in db and publishing to
-// publisher. logger may be nil (watermill.NopLogger). The relay does not
-// close db or publisher.
-func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
-	return NewRelayOn(sqlexec.Std(db), publisher, config, logger)
+// publisher. The relay does not close db or publisher.
+func NewRelay(db *sql.DB, publisher message.Publisher, config RelayConfig) (*Relay, error) {
+	return NewRelayOn(sqlexec.Std(db), publisher, config)
 }
 
 // NewRelayOn is NewRelay on a pool of any driver behind sqlexec.DB
 // (pgxoutbox.NewRelay passes a pgxpool.Pool through pgxexec.Pool).
-func NewRelayOn(db sqlexec.DB, publisher message.Publisher, config RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
+func NewRelayOn(db sqlexec.DB, publisher message.Publisher, config RelayConfig) (*Relay, error) {
 	if db == nil {
 		return nil, errors.New("outbox: relay: db is nil")
 	}
@@ -277,16 +258,13 @@ func NewRelayOn(db sqlexec.DB, publisher message.Publisher, config RelayConfig, 
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
 	return &Relay{
 		db:              db,
 		pub:             publisher,
 		config:          config,
 		d:               newDialect(config.Dialect, config.Table),
 		deadLetterTable: DeadLetterTableName(config.Table),
-		logger:          logger.With(watermill.LogFields{"outbox_table": config.Table}),
+		logger:          config.Logger.With(watermill.LogFields{"outbox_table": config.Table}),
 		stop:            make(chan struct{}),
 	}, nil
 }
@@ -294,7 +272,7 @@ func NewRelayOn(db sqlexec.DB, publisher message.Publisher, config RelayConfig, 
 // Run forwards batches until ctx ends or Close is called. After a batch
 // that published or dead-lettered something it looks again at once; after
 // an empty one it waits for a NOTIFY (PostgreSQL with a Notifier) or
-// PollInterval. A failed batch is logged, reported to Metrics and retried
+// PollInterval. A failed batch is logged, reported to Observer and retried
 // after RetryInterval, doubled after each further failed batch that wrote
 // nothing up to MaxRetryInterval: database or broker outages do not end
 // Run, and cost it a bounded number of attempts.
@@ -334,7 +312,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.mu.Unlock()
 		close(done)
 	}()
-	if bo, ok := r.config.Metrics.(BacklogObserver); ok {
+	if bo, ok := r.config.Observer.(BacklogObserver); ok {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

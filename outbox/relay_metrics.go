@@ -6,31 +6,31 @@ import (
 	"time"
 )
 
-// RelayMetrics receives the relay's measurements; metrics.RelayObserver
-// implements it for Prometheus. Methods are called on the relay's goroutine, so
-// they must be fast; they must be safe for concurrent use when one value
-// is shared by several relays.
-type RelayMetrics interface {
-	// BatchForwarded reports a batch that claimed at least one row,
-	// including one that failed partway (then Published < Claimed).
-	BatchForwarded(BatchStats)
-	// BatchFailed reports a batch that failed; the relay retries after
-	// RelayConfig.RetryInterval.
-	BatchFailed(err error)
+// RelayObserver receives a report of every relay batch that claimed
+// rows or failed: the extension point for metrics (metrics.Metrics
+// implements it). It is called on the relay's goroutine, so it must be
+// fast, and safe for concurrent use when one value is shared by several
+// relays. An Observer that also implements BacklogObserver gets backlog
+// samples too.
+type RelayObserver interface {
+	ObserveRelayBatch(ctx context.Context, b RelayBatch)
 }
 
-// BacklogObserver is an optional extension of RelayMetrics: when
-// RelayConfig.Metrics implements it, Run samples Backlog when it starts
-// and then every RelayConfig.BacklogInterval, on a goroutine of its own,
-// and reports each successful sample. A failed sample is logged and
-// skipped. ObserveBacklog must be safe for concurrent use with the
-// RelayMetrics methods.
+// BacklogObserver is the optional part of a RelayObserver, found by type
+// assertion: when RelayConfig.Observer implements it, Run samples Backlog
+// when it starts and then every RelayConfig.BacklogInterval, on a
+// goroutine of its own, and reports each successful sample. A failed
+// sample is logged and skipped. ObserveBacklog must be safe for
+// concurrent use with ObserveRelayBatch.
 type BacklogObserver interface {
-	ObserveBacklog(Backlog)
+	ObserveBacklog(ctx context.Context, b Backlog)
 }
 
 // Backlog is the state of the outbox table at one moment.
 type Backlog struct {
+	// Relay is the sampling relay's RelayConfig.Name in a sample reported
+	// to a BacklogObserver; empty from Relay.Backlog.
+	Relay string
 	// Messages is the number of rows not yet acknowledged, including
 	// rows claimed by a batch in flight.
 	Messages int
@@ -41,8 +41,14 @@ type Backlog struct {
 	DeadLetters int
 }
 
-// BatchStats describes one relay batch.
-type BatchStats struct {
+// RelayBatch describes one relay batch.
+type RelayBatch struct {
+	// Relay is the relay's RelayConfig.Name.
+	Relay string
+	// Err is the batch's error; nil unless it failed (the relay retries
+	// after RelayConfig.RetryInterval). A batch stopped by its context
+	// is not a failure.
+	Err error
 	// Claimed is the number of rows read and locked.
 	Claimed int
 	// Published is the number of messages published and acknowledged
@@ -78,7 +84,8 @@ func (r *Relay) sampleBacklog(ctx context.Context, o BacklogObserver) {
 		case err != nil:
 			r.logger.Error("Outbox backlog sample failed", err, nil)
 		default:
-			o.ObserveBacklog(b)
+			b.Relay = r.config.Name
+			o.ObserveBacklog(ctx, b)
 		}
 		select {
 		case <-ctx.Done():

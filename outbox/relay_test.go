@@ -254,7 +254,7 @@ func TestSeveralRelaysConcurrently(t *testing.T) {
 		cfg.BatchSize = 20
 		var metrics [relays]relayCounter
 		for i := range relays {
-			cfg.Metrics = &metrics[i]
+			cfg.Observer = &metrics[i]
 			r, err := b.newRelay(s, cfg, testLogger(t))
 			require.NoError(t, err)
 			runRelay(t, r)
@@ -290,8 +290,8 @@ func TestSeveralRelaysConcurrently(t *testing.T) {
 
 type relayCounter struct{ published atomic.Int64 }
 
-func (c *relayCounter) BatchForwarded(s outbox.BatchStats) { c.published.Add(int64(s.Published)) }
-func (c *relayCounter) BatchFailed(error)                  {}
+func (c *relayCounter) forwardedBatch(s outbox.RelayBatch) { c.published.Add(int64(s.Published)) }
+func (c *relayCounter) failedBatch(error)                  {}
 
 // With polling effectively off, NOTIFY alone wakes the relay.
 func TestNotifyWakesRelay(t *testing.T) {
@@ -427,4 +427,9 @@ func TestEndToEndThroughGoChannel(t *testing.T) {
 		require.Equal(t, orders, distinct)
 		require.EqualValues(t, orders, handled.Load())
 	})
+}
+
+// ObserveRelayBatch makes relayCounter a RelayObserver.
+func (c *relayCounter) ObserveRelayBatch(_ context.Context, b outbox.RelayBatch) {
+	splitBatch(b, c.forwardedBatch, c.failedBatch)
 }

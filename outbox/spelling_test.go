@@ -68,7 +68,7 @@ func TestOutboxTableSpelledTwoWays(t *testing.T) {
 	require.NoError(t, err)
 
 	pub := &uuidRecorder{}
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: other}, nil)
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: other})
 	require.NoError(t, err)
 	n, err := relay.ForwardBatch(ctx)
 	require.NoError(t, err)
@@ -84,7 +84,7 @@ func TestOutboxTableSpelledTwoWays(t *testing.T) {
 	var channel string
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT convert_from(rtrim(tgargs, '\x00'::bytea), 'UTF8') FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`,
 		`"`+table+`"`).Scan(&channel))
-	same, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: table}, nil)
+	same, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: table})
 	require.NoError(t, err)
 	require.Equal(t, channel, same.NotifyChannel(), "the trigger notifies the channel of the spelling Migrate used")
 	require.NotEqual(t, channel, relay.NotifyChannel(), "another spelling listens elsewhere: polling only")

@@ -25,8 +25,8 @@ type RecordCount struct {
 }
 
 // Stats is the optional capability for sampling how many records a store
-// holds, for gauges; the janitor samples it after each pass (see
-// janitor.Config.OnSample). Find it by type assertion:
+// holds, for gauges; the janitor samples it after each pass for a
+// janitor.SampleObserver. Find it by type assertion:
 //
 //	st, ok := repo.(repository.Stats)
 //

@@ -127,7 +127,7 @@ func runRelayChild(c childArgs) error {
 		return err
 	}
 	pub := &recordingPublisher{}
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: c.outbox, BatchSize: c.batch}, watermill.NopLogger{})
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: c.outbox, BatchSize: c.batch})
 	if err != nil {
 		return err
 	}

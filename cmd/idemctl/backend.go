@@ -334,7 +334,7 @@ func (refusingPublisher) Publish(string, ...*message.Message) error {
 func (refusingPublisher) Close() error { return nil }
 
 func (s *store) backlog(ctx context.Context) (outbox.Backlog, error) {
-	r, err := outbox.NewRelay(s.db, refusingPublisher{}, outbox.RelayConfig{Dialect: s.outbox.Dialect, Table: s.outbox.Table}, nil)
+	r, err := outbox.NewRelay(s.db, refusingPublisher{}, outbox.RelayConfig{Dialect: s.outbox.Dialect, Table: s.outbox.Table})
 	if err != nil {
 		return outbox.Backlog{}, err
 	}

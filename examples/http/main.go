@@ -105,7 +105,7 @@ func run(ctx context.Context, dbPath string, out io.Writer, wrap ...message.Hand
 	})
 
 	// The HTTP side: POST /orders with an Idempotency-Key, on the same store.
-	idem, err := httpidem.New(httpidem.Config{Repository: repo, Principal: clientOf})
+	idem, err := httpidem.New(httpidem.Config{Repository: repo, Namespace: "orders-api", Principal: clientOf})
 	if err != nil {
 		return s, err
 	}

@@ -127,7 +127,7 @@ func run(ctx context.Context, dbPath string, w io.Writer) (Summary, error) {
 	}
 	// The relay publishes committed outbox rows to the broker. SQLite
 	// has no LISTEN: it polls.
-	relay, err := outbox.NewRelay(db, pubSub, outbox.RelayConfig{Dialect: sqldialect.SQLite, PollInterval: 10 * time.Millisecond}, logger)
+	relay, err := outbox.NewRelay(db, pubSub, outbox.RelayConfig{Dialect: sqldialect.SQLite, PollInterval: 10 * time.Millisecond, Logger: logger})
 	if err != nil {
 		return Summary{}, err
 	}

@@ -80,7 +80,7 @@ func run(ctx context.Context, dsn string, pub message.Publisher, sub message.Sub
 		return err
 	}
 	// Deletes records whose retention is over, while the router runs.
-	cleaner, err := janitor.NewJanitor(repo, janitor.Config{}, logger)
+	cleaner, err := janitor.NewJanitor(repo, janitor.Config{Logger: logger})
 	if err != nil {
 		return err
 	}

@@ -351,7 +351,8 @@ func runRelay(ctx context.Context, s spec, logger watermill.LoggerAdapter) error
 	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{
 		Dialect: sqldialect.PostgreSQL, Table: s.Names.Outbox, RetryInterval: 200 * time.Millisecond, BatchSize: 100,
 		Notifier: pgxoutbox.Notifier(db),
-	}, logger)
+		Logger:   logger,
+	})
 	if err != nil {
 		return err
 	}

@@ -150,7 +150,7 @@ func runService(parent context.Context, config FailoverConfig, pr pair, driver s
 	published, batches, probes := newEvents(), newEvents(), newEvents()
 	jh := health.NewJanitorStatus()
 	svc, err := newService(ctx, pr.DSN("chaos-service"), driver, prefix, recorder{published}, func(b janitor.Batch) {
-		jh.ObserveBatch(b)
+		jh.ObserveJanitorBatch(ctx, b)
 		if b.Err == nil {
 			batches.mark("")
 		}
@@ -369,7 +369,7 @@ func newService(ctx context.Context, dsn, driver, prefix string, pub message.Pub
 			if i == 0 {
 				c.Notifier = pgxoutbox.Notifier(db)
 			}
-			if svc.relays[i], err = outbox.NewRelay(db, pub, c, nil); err != nil {
+			if svc.relays[i], err = outbox.NewRelay(db, pub, c); err != nil {
 				return svc, err
 			}
 		}
@@ -404,19 +404,19 @@ func newService(ctx context.Context, dsn, driver, prefix string, pub message.Pub
 			svc.inboxes[i] = inbox.Middleware(handler)
 			// pgxoutbox.NewRelay LISTENs on a pool connection unless
 			// DisableNotify.
-			if svc.relays[i], err = pgxoutbox.NewRelay(pool, pub, relayConfig(i), nil); err != nil {
+			if svc.relays[i], err = pgxoutbox.NewRelay(pool, pub, relayConfig(i)); err != nil {
 				return svc, err
 			}
 		}
 	default:
 		return svc, fmt.Errorf("unknown driver %q", driver)
 	}
-	if svc.janitor, err = janitor.NewJanitor(repo, janitor.Config{Interval: 250 * time.Millisecond, OnBatch: onBatch}, nil); err != nil {
+	if svc.janitor, err = janitor.NewJanitor(repo, janitor.Config{Interval: 250 * time.Millisecond, Observer: janitor.ObserverFunc(func(_ context.Context, b janitor.Batch) { onBatch(b) })}); err != nil {
 		return svc, err
 	}
 	svc.closers = append(svc.closers, func() { _ = svc.janitor.Close() })
 	svc.health, err = health.NewHandler(health.Config{DB: db, Relay: svc.relays[0], Janitor: jh,
-		Timeout: time.Second, MaxJanitorAge: 2 * time.Second}, nil)
+		Timeout: time.Second, MaxJanitorAge: 2 * time.Second})
 	return svc, err
 }
 

@@ -68,6 +68,14 @@ func (s *Settings) SetDefaults() {
 	}
 }
 
+// Fill applies SetDefaults to the lease settings of a config, given by
+// their fields.
+func Fill(lease, extendEvery, storeTimeout *time.Duration, retry *Retry) {
+	s := Settings{Lease: *lease, ExtendEvery: *extendEvery, StoreTimeout: *storeTimeout, Retry: *retry}
+	s.SetDefaults()
+	*lease, *extendEvery, *storeTimeout, *retry = s.Lease, s.ExtendEvery, s.StoreTimeout, s.Retry
+}
+
 // Validate reports every problem with s, and with a retention that does
 // not outlast the lease, in the words of the configs (config.Lease,
 // config.FinishRetry…).

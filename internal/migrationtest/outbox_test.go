@@ -119,9 +119,8 @@ func outboxWorks(t *testing.T, db *sql.DB, ob *outbox.Outbox, prefix string) {
 	write(false, message.NewMessage(prefix+"-rolled-back", nil))
 
 	pub := &recorder{}
-	cfg := outbox.RelayConfig{Dialect: ob.Config().Dialect, MaxAttempts: 1}
-	logger := watermill.NewStdLoggerWithOut(t.Output(), false, false)
-	relay, err := outbox.NewRelay(db, pub, cfg, logger)
+	cfg := outbox.RelayConfig{Dialect: ob.Config().Dialect, MaxAttempts: 1, Logger: watermill.NewStdLoggerWithOut(t.Output(), false, false)}
+	relay, err := outbox.NewRelay(db, pub, cfg)
 	require.NoError(t, err)
 	n, err := relay.ForwardBatch(ctx)
 	require.NoError(t, err)
@@ -135,7 +134,7 @@ func outboxWorks(t *testing.T, db *sql.DB, ob *outbox.Outbox, prefix string) {
 	}
 
 	write(true, message.NewMessage(prefix+"-refused", nil))
-	refusing, err := outbox.NewRelay(db, &recorder{refuse: true}, cfg, logger)
+	refusing, err := outbox.NewRelay(db, &recorder{refuse: true}, cfg)
 	require.NoError(t, err)
 	dl, err := ob.DeadLetters(db)
 	require.NoError(t, err)

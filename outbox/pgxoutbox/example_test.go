@@ -62,7 +62,7 @@ func Example() {
 	})
 
 	var broker message.Publisher // e.g. amqp.NewPublisher(…)
-	relay, err := pgxoutbox.NewRelay(pool, broker, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL}, watermill.NopLogger{})
+	relay, err := pgxoutbox.NewRelay(pool, broker, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL})
 	if err != nil {
 		log.Fatal(err)
 	}

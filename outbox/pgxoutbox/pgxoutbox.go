@@ -7,7 +7,7 @@
 //	_ = pgxoutbox.Migrate(ctx, ob, pool)
 //	// in a transaction of yours, or an inbox handler's (pgxinbox):
 //	_ = pgxoutbox.WriteTx(ctx, ob, tx, outbox.Outgoing{Topic: "orders", Message: msg})
-//	relay, _ := pgxoutbox.NewRelay(pool, publisher, outbox.RelayConfig{Dialect: postgres.Dialect}, logger)
+//	relay, _ := pgxoutbox.NewRelay(pool, publisher, outbox.RelayConfig{Dialect: postgres.Dialect, Logger: logger})
 //
 // A relay on database/sql (outbox.NewRelay with the pgx stdlib driver)
 // gets its wake-up from Notifier. This package is the outbox's only link
@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -74,14 +73,14 @@ func (w OutputWriter) WriteOutputs(ctx context.Context, _ *sql.Tx, msgs []*messa
 // NewRelay is outbox.NewRelay on a pgx pool: every batch is a pgx
 // transaction. Unless config.Notifier is set or config.DisableNotify,
 // the relay LISTENs on a connection of pool (PoolNotifier).
-func NewRelay(pool *pgxpool.Pool, publisher message.Publisher, config outbox.RelayConfig, logger watermill.LoggerAdapter) (*outbox.Relay, error) {
+func NewRelay(pool *pgxpool.Pool, publisher message.Publisher, config outbox.RelayConfig) (*outbox.Relay, error) {
 	if pool == nil {
 		return nil, errors.New("outbox: relay: pool is nil")
 	}
 	if config.Notifier == nil {
 		config.Notifier = PoolNotifier(pool)
 	}
-	return outbox.NewRelayOn(pgxexec.Pool(pool), publisher, config, logger)
+	return outbox.NewRelayOn(pgxexec.Pool(pool), publisher, config)
 }
 
 // Migrate is outbox.Outbox.Migrate on a pgx pool.

@@ -143,7 +143,7 @@ func TestPgxInboxOutboxRelay(t *testing.T) {
 
 	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	got := subscribe(t, pubSub, "audit", "shipments")
-	relay, err := pgxoutbox.NewRelay(pool, pubSub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, PollInterval: time.Hour}, nil)
+	relay, err := pgxoutbox.NewRelay(pool, pubSub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, PollInterval: time.Hour})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(context.Background()) }()

@@ -159,8 +159,8 @@ func runBulkCleanup(t *testing.T, b bulkTarget) {
 	j, err := janitor.NewJanitor(b.repo, janitor.Config{
 		Now: func() time.Time { return now },
 
-		OnBatch: func(janitor.Batch) { batches.Add(1) },
-	}, nil)
+		Observer: janitor.ObserverFunc(func(context.Context, janitor.Batch) { batches.Add(1) }),
+	})
 	require.NoError(t, err)
 	defer j.Close()
 

@@ -4,7 +4,7 @@
 //
 // Start it with the router that consumes the messages:
 //
-//	j, err := janitor.NewJanitor(repo, janitor.Config{}, logger)
+//	j, err := janitor.NewJanitor(repo, janitor.Config{Logger: logger})
 //	if err != nil { … }
 //	defer j.Close()
 //	router.AddPlugin(j.RouterPlugin()) // runs while the router runs
@@ -18,14 +18,15 @@
 // instead of waiting behind it. Backends that expire records by themselves
 // (Redis TTL) need no janitor.
 //
-// With Config.OnSample set, every pass ends by counting the live records
-// per consumer and state through [repository.Stats] — the source of the
-// in-progress and stale record gauges:
+// Config.Observer receives every batch; when it also implements
+// [SampleObserver], every pass ends by counting the live records per
+// consumer and state through [repository.Stats] — the source of the
+// in-progress and stale record gauges. metrics.Metrics implements both:
 //
 //	j, err := janitor.NewJanitor(repo, janitor.Config{
-//		OnBatch:  m.ObserveJanitorBatch,  // m: *metrics.Metrics
-//		OnSample: m.ObserveRecordCounts,
-//	}, logger)
+//		Observer: m, // m: *metrics.Metrics
+//		Logger:   logger,
+//	})
 //
 // It lives in its own package rather than in repository so that the
 // storage contracts stay free of Watermill, goroutines and timers.

@@ -55,13 +55,13 @@ func ExampleJanitor_RouterPlugin() {
 	firstPass := make(chan struct{})
 	j, err := janitor.NewJanitor(repo, janitor.Config{
 		Interval: time.Minute,
-		OnBatch: func(b janitor.Batch) {
+		Observer: janitor.ObserverFunc(func(_ context.Context, b janitor.Batch) {
 			fmt.Printf("janitor removed %d expired records\n", b.Deleted)
 			if b.Deleted < janitor.DefaultBatchSize {
 				close(firstPass) // one pass here: the next is a minute away
 			}
-		},
-	}, nil)
+		}),
+	})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/settings"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -39,7 +41,7 @@ var (
 	ErrRunning = errors.New("janitor: already running")
 )
 
-// Batch describes one DeleteExpired call. It is what Config.OnBatch
+// Batch describes one DeleteExpired call. It is what Config.Observer
 // receives, the hook for metrics.
 type Batch struct {
 	// Deleted is how many records the batch removed.
@@ -51,6 +53,68 @@ type Batch struct {
 	Before time.Time
 	// Err is the batch's error; nil on success.
 	Err error
+}
+
+// Observer receives a report of every batch: the extension point for
+// metrics (metrics.Metrics implements it) and health checks
+// (health.JanitorStatus). It is called from the goroutine running the
+// pass and must not block. An Observer that also implements
+// SampleObserver gets record samples too.
+type Observer interface {
+	ObserveJanitorBatch(ctx context.Context, b Batch)
+}
+
+// ObserverFunc is a function as an Observer (it takes no samples).
+type ObserverFunc func(ctx context.Context, b Batch)
+
+// ObserveJanitorBatch calls f.
+func (f ObserverFunc) ObserveJanitorBatch(ctx context.Context, b Batch) { f(ctx, b) }
+
+// SampleObserver is the optional part of an Observer, found by type
+// assertion: when Config.Observer implements it, every pass (also a
+// failed one, not one stopped by its context or Close) ends with a
+// sample of the store's live records per consumer and state —
+// repository.Stats.CountRecords at the time Now returns once the pass is
+// done. It is the hook for the record gauges of metrics.Metrics. A sample
+// needs a cleaner implementing repository.Stats (every backend in this
+// module does; run a janitor over Redis just for this, its cleanup is a
+// no-op); with another cleaner no sample is taken. A sample reads the
+// whole store once per pass (see repository.Stats). A failed sample is
+// logged at Error level and skipped; it never fails the pass.
+type SampleObserver interface {
+	ObserveRecordCounts(ctx context.Context, s Sample)
+}
+
+// Sample is the store's live records at one moment, as SampleObserver
+// receives it.
+type Sample struct {
+	// Now is the time the records were counted at.
+	Now time.Time
+	// Counts are the live records per consumer and state.
+	Counts []repository.RecordCount
+}
+
+// Observers returns an Observer reporting to every one of obs, in turn;
+// its samples go to those implementing SampleObserver. Nil entries are
+// skipped.
+func Observers(obs ...Observer) Observer { return observers(obs) }
+
+type observers []Observer
+
+func (o observers) ObserveJanitorBatch(ctx context.Context, b Batch) {
+	for _, ob := range o {
+		if ob != nil {
+			ob.ObserveJanitorBatch(ctx, b)
+		}
+	}
+}
+
+func (o observers) ObserveRecordCounts(ctx context.Context, s Sample) {
+	for _, ob := range o {
+		if so, ok := ob.(SampleObserver); ok {
+			so.ObserveRecordCounts(ctx, s)
+		}
+	}
 }
 
 // Config configures a Janitor. Zero fields take the documented defaults.
@@ -71,36 +135,19 @@ type Config struct {
 	// expired before the time Now returns when the pass starts. Default:
 	// time.Now. Set it in tests.
 	Now func() time.Time
-	// OnBatch, if set, is called after every batch, from the goroutine
-	// running the pass. It must not block. It is the extension point for
-	// metrics.
-	OnBatch func(Batch)
-	// OnSample, if set, is called after every pass (also a failed one,
-	// not one stopped by its context or Close) with the store's live
-	// records per consumer and state: repository.Stats.CountRecords at
-	// the time Now returns once the pass is done, which OnSample receives
-	// too. It is called from the goroutine running the pass and must not
-	// block. It is the hook for the record gauges: pass the
-	// ObserveRecordCounts method of metrics.Metrics. The cleaner must implement
-	// repository.Stats (every backend in this module does; run a janitor
-	// over Redis just for this, its cleanup is a no-op) — NewJanitor
-	// refuses one that does not. A sample reads the whole store once per
-	// pass (see repository.Stats). A failed sample is logged at Error
-	// level and skipped; it never fails the pass. Default: nil, no
-	// sampling.
-	OnSample func(now time.Time, counts []repository.RecordCount)
+	// Observer, if set, receives every batch and, if it implements
+	// SampleObserver, a sample of the records after every pass. Default:
+	// nil (none).
+	Observer Observer
+	// Logger receives the janitor's logs. Default: watermill.NopLogger.
+	Logger watermill.LoggerAdapter
 }
 
 func (c *Config) setDefaults() {
-	if c.Interval == 0 {
-		c.Interval = DefaultInterval
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Pause == 0 {
-		c.Pause = DefaultPause
-	}
+	settings.Default(&c.Interval, DefaultInterval)
+	settings.Default(&c.BatchSize, DefaultBatchSize)
+	settings.Default(&c.Pause, DefaultPause)
+	settings.Logger(&c.Logger)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -110,12 +157,8 @@ func (c *Config) setDefaults() {
 // defaults are applied: it rejects zero values as well as negative ones.
 func (c Config) Validate() error {
 	var errs []error
-	if c.Interval <= 0 {
-		errs = append(errs, fmt.Errorf("interval must be positive, got %s", c.Interval))
-	}
-	if c.BatchSize <= 0 {
-		errs = append(errs, fmt.Errorf("batch size must be positive, got %d", c.BatchSize))
-	}
+	errs = append(errs, settings.Positive("interval", c.Interval))
+	errs = append(errs, settings.Positive("batch size", c.BatchSize))
 	if c.Pause < 0 {
 		errs = append(errs, fmt.Errorf("pause must not be negative, got %s", c.Pause))
 	}
@@ -130,7 +173,7 @@ func (c Config) Validate() error {
 // may clean the same table at once.
 type Janitor struct {
 	cleaner repository.Cleaner
-	stats   repository.Stats // the cleaner, when Config.OnSample is set
+	stats   repository.Stats // the cleaner, when it and Config.Observer sample
 	config  Config
 	logger  watermill.LoggerAdapter
 
@@ -144,33 +187,27 @@ type Janitor struct {
 }
 
 // NewJanitor returns a Janitor that deletes expired records through
-// cleaner. It starts nothing: call Run, RunOnce or RouterPlugin. A nil
-// logger becomes watermill.NopLogger. With Config.OnSample set, cleaner
-// must also implement repository.Stats.
-func NewJanitor(cleaner repository.Cleaner, config Config, logger watermill.LoggerAdapter) (*Janitor, error) {
-	if cleaner == nil {
-		return nil, errors.New("janitor: cleaner is nil")
-	}
+// cleaner. It starts nothing: call Run, RunOnce or RouterPlugin.
+func NewJanitor(cleaner repository.Cleaner, config Config) (*Janitor, error) {
 	config.setDefaults()
-	if err := config.Validate(); err != nil {
+	switch err := config.Validate(); {
+	case cleaner == nil:
+		return nil, errors.New("janitor: cleaner is nil")
+	case err != nil:
 		return nil, fmt.Errorf("janitor: invalid config: %w", err)
 	}
 	var stats repository.Stats
-	if config.OnSample != nil {
-		var ok bool
+	if _, ok := config.Observer.(SampleObserver); ok {
 		if stats, ok = cleaner.(repository.Stats); !ok {
-			return nil, fmt.Errorf("janitor: Config.OnSample is set but %T does not implement repository.Stats", cleaner)
+			config.Logger.Info("Inbox janitor takes no record samples: the cleaner does not implement repository.Stats", watermill.LogFields{"cleaner": fmt.Sprintf("%T", cleaner)})
 		}
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
 	}
 	closed, closeFn := context.WithCancel(context.Background())
 	return &Janitor{
 		cleaner: cleaner,
 		stats:   stats,
 		config:  config,
-		logger:  logger,
+		logger:  config.Logger,
 		closed:  closed,
 		closeFn: closeFn,
 	}, nil
@@ -184,7 +221,7 @@ func NewJanitor(cleaner repository.Cleaner, config Config, logger watermill.Logg
 // done or Close is called. A failed batch ends the pass; the records it
 // did not delete are still there for the next one. The pass is logged as
 // Run logs it: Info with counts and duration, Error on failure. Like every
-// pass, it ends with a sample for Config.OnSample when that is set.
+// pass, it ends with a sample for a SampleObserver.
 func (j *Janitor) RunOnce(ctx context.Context) (int, error) {
 	if err := j.enter(false); err != nil {
 		return 0, err
@@ -326,7 +363,7 @@ func (j *Janitor) loop(ctx context.Context) {
 
 // pass deletes expired records batch by batch and logs the outcome: Info
 // with the counts when it removed something, Error when a batch failed.
-// Then it samples the records for Config.OnSample.
+// Then it samples the records for a SampleObserver.
 func (j *Janitor) pass(ctx context.Context) (int, error) {
 	defer j.sample(ctx)
 	start := time.Now()
@@ -361,8 +398,8 @@ func (j *Janitor) drain(ctx context.Context, before time.Time) (deleted, batches
 		took := time.Since(start)
 		deleted += n
 		batches++
-		if j.config.OnBatch != nil {
-			j.config.OnBatch(Batch{Deleted: n, Duration: took, Before: before, Err: err})
+		if j.config.Observer != nil {
+			j.config.Observer.ObserveJanitorBatch(ctx, Batch{Deleted: n, Duration: took, Before: before, Err: err})
 		}
 		if err != nil {
 			return deleted, batches, fmt.Errorf("janitor: delete expired records: %w", err)
@@ -381,11 +418,11 @@ func (j *Janitor) drain(ctx context.Context, before time.Time) (deleted, batches
 	}
 }
 
-// sample calls Config.OnSample with the records counted now, unless it is
-// unset or ctx is done. A failed count is logged, not returned: the gauges
+// sample reports the records counted now to a SampleObserver, unless
+// there is none (or no repository.Stats to count them) or ctx is done. A failed count is logged, not returned: the gauges
 // keep their last values until a sample succeeds.
 func (j *Janitor) sample(ctx context.Context) {
-	if j.config.OnSample == nil || ctx.Err() != nil {
+	if j.stats == nil || ctx.Err() != nil {
 		return
 	}
 	now := j.config.Now()
@@ -396,7 +433,7 @@ func (j *Janitor) sample(ctx context.Context) {
 	case err != nil:
 		j.logger.Error("Inbox janitor could not sample records", err, watermill.LogFields{"now": now})
 	default:
-		j.config.OnSample(now, counts)
+		j.config.Observer.(SampleObserver).ObserveRecordCounts(ctx, Sample{Now: now, Counts: counts})
 	}
 }
 

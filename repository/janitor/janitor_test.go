@@ -88,6 +88,9 @@ type batches struct {
 
 func newBatches() *batches { return &batches{each: make(chan janitor.Batch, 1024)} }
 
+// ObserveJanitorBatch makes batches a janitor.Observer.
+func (b *batches) ObserveJanitorBatch(_ context.Context, batch janitor.Batch) { b.record(batch) }
+
 func (b *batches) record(batch janitor.Batch) {
 	b.mu.Lock()
 	b.all = append(b.all, batch)
@@ -123,10 +126,10 @@ func (b *batches) deleted() []int {
 func TestNewJanitorValidatesConfig(t *testing.T) {
 	in := newInbox(t)
 
-	_, err := janitor.NewJanitor(in.repo, janitor.Config{}, nil)
+	_, err := janitor.NewJanitor(in.repo, janitor.Config{})
 	require.NoError(t, err, "the zero Config takes defaults")
 
-	_, err = janitor.NewJanitor(nil, janitor.Config{}, nil)
+	_, err = janitor.NewJanitor(nil, janitor.Config{})
 	require.ErrorContains(t, err, "cleaner is nil")
 
 	for name, c := range map[string]janitor.Config{
@@ -134,7 +137,7 @@ func TestNewJanitorValidatesConfig(t *testing.T) {
 		"negative batch size": {BatchSize: -1},
 		"negative pause":      {Pause: -time.Millisecond},
 	} {
-		_, err := janitor.NewJanitor(in.repo, c, nil)
+		_, err := janitor.NewJanitor(in.repo, c)
 		require.ErrorContains(t, err, "invalid config", name)
 	}
 
@@ -152,8 +155,8 @@ func TestRunOnceDrainsExpiredInBatches(t *testing.T) {
 		BatchSize: 10,
 		Pause:     time.Millisecond,
 		Now:       func() time.Time { return now },
-		OnBatch:   b.record,
-	}, nil)
+		Observer:  b,
+	})
 	require.NoError(t, err)
 	defer j.Close()
 
@@ -178,8 +181,8 @@ func TestRunDeletesPeriodicallyUntilClosed(t *testing.T) {
 	j, err := janitor.NewJanitor(in.repo, janitor.Config{
 		Interval: 5 * time.Millisecond,
 		Now:      clk.Now,
-		OnBatch:  b.record,
-	}, nil)
+		Observer: b,
+	})
 	require.NoError(t, err)
 
 	runErr := make(chan error, 1)
@@ -208,7 +211,7 @@ func TestRunDeletesPeriodicallyUntilClosed(t *testing.T) {
 
 func TestRunStopsWithContext(t *testing.T) {
 	in := newInbox(t)
-	j, err := janitor.NewJanitor(in.repo, janitor.Config{}, nil)
+	j, err := janitor.NewJanitor(in.repo, janitor.Config{})
 	require.NoError(t, err)
 	defer j.Close()
 
@@ -226,8 +229,9 @@ func TestRunLogsFailedPassesAndKeepsGoing(t *testing.T) {
 	b := newBatches()
 	j, err := janitor.NewJanitor(in.repo, janitor.Config{
 		Interval: 5 * time.Millisecond,
-		OnBatch:  b.record,
-	}, logger)
+		Observer: b,
+		Logger:   logger,
+	})
 	require.NoError(t, err)
 
 	// A missing table makes every pass fail until it is back.
@@ -273,8 +277,8 @@ func TestCloseInterruptsPass(t *testing.T) {
 	j, err := janitor.NewJanitor(in.repo, janitor.Config{
 		BatchSize: 1,
 		Pause:     time.Hour, // a pass would take hours without Close
-		OnBatch:   b.record,
-	}, nil)
+		Observer:  b,
+	})
 	require.NoError(t, err)
 
 	type result struct {
@@ -301,7 +305,7 @@ func TestRouterPluginFollowsRouterLifecycle(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 
 	b := newBatches()
-	j, err := janitor.NewJanitor(in.repo, janitor.Config{OnBatch: b.record}, nil)
+	j, err := janitor.NewJanitor(in.repo, janitor.Config{Observer: b})
 	require.NoError(t, err)
 	defer j.Close()
 
@@ -330,7 +334,7 @@ func TestRouterPluginFollowsRouterLifecycle(t *testing.T) {
 
 func TestRouterPluginRefusesClosedJanitor(t *testing.T) {
 	in := newInbox(t)
-	j, err := janitor.NewJanitor(in.repo, janitor.Config{}, nil)
+	j, err := janitor.NewJanitor(in.repo, janitor.Config{})
 	require.NoError(t, err)
 	require.NoError(t, j.Close())
 

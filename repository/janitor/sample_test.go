@@ -13,13 +13,14 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 )
 
-// sample is one OnSample call.
+// sample is one sample a SampleObserver received.
 type sample struct {
 	now    time.Time
 	counts []repository.RecordCount
 }
 
-// samples records every OnSample call and signals each one.
+// samples records every sample and signals each one: a
+// janitor.SampleObserver.
 type samples struct {
 	mu   sync.Mutex
 	all  []sample
@@ -27,6 +28,21 @@ type samples struct {
 }
 
 func newSamples() *samples { return &samples{each: make(chan sample, 1024)} }
+
+func (s *samples) ObserveJanitorBatch(context.Context, janitor.Batch) {}
+
+func (s *samples) ObserveRecordCounts(_ context.Context, smp janitor.Sample) {
+	s.record(smp.Now, smp.Counts)
+}
+
+// hooks is an Observer and SampleObserver of two functions.
+type hooks struct {
+	batch  func(janitor.Batch)
+	sample func(janitor.Sample)
+}
+
+func (h hooks) ObserveJanitorBatch(_ context.Context, b janitor.Batch)  { h.batch(b) }
+func (h hooks) ObserveRecordCounts(_ context.Context, s janitor.Sample) { h.sample(s) }
 
 func (s *samples) record(now time.Time, counts []repository.RecordCount) {
 	s.mu.Lock()
@@ -87,13 +103,15 @@ func TestRunOnceSamplesRecordsAfterThePass(t *testing.T) {
 	}
 	s := newSamples()
 	j, err := janitor.NewJanitor(in.repo, janitor.Config{
-		Now:     func() time.Time { return now },
-		OnBatch: func(janitor.Batch) { event("batch") },
-		OnSample: func(at time.Time, counts []repository.RecordCount) {
-			event("sample")
-			s.record(at, counts)
+		Now: func() time.Time { return now },
+		Observer: hooks{
+			batch: func(janitor.Batch) { event("batch") },
+			sample: func(smp janitor.Sample) {
+				event("sample")
+				s.record(smp.Now, smp.Counts)
+			},
 		},
-	}, nil)
+	})
 	require.NoError(t, err)
 	defer j.Close()
 
@@ -117,8 +135,8 @@ func TestRunSamplesEveryPass(t *testing.T) {
 	j, err := janitor.NewJanitor(in.repo, janitor.Config{
 		Interval: 5 * time.Millisecond,
 		Now:      clk.Now,
-		OnSample: s.record,
-	}, nil)
+		Observer: s,
+	})
 	require.NoError(t, err)
 
 	runErr := make(chan error, 1)
@@ -152,7 +170,7 @@ func TestFailedSampleIsLoggedAndThePassSucceeds(t *testing.T) {
 
 	logger := watermill.NewCaptureLogger()
 	s := newSamples()
-	j, err := janitor.NewJanitor(in.repo, janitor.Config{OnSample: s.record}, logger)
+	j, err := janitor.NewJanitor(in.repo, janitor.Config{Observer: s, Logger: logger})
 	require.NoError(t, err)
 	defer j.Close()
 
@@ -173,14 +191,16 @@ func TestFailedSampleIsLoggedAndThePassSucceeds(t *testing.T) {
 	require.Empty(t, s.taken()[0].counts)
 }
 
-func TestNewJanitorRefusesOnSampleWithoutStats(t *testing.T) {
+// A SampleObserver over a cleaner that cannot count records gets its
+// batches and no sample: one metrics value serves every janitor.
+func TestJanitorWithoutStatsTakesNoSamples(t *testing.T) {
 	in := newInbox(t)
 	cleanerOnly := struct{ repository.Cleaner }{in.repo}
-
-	_, err := janitor.NewJanitor(cleanerOnly, janitor.Config{OnSample: newSamples().record}, nil)
-	require.ErrorContains(t, err, "does not implement repository.Stats")
-
-	j, err := janitor.NewJanitor(cleanerOnly, janitor.Config{}, nil)
-	require.NoError(t, err, "without OnSample a plain Cleaner is enough")
+	s := newSamples()
+	j, err := janitor.NewJanitor(cleanerOnly, janitor.Config{Observer: s})
+	require.NoError(t, err, "a plain Cleaner is enough")
+	_, err = j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Empty(t, s.taken(), "no repository.Stats, no sample")
 	require.NoError(t, j.Close())
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -59,8 +58,8 @@ func TestClusterJanitorAndOperatorSeeEveryPrimary(t *testing.T) {
 	var sampled []repository.RecordCount
 	j, err := janitor.NewJanitor(repo, janitor.Config{
 		Now:      func() time.Time { return now.Add(time.Minute) },
-		OnSample: func(_ time.Time, counts []repository.RecordCount) { sampled = counts },
-	}, watermill.NopLogger{})
+		Observer: sampleFunc(func(s janitor.Sample) { sampled = s.Counts }),
+	})
 	require.NoError(t, err)
 	_, err = j.RunOnce(ctx)
 	require.NoError(t, err)
@@ -289,3 +288,9 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 func BenchmarkClusterRepository(b *testing.B) {
 	runBench(b, "redis-cluster", testenv.RedisCluster(b))
 }
+
+// sampleFunc is a janitor.SampleObserver of one function.
+type sampleFunc func(janitor.Sample)
+
+func (f sampleFunc) ObserveJanitorBatch(context.Context, janitor.Batch)      {}
+func (f sampleFunc) ObserveRecordCounts(_ context.Context, s janitor.Sample) { f(s) }

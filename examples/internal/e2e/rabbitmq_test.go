@@ -38,14 +38,14 @@ func TestRabbitMQ(t *testing.T) {
 
 			// 2 minutes: far above a loaded machine's 25 s.
 			l, out := play(t, 2*time.Minute, string(db), shop.Config{
-				Broker:       broker.Config{Kind: broker.AMQP, AMQPURL: url},
-				Database:     db,
-				PostgresDSN:  testenv.PostgresDSN(),
-				SQLitePath:   t.TempDir() + "/shop.db",
-				Observer:     ms.Metrics,
-				RelayMetrics: ms.Metrics.Relay("payments"),
+				Broker:        broker.Config{Kind: broker.AMQP, AMQPURL: url},
+				Database:      db,
+				PostgresDSN:   testenv.PostgresDSN(),
+				SQLitePath:    t.TempDir() + "/shop.db",
+				Observer:      ms.Metrics,
+				RelayObserver: ms.Metrics,
 				RelayStarted: func(db *sql.DB, relay *outbox.Relay) {
-					h, err := health.NewHandler(health.Config{DB: db, Relay: relay}, nil)
+					h, err := health.NewHandler(health.Config{DB: db, Relay: relay})
 					if err == nil {
 						ms.SetHealth(h)
 					}

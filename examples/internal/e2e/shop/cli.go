@@ -164,9 +164,9 @@ func (c *CLI) Run(w io.Writer) error {
 		}
 		defer ms.Close()
 		config.Observer = ms.Metrics
-		config.RelayMetrics = ms.Metrics.Relay("payments")
+		config.RelayObserver = ms.Metrics
 		config.RelayStarted = func(db *sql.DB, relay *outbox.Relay) {
-			if h, err := health.NewHandler(health.Config{DB: db, Relay: relay}, config.Logger); err == nil {
+			if h, err := health.NewHandler(health.Config{DB: db, Relay: relay, Logger: config.Logger}); err == nil {
 				ms.SetHealth(h)
 			}
 		}

@@ -58,9 +58,10 @@ type Config struct {
 	// Observer also receives every inbox outcome (for example the metrics
 	// package's Prometheus observer). Default: nil.
 	Observer middleware.Observer
-	// RelayMetrics receives the outbox relay's batches and backlog samples
-	// (for example metrics.Metrics.Relay). Default: nil.
-	RelayMetrics outbox.RelayMetrics
+	// RelayObserver receives the outbox relay's batches and backlog
+	// samples, under the relay name "payments" (for example
+	// metrics.Metrics). Default: nil.
+	RelayObserver outbox.RelayObserver
 	// RelayStarted, if set, is called with the database and the relay
 	// once the relay is created, before it runs (for health probes).
 	// Default: nil.
@@ -343,8 +344,10 @@ func (s *scenario) play(ctx context.Context) (err error) {
 		relay, err := outbox.NewRelay(s.store.DB, s.publisher, outbox.RelayConfig{
 			Dialect: sqldialect.PostgreSQL, Table: s.store.Tables.Outbox, RetryInterval: 100 * time.Millisecond,
 			Notifier: pgxoutbox.Notifier(s.store.DB),
-			Metrics:  s.config.RelayMetrics,
-		}, s.config.Logger)
+			Name:     "payments",
+			Observer: s.config.RelayObserver,
+			Logger:   s.config.Logger,
+		})
 		if err != nil {
 			return err
 		}

@@ -16,5 +16,5 @@ func main() {
 	repo, _ := mysql.NewRepository(db, mysql.Config{})
 	ob, _ := outbox.New(outbox.Config{Dialect: sqldialect.MySQL})
 	_, _ = middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs("out")})
-	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: sqldialect.MySQL}, nil)
+	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: sqldialect.MySQL})
 }

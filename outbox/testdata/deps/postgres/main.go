@@ -22,5 +22,5 @@ func main() {
 	repo, _ := postgres.NewPgxRepository(pool, postgres.Config{})
 	ob, _ := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL})
 	_, _ = middleware.NewInbox(middleware.Config{Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}), Consumer: "shop", Outputs: pgxoutbox.Outputs(ob, "out")})
-	_, _ = pgxoutbox.NewRelay(pool, nil, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL}, nil)
+	_, _ = pgxoutbox.NewRelay(pool, nil, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL})
 }

@@ -14,5 +14,5 @@ func main() {
 	repo, _ := sqlite.NewRepository(db, sqlite.Config{})
 	ob, _ := outbox.New(outbox.Config{Dialect: sqldialect.SQLite})
 	_, _ = middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs("out")})
-	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: sqldialect.SQLite}, nil)
+	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: sqldialect.SQLite})
 }

@@ -1,0 +1,144 @@
+package protocol
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/idemkit/watermill-idempotent/repository"
+)
+
+// Tx is a transaction that claims keys and stores results: the inbox's
+// InboxTx, or SQLTx.
+type Tx interface {
+	Claim(ctx context.Context, p repository.ClaimParams) (repository.Claim, error)
+	SaveResult(ctx context.Context, p repository.SaveResultParams) error
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+}
+
+// SQLTx is a Tx on database/sql.
+type SQLTx struct {
+	Tx   *sql.Tx
+	Repo repository.Transactional
+}
+
+// Claim claims p in the transaction.
+func (t SQLTx) Claim(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
+	return t.Repo.ClaimTx(ctx, t.Tx, p)
+}
+
+// SaveResult stores p's result in the transaction.
+func (t SQLTx) SaveResult(ctx context.Context, p repository.SaveResultParams) error {
+	return t.Repo.SaveResultTx(ctx, t.Tx, p)
+}
+
+// Commit commits.
+func (t SQLTx) Commit(context.Context) error { return t.Tx.Commit() }
+
+// Rollback rolls back.
+func (t SQLTx) Rollback(context.Context) error { return t.Tx.Rollback() }
+
+// BeginSQL begins transactions on db.
+func BeginSQL(db *sql.DB, opts *sql.TxOptions, repo repository.Transactional) func(context.Context) (SQLTx, error) {
+	return func(ctx context.Context) (SQLTx, error) {
+		tx, err := db.BeginTx(ctx, opts)
+		if err != nil {
+			return SQLTx{}, err
+		}
+		return SQLTx{tx, repo}, nil
+	}
+}
+
+// Transactional runs the protocol in one transaction per call: the
+// claim, the function's writes and its result commit together or not at
+// all.
+//
+// The transaction is not bound to the call's context: database/sql would
+// roll it back on its own when that context is cancelled (a subscriber
+// shutting down), racing the commit and leaving its outcome unknown.
+// Statements still run with the context and fail once it is cancelled;
+// the commit alone decides.
+type Transactional[T Tx] struct {
+	// Prefix starts every error ("inbox", "once").
+	Prefix string
+	// Begin begins a transaction.
+	Begin func(ctx context.Context) (T, error)
+	// BeginClaim, if set, begins the transaction and claims the key in
+	// one round trip. On a duplicate the transaction may have ended (a
+	// nil T); on an error it has.
+	BeginClaim func(ctx context.Context, p repository.ClaimParams) (T, repository.Claim, error)
+}
+
+// Run claims p's key in a new transaction and, on a fresh claim, runs fn
+// in it, stores the result fn returns (nil: none) and commits. A
+// duplicate is answered with Duplicate. fn's error or panic, a failed
+// store or commit roll everything back (a panic goes on up).
+func (t Transactional[T]) Run(ctx context.Context, p repository.ClaimParams, fn func(ctx context.Context, tx T) ([]byte, error)) Answer {
+	tx, claim, took, err := t.claim(ctx, p)
+	if err != nil {
+		return Answer{Kind: Unclaimed, Err: err, Claim: took}
+	}
+	committed := false
+	defer func() {
+		if !committed && any(tx) != nil {
+			// Covers errors and panics alike: nothing of this call stays.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if !claim.Claimed {
+		a := Duplicate(p.Consumer, p.Key, p.PayloadHash, claim.Existing)
+		a.Claim = took
+		return a
+	}
+	result, err := fn(ctx, tx)
+	if err == nil {
+		// The function's work is done: finish the bookkeeping even if the
+		// call is being cancelled, rather than throw that work away.
+		err = t.Save(context.WithoutCancel(ctx), tx, p.Consumer, p.Key, result)
+	}
+	if err == nil {
+		if err = tx.Commit(context.WithoutCancel(ctx)); err != nil {
+			err = fmt.Errorf("%s: commit key %q: %w", t.Prefix, p.Key, err)
+		}
+	}
+	committed = err == nil
+	return Answer{Kind: Ran, Err: err, Claim: took}
+}
+
+// Save stores result as the key's result in tx; nil stores nothing.
+func (t Transactional[T]) Save(ctx context.Context, tx T, scope, key string, result []byte) error {
+	if result == nil {
+		return nil
+	}
+	if err := tx.SaveResult(ctx, repository.SaveResultParams{Consumer: scope, Key: key, Result: result}); err != nil {
+		return fmt.Errorf("%s: store result of key %q: %w", t.Prefix, key, err)
+	}
+	return nil
+}
+
+// claim begins the transaction and claims the key: in one round trip
+// with BeginClaim, otherwise with Begin and Tx.Claim. took is the claim's
+// time (with BEGIN where the two share a round trip).
+func (t Transactional[T]) claim(ctx context.Context, p repository.ClaimParams) (tx T, claim repository.Claim, took time.Duration, err error) {
+	if t.BeginClaim != nil {
+		start := time.Now()
+		tx, claim, err = t.BeginClaim(ctx, p)
+		if took = time.Since(start); err != nil {
+			return tx, claim, took, fmt.Errorf("%s: claim key %q: %w", t.Prefix, p.Key, err)
+		}
+		return tx, claim, took, nil
+	}
+	if tx, err = t.Begin(context.WithoutCancel(ctx)); err != nil {
+		return tx, claim, 0, fmt.Errorf("%s: begin transaction: %w", t.Prefix, err)
+	}
+	start := time.Now()
+	claim, err = tx.Claim(ctx, p)
+	if took = time.Since(start); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		var none T
+		return none, claim, took, fmt.Errorf("%s: claim key %q: %w", t.Prefix, p.Key, err)
+	}
+	return tx, claim, took, nil
+}
