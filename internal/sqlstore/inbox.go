@@ -84,7 +84,8 @@ func (s *Inbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimPara
 
 // insert runs a conditional insert; if the key is taken, it reads it.
 func (s *Inbox) insert(ctx context.Context, ex Executor, insert, read Stmt, args []any) (bool, repository.Record, error) {
-	n, err := insert.exec(ctx, ex, args...)
+	text, vals := insert.send(args)
+	n, err := ex.Exec(ctx, text, vals...)
 	if s.d.isUniqueViolation(err) {
 		n, err = 0, nil
 	}

@@ -1,0 +1,159 @@
+package middleware_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	msqlite "modernc.org/sqlite"
+
+	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+// TestClaimPathIsShort follows a key from the middleware to the INSERT
+// that claims it, by the call stack the driver sees when the INSERT
+// arrives: the library files on that stack, from the router middleware
+// down, in call order. A reader following the claim visits these files
+// and no others; the test keeps the walk one-way and no longer than it
+// is today: the middleware (inbox.go), the protocol every entry point
+// shares (internal/protocol), the backend's documented method
+// (repository/<db>/methods.go), the SQL store that sends the statement
+// (internal/sqlstore/inbox.go) and the driver adapter (sqlexec).
+//
+//	go test -run TestClaimPathIsShort -v ./middleware/
+func TestClaimPathIsShort(t *testing.T) {
+	path := claimPath(t)
+	t.Logf("claim path, middleware to INSERT:\n  %s", strings.Join(path, "\n  "))
+	var files []string
+	for _, p := range path {
+		f, _, _ := strings.Cut(p, ":")
+		if len(files) == 0 || files[len(files)-1] != f {
+			files = append(files, f)
+		}
+	}
+	seen := map[string]bool{}
+	for _, f := range files {
+		require.Falsef(t, seen[f], "the claim returns to %s after leaving it: %v", f, files)
+		seen[f] = true
+	}
+	require.LessOrEqualf(t, len(files), maxClaimFiles, "the claim crosses %d files: %v", len(files), files)
+}
+
+// maxClaimFiles bounds the files a claim crosses.
+const maxClaimFiles = 5
+
+// claimPath runs one delivery through the inbox on SQLite and returns
+// the library frames (file:function) on the stack of the claim's INSERT,
+// outermost first.
+func claimPath(t *testing.T) []string {
+	t.Helper()
+	tr := &tracer{}
+	name := "claimtrace-" + strings.ReplaceAll(t.Name(), "/", "-")
+	sql.Register(name, tr)
+	db, err := sql.Open(name, sqlite.DSN(filepath.Join(t.TempDir(), "trace.db")))
+	require.NoError(t, err)
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { _ = db.Close() })
+	repo, err := sqlite.NewRepository(db, sqlite.Config{})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "trace"})
+	require.NoError(t, err)
+
+	tr.arm()
+	msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
+	_, err = inbox.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg)
+	require.NoError(t, err)
+	path := tr.path()
+	require.NotEmpty(t, path, "no INSERT reached the driver")
+	return path
+}
+
+// tracer is the SQLite driver, recording the stack of the first INSERT
+// once armed.
+type tracer struct {
+	mu    sync.Mutex
+	armed bool
+	pcs   []uintptr
+}
+
+func (tr *tracer) arm() { tr.mu.Lock(); tr.armed = true; tr.mu.Unlock() }
+
+func (tr *tracer) record(query string) {
+	if !strings.HasPrefix(strings.TrimSpace(query), "INSERT") {
+		return
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if !tr.armed || tr.pcs != nil {
+		return
+	}
+	pcs := make([]uintptr, 128)
+	tr.pcs = pcs[:runtime.Callers(3, pcs)]
+}
+
+// path is the recorded stack's frames in the library (not its tests,
+// not the standard library or other modules), outermost first.
+func (tr *tracer) path() []string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var out []string
+	frames := runtime.CallersFrames(tr.pcs)
+	for {
+		f, more := frames.Next()
+		const lib = "github.com/idemkit/watermill-idempotent/"
+		if strings.HasPrefix(f.Function, lib) && !strings.HasSuffix(f.File, "_test.go") {
+			rel := f.File[strings.LastIndex(f.File, "/watermill-idempotent/")+len("/watermill-idempotent/"):]
+			if i := strings.Index(f.File, "/main/"); i >= 0 && !strings.Contains(f.File, "/watermill-idempotent/") {
+				rel = f.File[i+len("/main/"):]
+			}
+			out = append([]string{rel + ":" + strings.TrimPrefix(f.Function, lib)}, out...)
+		}
+		if !more {
+			return out
+		}
+	}
+}
+
+func (tr *tracer) Open(name string) (driver.Conn, error) {
+	c, err := (&msqlite.Driver{}).Open(name)
+	if err != nil {
+		return nil, err
+	}
+	return &tracedConn{Conn: c, tr: tr}, nil
+}
+
+// tracedConn passes everything to SQLite's connection, recording
+// statements on their way.
+type tracedConn struct {
+	driver.Conn
+	tr *tracer
+}
+
+func (c *tracedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	return c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+}
+
+func (c *tracedConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	c.tr.record(query)
+	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
+}
+
+func (c *tracedConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	c.tr.record(query)
+	return c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
+}
+
+func (c *tracedConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	c.tr.record(query)
+	return c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+}
