@@ -3,7 +3,6 @@ package middleware
 import (
 	"errors"
 
-	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -15,16 +14,16 @@ var (
 	// ErrPayloadMismatch is returned when a key that was already processed
 	// arrives with a different payload: the producer reused a key for other
 	// content. It is permanent; the message belongs in the poison queue.
-	ErrPayloadMismatch = protocol.ErrPayloadMismatch
+	ErrPayloadMismatch = repository.ErrPayloadMismatch
 	// ErrNeedsIntervention is returned in two-phase mode when an earlier
 	// attempt's lease expired mid-effect and the policy asks for an
 	// operator. It is permanent.
-	ErrNeedsIntervention = protocol.ErrNeedsIntervention
+	ErrNeedsIntervention = repository.ErrNeedsIntervention
 	// ErrInProgress is returned when the key is held in progress by another
 	// consumer (a two-phase claim in the same table), wrapped in a
 	// *once.BusyError. It is transient: the message is nacked and retried
 	// later.
-	ErrInProgress = protocol.ErrInProgress
+	ErrInProgress = repository.ErrInProgress
 )
 
 // IsPermanent reports whether err is an error that retrying the same

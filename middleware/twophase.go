@@ -20,7 +20,7 @@ import (
 // in progress under an expired lease: an earlier attempt started the
 // effect and stopped answering (crashed, hung, partitioned), so the effect
 // may have partly happened.
-type ExpiredLeasePolicy = protocol.ExpiredLeasePolicy
+type ExpiredLeasePolicy = repository.ExpiredLeasePolicy
 
 const (
 	// Intervene fails the delivery with the permanent ErrNeedsIntervention
@@ -28,12 +28,12 @@ const (
 	// system and then marks the record completed or releases it for a
 	// retry. The default: the safe choice for effects that are not
 	// idempotent downstream (a payment without an idempotency key).
-	Intervene = protocol.Intervene
+	Intervene = repository.Intervene
 	// Reclaim takes the record over (exactly one racing delivery wins) and
 	// runs the handler again. Use it only when the effect is idempotent
 	// downstream, e.g. an API called with the propagated key as its
 	// Idempotency-Key.
-	Reclaim = protocol.Reclaim
+	Reclaim = repository.Reclaim
 )
 
 // DefaultLease is the default lease of a two-phase claim, in package once

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 // Result is what Do returns for a call that did not fail.
@@ -25,7 +26,7 @@ type Result struct {
 // LeaseUntil, when the other call has completed, released or expired.
 // Owner is the attempt holding the key (empty when unknown); LeaseUntil is
 // when its lease runs out unless it is extended (zero when unknown).
-type BusyError = protocol.BusyError
+type BusyError = repository.BusyError
 
 // ErrNoKey is returned (wrapping middleware.ErrNoKey) for an empty key.
 var ErrNoKey = fmt.Errorf("once: %w", middleware.ErrNoKey)

@@ -22,34 +22,16 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// The errors of a duplicate, exported by package middleware under the
-// same names.
+// The errors of a duplicate (repository's; package middleware exports
+// them under the same names).
 var (
-	ErrPayloadMismatch   = errors.New("deduplication key reused with a different payload")
-	ErrNeedsIntervention = errors.New("earlier attempt expired mid-effect: needs intervention")
-	ErrInProgress        = errors.New("deduplication key is in progress elsewhere")
+	ErrPayloadMismatch   = repository.ErrPayloadMismatch
+	ErrNeedsIntervention = repository.ErrNeedsIntervention
+	ErrInProgress        = repository.ErrInProgress
 )
 
-// BusyError is the answer to a key held in progress by another call
-// (package once exports it). It wraps ErrInProgress.
-type BusyError struct {
-	Scope, Key string
-	// Owner is the attempt holding the key; empty when unknown.
-	Owner string
-	// LeaseUntil is when the other attempt's lease runs out unless it is
-	// extended; zero when unknown.
-	LeaseUntil time.Time
-}
-
-func (e *BusyError) Error() string {
-	if e.LeaseUntil.IsZero() {
-		return fmt.Sprintf("%v: scope %q, key %q", ErrInProgress, e.Scope, e.Key)
-	}
-	return fmt.Sprintf("%v: scope %q, key %q is leased by %s until %s", ErrInProgress, e.Scope, e.Key, e.Owner, e.LeaseUntil.Format(time.RFC3339Nano))
-}
-
-// Unwrap makes errors.Is(err, ErrInProgress) true.
-func (e *BusyError) Unwrap() error { return ErrInProgress }
+// BusyError is the answer to a key held in progress by another call.
+type BusyError = repository.BusyError
 
 // Kind is how a call ended.
 type Kind int

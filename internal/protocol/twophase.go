@@ -12,23 +12,15 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// ExpiredLeasePolicy decides what a call does with a key in progress
-// under an expired lease (package middleware exports it, with its
-// values).
-type ExpiredLeasePolicy int
+// ExpiredLeasePolicy is repository's: what a call does with a key in
+// progress under an expired lease.
+type ExpiredLeasePolicy = repository.ExpiredLeasePolicy
 
 // The policies.
 const (
-	Intervene ExpiredLeasePolicy = iota
-	Reclaim
+	Intervene = repository.Intervene
+	Reclaim   = repository.Reclaim
 )
-
-func (p ExpiredLeasePolicy) String() string {
-	if names := [...]string{Intervene: "intervene", Reclaim: "reclaim"}; p >= 0 && int(p) < len(names) {
-		return names[p]
-	}
-	return fmt.Sprintf("ExpiredLeasePolicy(%d)", int(p))
-}
 
 // TwoPhaseConfig holds the settings every two-phase entry point's config
 // has, with their defaults applied.
