@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // batched turns group commit on.
@@ -364,7 +365,7 @@ func TestBatchDeadlockRetry(t *testing.T) {
 // others leave exactly theirs, with deterministic UUIDs.
 func TestBatchOutputsToOutbox(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s *store) {
-		dialect := map[string]outbox.Dialect{"postgres": outbox.PostgreSQL, "mysql": outbox.MySQL, "sqlite": outbox.SQLite}[s.name]
+		dialect := map[string]sqldialect.Dialect{"postgres": sqldialect.PostgreSQL, "mysql": sqldialect.MySQL, "sqlite": sqldialect.SQLite}[s.name]
 		table := randomName("outbox")
 		ob, err := outbox.New(outbox.Config{Dialect: dialect, Table: table})
 		require.NoError(t, err)

@@ -11,15 +11,16 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // The business row, the inbox marker and the outbox rows commit or roll
 // back together, and outputs get deterministic UUIDs.
 func TestInboxWritesOutputsToOutboxInItsTransaction(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s *store) {
-		dialect := outbox.PostgreSQL
+		dialect := sqldialect.PostgreSQL
 		if s.name == "mysql" {
-			dialect = outbox.MySQL
+			dialect = sqldialect.MySQL
 		}
 		table := randomName("outbox")
 		ob, err := outbox.New(outbox.Config{Dialect: dialect, Table: table})
