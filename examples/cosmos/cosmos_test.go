@@ -74,7 +74,10 @@ func TestRouter(t *testing.T) {
 	c := container(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	pubsub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	// Each Publish waits for its delivery's ack, so the four arrive in
+	// order: which copy of order-1 creates the document decides which
+	// one is the mismatch.
+	pubsub := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	defer pubsub.Close()
 	poisoned := &ledger.Topic{}
 	poison, err := wmiddleware.PoisonQueueWithFilter(poisoned, "orders_poison", middleware.IsPermanent)
