@@ -96,7 +96,7 @@ func main() {
 	flag.IntVar(&o.n, "n", 2000, "messages per run")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs per scenario and concurrency; the table shows the run with the median throughput")
 	flag.StringVar(&conc, "c", "1,4,16", "comma-separated handler concurrencies")
-	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,N,R,W,D,E,F,G,P; N and R are B and C with the adaptive read off and with ReadFirst, P is A, B and G over a pool of -pool connections at -pool-c); default all")
+	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,N,R,W,D,E,F,G,P,M; M is A and B on RabbitMQ, NATS JetStream and Kafka, N and R are B and C with the adaptive read off and with ReadFirst, P is A, B and G over a pool of -pool connections at -pool-c); default all")
 	flag.StringVar(&o.pgbench, "pgbench", "/usr/bin/pgbench", "path of pgbench (scenario F); skipped if missing")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile at the end to this file")
@@ -405,6 +405,15 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		scenarios = append(scenarios,
 			scenario{"E", "E two-phase inbox", "redis+pg", func(c int) (result, error) { return scenarioRedisTwoPhase(ctx, pg, rdb, o.n, c) }})
 	}
+	if want("M") {
+		brs, brNotes := availableBrokers(ctx)
+		notes = append(notes, brNotes...)
+		for _, br := range brs {
+			scenarios = append(scenarios,
+				scenario{"M", "M bare handler", br.name, func(c int) (result, error) { return scenarioBroker(ctx, pg, br, o.n, c, false) }},
+				scenario{"M", "M inbox", br.name, func(c int) (result, error) { return scenarioBroker(ctx, pg, br, o.n, c, true) }})
+		}
+	}
 	runPgbench := func(c, kind int) (result, error) {
 		return countRoundTrips(pgbenchRT, func() (result, error) {
 			return scenarioPgbench(ctx, pgbench, pgbenchDSN, pg, o.n, c, kind, batchSize(o, c))
@@ -419,7 +428,7 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 			scenario{"F", fGroupPipe, "postgres", func(c int) (result, error) { return runPgbench(c, pgbenchGroupPipelined) }})
 	}
 
-	ratios := append(slices.Clone(baseRatios), batchRatios...)
+	ratios := slices.Concat(baseRatios, batchRatios, brokerRatios)
 	concurrency := slices.Clone(o.concurrency)
 	if o.poolC > 0 && want("P") && !slices.Contains(concurrency, o.poolC) {
 		concurrency = append(concurrency, o.poolC)
@@ -472,6 +481,7 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	printTable(w, rows)
 	printRatios(w, rows, concurrency, ratios)
 	printBatchLatency(w, rows, o.concurrency, o.batchWait)
+	printBrokerSplit(w, rows)
 	fmt.Fprintf(w, "\npeak RSS (getrusage maxrss) of the bench process: %.1f MiB\n", mib(peakRSS()))
 	fmt.Fprintf(w, "took %s; load average at the end %s\n", took.Round(time.Second), proc.LoadAverage())
 	if o.rtt > 0 {
