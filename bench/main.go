@@ -136,6 +136,15 @@ func main() {
 		fatalf("-pool must be between 1 and -pool-c - 1")
 	}
 
+	if o.rtt > 0 {
+		// A delayed round trip sleeps in nanosleep (sleepRTT), holding its
+		// thread's P until sysmon takes the P back, which takes up to 10 ms
+		// once sysmon has backed off: with GOMAXPROCS 2, two sleeping
+		// connections stalled the rest (database/sql's B at c = 16 and
+		// -rtt 1ms ran at 450 or 2,600 msgs/s, run by run). One P per
+		// connection that can sleep at once, and some to spare.
+		runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 2*slices.Max(append(o.concurrency, o.poolC))+8))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if o.cpuProfile != "" {

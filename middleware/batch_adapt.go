@@ -54,8 +54,9 @@ const (
 // observe is given each delivery's time.
 type batchPolicy struct {
 	once   sync.Once
-	levels []int        // the ladder: 1, 2, 4, …, MaxMessages
-	cur    atomic.Int32 // index in levels of the limit in force
+	levels []int         // the ladder: 1, 2, 4, …, MaxMessages
+	cur    atomic.Int32  // index in levels of the limit in force
+	gen    atomic.Uint64 // the window's number
 
 	mu sync.Mutex
 	// est is the mean time per delivery measured at each level: the
@@ -86,11 +87,19 @@ func (p *batchPolicy) init(maxMessages int) {
 // limit is the most deliveries a batch may hold now.
 func (p *batchPolicy) limit() int { return p.levels[p.cur.Load()] }
 
-// observe adds one delivery's time in the inbox at the limit in force
-// and, when the window is full, chooses the next limit.
-func (p *batchPolicy) observe(took time.Duration) {
+// window is the number of the window in force, for observe.
+func (p *batchPolicy) window() uint64 { return p.gen.Load() }
+
+// observe adds the time in the inbox of a delivery that started in
+// window w and, when the window is full, chooses the next limit. A
+// delivery that started in an earlier window does not count: it ran,
+// or began to wait, under another limit.
+func (p *batchPolicy) observe(w uint64, took time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if w != p.gen.Load() {
+		return
+	}
 	p.sum += took
 	p.n++
 	cur := int(p.cur.Load())
@@ -108,6 +117,7 @@ func (p *batchPolicy) observe(took time.Duration) {
 	}
 	p.last = cur
 	p.cur.Store(int32(p.next(cur)))
+	p.gen.Add(1)
 }
 
 // windowSize is how many deliveries the window at level cur holds.
@@ -163,15 +173,18 @@ func (p *batchPolicy) next(cur int) int {
 // (handle), otherwise the delivery joins the next batch (handleInBatch);
 // either way its time goes to the policy.
 func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	start := time.Now()
+	// The window first: a limit read after it is the window's or a
+	// later one's, and a delivery of a later one is not counted.
+	w := i.batch.policy.window()
+	limit, start := i.batch.limit(), time.Now()
 	var out []*message.Message
 	var err error
-	if i.batch.limit() == 1 {
+	if limit == 1 {
 		out, err = i.handle(h, msg)
 	} else {
 		out, err = i.handleInBatch(h, msg)
 	}
-	i.batch.policy.observe(time.Since(start))
+	i.batch.policy.observe(w, time.Since(start))
 	return out, err
 }
 

@@ -16,7 +16,7 @@ func drive(p *batchPolicy, maxMessages, windows int, cost func(k int) time.Durat
 	for len(limits) < windows {
 		k := p.limit()
 		before := p.windows
-		p.observe(cost(k))
+		p.observe(p.window(), cost(k))
 		if p.windows != before {
 			limits = append(limits, k)
 		}
