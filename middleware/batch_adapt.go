@@ -24,10 +24,10 @@ import (
 // bounded (router handlers × prefetch), so by Little's law a lower mean
 // time is a higher throughput. The policy measures that mean over windows
 // of deliveries at each batch limit of a ladder 1, 2, 4, … MaxMessages,
-// starts at 1, climbs to a larger limit only while the larger one
-// measures at least batchAdaptMargin better, keeps to the best, and every
-// batchAdaptProbe windows spends one window at a neighbour of the best
-// to notice when the load has moved the best.
+// prefers a larger limit to a smaller one only when the larger measures
+// at least batchAdaptMargin better, keeps to the best, and every
+// batchAdaptProbe windows (more after probes that lost) spends one window
+// at a neighbour of the best to notice when the load has moved the best.
 //
 // The search starts where group commit without the policy stays: at
 // MaxMessages, for a first window of batchAdaptFirst deliveries; then it
@@ -42,8 +42,10 @@ const (
 	// window at limit k holds at least 2k (two batches).
 	batchAdaptWindow = 32
 	// batchAdaptProbe is how many windows at the best limit come before
-	// one at a neighbour.
-	batchAdaptProbe = 8
+	// one at a neighbour, doubled after every probe that lost, up to
+	// batchAdaptMaxBackoff times: a probe costs what the neighbour loses.
+	batchAdaptProbe      = 8
+	batchAdaptMaxBackoff = 3
 	// batchAdaptMargin is how much lower a larger limit's mean time must
 	// be to be preferred to a smaller one: within it, smaller batches
 	// (less latency added, fewer deliveries a failure reruns) win.
@@ -70,6 +72,8 @@ type batchPolicy struct {
 	last    int           // the level of the window before
 	since   int           // windows at the best since the last probe
 	probes  int           // probes made: even go down, odd go up
+	probing bool          // the window was a probe
+	lost    int           // probes lost in a row, up to batchAdaptMaxBackoff
 }
 
 // init builds the ladder up to maxMessages once.
@@ -148,15 +152,26 @@ func (p *batchPolicy) next(cur int) int {
 		}
 	}
 	if cur != best {
-		p.since = 0
+		// Back from a probe (or the best moved): a probe that lost
+		// makes the next one come twice as late, up to
+		// batchAdaptMaxBackoff doublings.
+		if p.probing && p.lost < batchAdaptMaxBackoff {
+			p.lost++
+		}
+		p.probing, p.since = false, 0
 		return best
 	}
+	if p.probing {
+		p.lost = 0 // the probe won: probe as often as at first
+	}
+	p.probing = false
 	p.since++
-	if p.since < batchAdaptProbe {
+	if p.since < batchAdaptProbe<<p.lost {
 		return best
 	}
 	p.since = 0
 	p.probes++
+	p.probing = true
 	down, up := best-1, best+1
 	if p.probes%2 == 1 {
 		down, up = up, down

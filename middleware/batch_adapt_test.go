@@ -62,6 +62,23 @@ func TestBatchPolicyShrinksWhenRoundTripsAreSlow(t *testing.T) {
 	steady := limits[3:]
 	require.GreaterOrEqual(t, share(steady, 1), float64(batchAdaptProbe)/(batchAdaptProbe+1)-0.01, "limits %v", steady)
 	require.Subset(t, []int{1, 2}, steady, "a probe goes to a neighbour of the best only")
+
+	// Every probe loses: each comes twice as late as the one before, up
+	// to batchAdaptMaxBackoff doublings.
+	steady = append(steady, drive(&p, 8, 400, func(k int) time.Duration { return time.Duration(k+3) * time.Millisecond })...)
+	var gaps []int
+	last := -1
+	for w, k := range steady {
+		if k != 1 {
+			if last >= 0 {
+				gaps = append(gaps, w-last-1)
+			}
+			last = w
+		}
+	}
+	require.GreaterOrEqual(t, len(gaps), 4, "limits %v", steady)
+	require.True(t, slices.IsSorted(gaps), "gaps between probes %v", gaps)
+	require.Equal(t, batchAdaptProbe<<batchAdaptMaxBackoff, gaps[len(gaps)-1], "gaps between probes %v", gaps)
 }
 
 // A slow handler: a batch runs k of them in series.
