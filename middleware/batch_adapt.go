@@ -73,6 +73,7 @@ type batchPolicy struct {
 	since   int           // windows at the best since the last probe
 	probes  int           // probes made: even go down, odd go up
 	probing bool          // the window was a probe
+	warm    bool          // a window at 1 has warmed its connections up
 	lost    int           // probes lost in a row, up to batchAdaptMaxBackoff
 }
 
@@ -113,6 +114,14 @@ func (p *batchPolicy) observe(w uint64, took time.Duration) {
 	p.windows++
 	mean := float64(p.sum) / float64(p.n)
 	p.sum, p.n = 0, 0
+	if cur == 0 && !p.warm {
+		// The first window at 1 warms up what it needs and batches did
+		// not: a connection for every delivery in flight, each
+		// preparing its statements. It is not the level's time.
+		p.warm = true
+		p.gen.Add(1)
+		return
+	}
 	if p.est[cur] == 0 || cur != p.last {
 		// A level just come back to: its old estimate is stale.
 		p.est[cur] = mean

@@ -58,8 +58,8 @@ func TestBatchPolicyLadder(t *testing.T) {
 func TestBatchPolicyShrinksWhenRoundTripsAreSlow(t *testing.T) {
 	var p batchPolicy
 	limits := drive(&p, 8, 60, func(k int) time.Duration { return time.Duration(k+3) * time.Millisecond })
-	require.Equal(t, []int{8, 1, 2}, limits[:3], "MaxMessages, then 1, then 1's neighbour")
-	steady := limits[3:]
+	require.Equal(t, []int{8, 1, 1, 2}, limits[:4], "MaxMessages, then 1 (a window to warm up, one to measure), then 1's neighbour")
+	steady := limits[4:]
 	require.GreaterOrEqual(t, share(steady, 1), float64(batchAdaptProbe)/(batchAdaptProbe+1)-0.01, "limits %v", steady)
 	require.Subset(t, []int{1, 2}, steady, "a probe goes to a neighbour of the best only")
 
