@@ -101,11 +101,12 @@ func TestBatchPolicyGrowsWhereBatchesWin(t *testing.T) {
 	require.Subset(t, []int{4, 8, 16}, steady)
 }
 
-// Within batchAdaptMargin a smaller batch is preferred.
-func TestBatchPolicyPrefersSmallerBatchesWhenEven(t *testing.T) {
+// Within batchAdaptMargin a larger batch is preferred, for the CPU it
+// saves.
+func TestBatchPolicyPrefersLargerBatchesWhenEven(t *testing.T) {
 	var p batchPolicy
-	limits := drive(&p, 16, 50, func(k int) time.Duration { return time.Duration(100-k/4) * time.Millisecond })
-	require.GreaterOrEqual(t, share(limits[10:], 1), 0.85, "limits %v", limits)
+	limits := drive(&p, 16, 50, func(k int) time.Duration { return 100*time.Millisecond + time.Duration(k)*time.Microsecond })
+	require.GreaterOrEqual(t, share(limits[10:], 16), 0.85, "limits %v", limits)
 }
 
 // When the load changes the best, the probes find the new one.
