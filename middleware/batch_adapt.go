@@ -52,6 +52,10 @@ const (
 	// which on a shared machine is other processes' throughput. It bounds
 	// what the preference can cost: 2 % of the best limit's throughput.
 	batchAdaptMargin = 0.02
+	// batchAdaptWeight is the weight of a window in its level's estimate
+	// while the policy stays at the level: a burst of load elsewhere on
+	// the machine moves the estimate by less than its own size.
+	batchAdaptWeight = 0.3
 )
 
 // batchPolicy chooses the batcher's limit. It has no clock of its own:
@@ -63,9 +67,9 @@ type batchPolicy struct {
 	gen    atomic.Uint64 // the window's number
 
 	mu sync.Mutex
-	// est is the mean time per delivery measured at each level: the
-	// mean of its latest window and its estimate before, over the windows
-	// in a row at it (the first after an absence counts alone); 0: not
+	// est is the mean time per delivery measured at each level: an
+	// exponentially weighted mean (batchAdaptWeight) of the windows in a
+	// row at it, the first after an absence counting alone; 0: not
 	// measured yet.
 	est     []float64
 	sum     time.Duration // the current window's
@@ -128,7 +132,7 @@ func (p *batchPolicy) observe(w uint64, took time.Duration) {
 		// A level just come back to: its old estimate is stale.
 		p.est[cur] = mean
 	} else {
-		p.est[cur] = (p.est[cur] + mean) / 2
+		p.est[cur] += batchAdaptWeight * (mean - p.est[cur])
 	}
 	p.last = cur
 	p.cur.Store(int32(p.next(cur)))
