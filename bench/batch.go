@@ -25,28 +25,43 @@ import (
 //	G  B with group commit: one transaction, one multi-row claim and one
 //	   commit for the deliveries in flight
 
+// batchSize is G's Batch.MaxMessages at concurrency c (and the k of FG).
+func batchSize(o options, c int) int {
+	if o.batchMax > 0 {
+		return o.batchMax
+	}
+	return max(c/2, 1)
+}
+
 // groupCommit is G's configuration at concurrency c.
 func groupCommit(o options, c int) func(*middleware.Config) {
-	maxMessages := o.batchMax
-	if maxMessages <= 0 {
-		maxMessages = max(c/2, 1)
-	}
+	maxMessages := batchSize(o, c)
 	return func(config *middleware.Config) {
 		config.Batch = middleware.BatchConfig{MaxMessages: maxMessages, MaxWait: o.batchWait}
 	}
 }
 
-// batchRatios are G's lines in the ratio table.
+// batchRatios are G's lines in the ratio table, and the
+// connection-limited scenario's (P: c deliveries in flight over a pool of
+// p < c connections).
 var batchRatios = []ratio{
-	{"G/A  group commit vs bare", "≥ 2 at c=16", "G inbox, group commit", "postgres", "A bare handler", "postgres"},
-	{"G/F  group commit vs pgbench", "≥ 1.2 at c=16", "G inbox, group commit", "postgres", "F pgbench INSERT", "postgres"},
-	{"G/W  group commit vs watermill-sql (batch 100)", "≥ 1 at c=16", "G inbox, group commit", "postgres", "W watermill-sql (batch 100)", "postgres"},
-	{"G/B  group commit vs inbox", "", "G inbox, group commit", "postgres", "B inbox", "postgres"},
-	{"G/A  group commit vs bare (pgx)", "", "G inbox, group commit", "pgx", "A bare handler", "pgx"},
-	{"G/B  group commit vs inbox (pgx)", "", "G inbox, group commit", "pgx", "B inbox", "pgx"},
-	{"G/E  sqlite group commit vs sqlite inbox", "", "G inbox, group commit", "sqlite", "E inbox", "sqlite"},
-	{"G/E  mariadb group commit vs mariadb inbox", "", "G inbox, group commit", "mariadb", "E inbox", "mariadb"},
+	{"G/B  group commit vs inbox", "≥ 0.95", "G inbox, group commit", "postgres", "B inbox", "postgres", fGroup, fInbox},
+	{"G/A  group commit vs bare", "", "G inbox, group commit", "postgres", "A bare handler", "postgres", fGroup, fBare},
+	{"G/FG group commit vs pgbench running G's SQL", "≥ 0.8 at c=16", "G inbox, group commit", "postgres", fGroup, "postgres", "", ""},
+	{"G/FGP group commit vs G's SQL pipelined", "", "G inbox, group commit", "postgres", fGroupPipe, "postgres", "", ""},
+	{"FGP/FG G's SQL pipelined vs serial (pgbench)", "", fGroupPipe, "postgres", fGroup, "postgres", "", ""},
+	{"G/W  group commit vs watermill-sql (batch 100; W pre-published)", "", "G inbox, group commit", "postgres", "W watermill-sql (batch 100)", "postgres", "", ""},
+	{"G/A  group commit vs bare (pgx)", "", "G inbox, group commit", "pgx", "A bare handler", "pgx", fGroup, fBare},
+	{"G/B  group commit vs inbox (pgx)", "≥ 0.95", "G inbox, group commit", "pgx", "B inbox", "pgx", fGroup, fInbox},
+	{"G/E  sqlite group commit vs sqlite inbox", "", "G inbox, group commit", "sqlite", "E inbox", "sqlite", "", ""},
+	{"G/E  mariadb group commit vs mariadb inbox", "", "G inbox, group commit", "mariadb", "E inbox", "mariadb", "", ""},
+	{"P: B/A inbox vs bare, pool p < c", "≥ 0.9", poolLabel("B inbox"), "postgres", poolLabel("A bare handler"), "postgres", "", ""},
+	{"P: G/A group commit vs bare, pool p < c", "≥ 1.5", poolLabel("G inbox, group commit"), "postgres", poolLabel("A bare handler"), "postgres", "", ""},
+	{"P: G/B group commit vs inbox, pool p < c", "", poolLabel("G inbox, group commit"), "postgres", poolLabel("B inbox"), "postgres", "", ""},
 }
+
+// poolLabel is the label of scenario label in the connection-limited run.
+func poolLabel(label string) string { return label + ", pool p" }
 
 // printBatchLatency checks G's p99 against its target: at most MaxWait
 // plus twice A's p99, at each concurrency.

@@ -86,6 +86,8 @@ type options struct {
 	batchMax     int
 	batchWait    time.Duration
 	rtt          time.Duration
+	pool         int
+	poolC        int
 }
 
 func main() {
@@ -94,7 +96,7 @@ func main() {
 	flag.IntVar(&o.n, "n", 2000, "messages per run")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs per scenario and concurrency; the table shows the run with the median throughput")
 	flag.StringVar(&conc, "c", "1,4,16", "comma-separated handler concurrencies")
-	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,N,R,W,D,E,F,G; N and R are B and C with the adaptive read off and with ReadFirst); default all")
+	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,N,R,W,D,E,F,G,P,M; M is A and B on RabbitMQ, NATS JetStream and Kafka, N and R are B and C with the adaptive read off and with ReadFirst, P is A, B and G over a pool of -pool connections at -pool-c); default all")
 	flag.StringVar(&o.pgbench, "pgbench", "/usr/bin/pgbench", "path of pgbench (scenario F); skipped if missing")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile at the end to this file")
@@ -107,6 +109,8 @@ func main() {
 	flag.DurationVar(&o.janitorPause, "soak-janitor-pause", 0, "soak: janitor Pause (0: the janitor's default)")
 	flag.IntVar(&o.batchMax, "batch-max", 0, "G: Batch.MaxMessages (0: half the concurrency c, at least 1)")
 	flag.DurationVar(&o.batchWait, "batch-wait", middleware.DefaultBatchMaxWait, "G: Batch.MaxWait")
+	flag.IntVar(&o.pool, "pool", 8, "P: the connection pool's size in the connection-limited scenario (A, B and G over p connections)")
+	flag.IntVar(&o.poolC, "pool-c", 64, "P: deliveries in flight in the connection-limited scenario; 0: no such scenario")
 	flag.DurationVar(&o.rtt, "rtt", 0, "network round-trip time added to every round trip to PostgreSQL, MariaDB and Redis (pgbench through a proxy); 0: loopback as it is")
 	flag.Parse()
 	for _, s := range strings.Split(conc, ",") {
@@ -128,7 +132,19 @@ func main() {
 	if o.rtt < 0 {
 		fatalf("-rtt must not be negative")
 	}
+	if o.poolC > 0 && (o.pool < 1 || o.pool >= o.poolC) {
+		fatalf("-pool must be between 1 and -pool-c - 1")
+	}
 
+	if o.rtt > 0 {
+		// A delayed round trip sleeps in nanosleep (sleepRTT), holding its
+		// thread's P until sysmon takes the P back, which takes up to 10 ms
+		// once sysmon has backed off: with GOMAXPROCS 2, two sleeping
+		// connections stalled the rest (database/sql's B at c = 16 and
+		// -rtt 1ms ran at 450 or 2,600 msgs/s, run by run). One P per
+		// connection that can sleep at once, and some to spare.
+		runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 2*slices.Max(append(o.concurrency, o.poolC))+8))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if o.cpuProfile != "" {
@@ -310,6 +326,15 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 
 	var dupBoth = map[int]result{}
 	var dupErr = map[int]error{}
+	var wPub = map[int]result{}
+	var wErr = map[int]error{}
+	wsql := func(c, batchSize int) (result, error) {
+		consume, withPublish, err := scenarioWatermillSQL(ctx, pg, o.n, c, batchSize)
+		if batchSize == 0 {
+			wPub[c], wErr[c] = withPublish, err
+		}
+		return consume, err
+	}
 	scenarios := []scenario{
 		{"A", "A bare handler", "postgres", func(c int) (result, error) { return scenarioBare(ctx, pg, o.n, c) }},
 		{"B", "B inbox", "postgres", func(c int) (result, error) { return scenarioInbox(ctx, pg, o.n, c) }},
@@ -337,11 +362,32 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 			dup, _, err := scenarioDuplicates(ctx, pg, o.n, c, readFirst)
 			return dup, err
 		}},
-		{"W", "W watermill-sql (batch 100)", "postgres", func(c int) (result, error) { return scenarioWatermillSQL(ctx, pg, o.n, c, 0) }},
-		{"W", "W1 watermill-sql (batch 1)", "postgres", func(c int) (result, error) { return scenarioWatermillSQL(ctx, pg, o.n, c, 1) }},
+		{"W", "W watermill-sql (batch 100)", "postgres", func(c int) (result, error) { return wsql(c, 0) }},
+		{"W", "W watermill-sql (batch 100) incl. publish", "postgres", func(c int) (result, error) { return wPub[c], wErr[c] }},
+		{"W", "W1 watermill-sql (batch 1)", "postgres", func(c int) (result, error) { return wsql(c, 1) }},
 		{"D", "D Deduplicator (memory)", "postgres", func(c int) (result, error) { return scenarioDeduplicator(ctx, pg, o.n, c) }},
 		{"G", "G inbox, group commit", "postgres", func(c int) (result, error) { return scenarioInbox(ctx, pg, o.n, c, groupCommit(o, c)) }},
 		{"G", "G inbox, group commit", "pgx", func(c int) (result, error) { return scenarioInboxPgx(ctx, px, o.n, c, groupCommit(o, c)) }},
+	}
+	if o.poolC > 0 && want("P") {
+		// P: the same deliveries over a pool of o.pool connections, fewer
+		// than the deliveries in flight: where group commit should win.
+		poolRT := &roundTrips{rtt: o.rtt}
+		conn, err := openPostgres(pgDSN, poolRT)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		conn.SetMaxOpenConns(o.pool)
+		conn.SetMaxIdleConns(o.pool)
+		limited := postgresDB(conn, poolRT)
+		scenarios = append(scenarios,
+			scenario{"P", poolLabel("A bare handler"), "postgres", func(c int) (result, error) { return scenarioBare(ctx, limited, o.n, c) }},
+			scenario{"P", poolLabel("B inbox"), "postgres", func(c int) (result, error) { return scenarioInbox(ctx, limited, o.n, c) }},
+			scenario{"P", poolLabel("G inbox, group commit"), "postgres", func(c int) (result, error) {
+				return scenarioInbox(ctx, limited, o.n, c, groupCommit(o, c))
+			}})
+		notes = append(notes, fmt.Sprintf("P: %d deliveries in flight over a pool of %d connections (A, B and G on database/sql)", o.poolC, o.pool))
 	}
 	if lite != nil {
 		scenarios = append(scenarios,
@@ -368,26 +414,34 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		scenarios = append(scenarios,
 			scenario{"E", "E two-phase inbox", "redis+pg", func(c int) (result, error) { return scenarioRedisTwoPhase(ctx, pg, rdb, o.n, c) }})
 	}
+	if want("M") {
+		brs, brNotes := availableBrokers(ctx)
+		notes = append(notes, brNotes...)
+		for _, br := range brs {
+			scenarios = append(scenarios,
+				scenario{"M", "M bare handler", br.name, func(c int) (result, error) { return scenarioBroker(ctx, pg, br, o.n, c, false) }},
+				scenario{"M", "M inbox", br.name, func(c int) (result, error) { return scenarioBroker(ctx, pg, br, o.n, c, true) }})
+		}
+	}
+	runPgbench := func(c, kind int) (result, error) {
+		return countRoundTrips(pgbenchRT, func() (result, error) {
+			return scenarioPgbench(ctx, pgbench, pgbenchDSN, pg, o.n, c, kind, batchSize(o, c))
+		})
+	}
 	if pgbench != "" {
 		scenarios = append(scenarios,
-			scenario{"F", "F pgbench INSERT", "postgres", func(c int) (result, error) {
-				return countRoundTrips(pgbenchRT, func() (result, error) {
-					return scenarioPgbench(ctx, pgbench, pgbenchDSN, pg, o.n, c, pgbenchInsert)
-				})
-			}},
-			scenario{"F", "F pgbench A's SQL", "postgres", func(c int) (result, error) {
-				return countRoundTrips(pgbenchRT, func() (result, error) {
-					return scenarioPgbench(ctx, pgbench, pgbenchDSN, pg, o.n, c, pgbenchBare)
-				})
-			}},
-			scenario{"F", "F pgbench B's SQL", "postgres", func(c int) (result, error) {
-				return countRoundTrips(pgbenchRT, func() (result, error) {
-					return scenarioPgbench(ctx, pgbench, pgbenchDSN, pg, o.n, c, pgbenchInbox)
-				})
-			}})
+			scenario{"F", fInsert, "postgres", func(c int) (result, error) { return runPgbench(c, pgbenchInsert) }},
+			scenario{"F", fBare, "postgres", func(c int) (result, error) { return runPgbench(c, pgbenchBare) }},
+			scenario{"F", fInbox, "postgres", func(c int) (result, error) { return runPgbench(c, pgbenchInbox) }},
+			scenario{"F", fGroup, "postgres", func(c int) (result, error) { return runPgbench(c, pgbenchGroup) }},
+			scenario{"F", fGroupPipe, "postgres", func(c int) (result, error) { return runPgbench(c, pgbenchGroupPipelined) }})
 	}
 
-	ratios := append(slices.Clone(baseRatios), batchRatios...)
+	ratios := slices.Concat(baseRatios, batchRatios, brokerRatios)
+	concurrency := slices.Clone(o.concurrency)
+	if o.poolC > 0 && want("P") && !slices.Contains(concurrency, o.poolC) {
+		concurrency = append(concurrency, o.poolC)
+	}
 
 	// Repetition, then concurrency, are the outer loops, so a change of
 	// background load during the run affects every scenario rather than
@@ -399,9 +453,10 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	runs := map[cell][]row{}
 	start := time.Now()
 	for rep := range o.repeat {
-		for _, c := range o.concurrency {
+		for _, c := range concurrency {
 			for _, s := range scenarios {
-				if !want(s.id) {
+				// P runs at -pool-c alone; the others at every -c.
+				if !want(s.id) || (s.id == "P" && c != o.poolC) || (s.id != "P" && !slices.Contains(o.concurrency, c)) {
 					continue
 				}
 				if err := ctx.Err(); err != nil {
@@ -433,8 +488,9 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		return a.c - b.c
 	})
 	printTable(w, rows)
-	printRatios(w, rows, o.concurrency, ratios)
+	printRatios(w, rows, concurrency, ratios)
 	printBatchLatency(w, rows, o.concurrency, o.batchWait)
+	printBrokerSplit(w, rows)
 	fmt.Fprintf(w, "\npeak RSS (getrusage maxrss) of the bench process: %.1f MiB\n", mib(peakRSS()))
 	fmt.Fprintf(w, "took %s; load average at the end %s\n", took.Round(time.Second), proc.LoadAverage())
 	if o.rtt > 0 {
@@ -513,7 +569,10 @@ func fmtDur(d time.Duration) string {
 	}
 }
 
-// printRatios prints the throughput ratios the targets are stated in.
+// printRatios prints the throughput ratios the targets are stated in,
+// each cell with the same ratio of the SQL alone (pgbench replaying each
+// side's statements) in parentheses where the line has one: the bound
+// the statements allow before any Go runs.
 func printRatios(w io.Writer, rows []row, conc []int, ratios []ratio) {
 	rate := func(label, backend string, c int) float64 {
 		for _, r := range rows {
@@ -524,6 +583,7 @@ func printRatios(w io.Writer, rows []row, conc []int, ratios []ratio) {
 		return 0
 	}
 	fmt.Fprintln(w)
+	fmt.Fprintln(w, "ratio (SQL bound: the same ratio of pgbench replaying each side's statements)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "ratio\ttarget")
 	for _, c := range conc {
@@ -540,7 +600,13 @@ func printRatios(w io.Writer, rows []row, conc []int, ratios []ratio) {
 				continue
 			}
 			any = true
-			cells = append(cells, fmt.Sprintf("%.2f", num/den))
+			cell := fmt.Sprintf("%.2f", num/den)
+			if q.boundNum != "" {
+				if bn, bd := rate(q.boundNum, "postgres", c), rate(q.boundDen, "postgres", c); bn > 0 && bd > 0 {
+					cell += fmt.Sprintf(" (%.2f)", bn/bd)
+				}
+			}
+			cells = append(cells, cell)
 		}
 		if !any {
 			continue

@@ -13,21 +13,64 @@ import (
 	"time"
 )
 
-// pgbench scripts: F itself, and the statements of A and B replayed by
+// pgbench scripts: F itself, and the statements of A, B and G replayed by
 // pgbench (no Go, no router), to tell the SQL's cost from ours.
 const (
 	pgbenchInsert = iota // F: one autocommit INSERT
 	pgbenchBare          // A's SQL: BEGIN; INSERT; COMMIT
 	pgbenchInbox         // B's SQL: BEGIN; claim INSERT … ON CONFLICT DO NOTHING; INSERT; COMMIT
+	// G's SQL in G's shape: c/k clients, each transaction BEGIN; one
+	// k-row claim … RETURNING; k INSERTs; COMMIT, k = G's batch size.
+	pgbenchGroup
+	// pgbenchGroup with the transaction's statements in one pipeline
+	// (\startpipeline … \endpipeline): one round trip a batch, the floor
+	// of any batch that waits for nothing between its statements.
+	pgbenchGroupPipelined
 )
+
+// claimColumns are the inbox claim's columns (internal/sqlstore's Claim).
+const claimColumns = "(consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)"
+
+// claimRow is the claim row of key (an SQL expression) in B's and G's
+// scripts.
+func claimRow(key string) string {
+	return "('bench', " + key + ", 'completed', sha256((" + key + ")::bytea), 1, now(), now(), now() + interval '7 days')"
+}
+
+// groupScript is G's transaction of k deliveries for pgbench.
+func groupScript(inboxTable, businessTable string, k int, pipelined bool) string {
+	var s strings.Builder
+	s.WriteString("\\set id random(1, 9000000000000000)\n")
+	if pipelined {
+		s.WriteString("\\startpipeline\n")
+	}
+	s.WriteString("BEGIN;\nINSERT INTO \"" + inboxTable + "\" " + claimColumns + " VALUES ")
+	for j := range k {
+		if j > 0 {
+			s.WriteString(", ")
+		}
+		s.WriteString(claimRow(fmt.Sprintf("'k' || :id || '-%d'", j)))
+	}
+	s.WriteString(" ON CONFLICT (consumer, dedup_key) DO NOTHING RETURNING consumer, dedup_key;\n")
+	for j := range k {
+		fmt.Fprintf(&s, "INSERT INTO \"%s\" (id, amount) VALUES ('k' || :id || '-%d', 1);\n", businessTable, j)
+	}
+	s.WriteString("END;\n")
+	if pipelined {
+		s.WriteString("\\endpipeline\n")
+	}
+	return s.String()
+}
 
 // scenarioPgbench is F: pgbench running one INSERT per transaction (an
 // autocommit statement: one round trip, one commit) into a table shaped
 // like the business table, with c clients, n transactions in all, as the
 // database's own limit on this machine. Latencies come from pgbench's
 // per-transaction log (-l). With pgbenchBare or pgbenchInbox it replays
-// A's or B's statements instead.
-func scenarioPgbench(ctx context.Context, pgbench, dsn string, d *database, n, c, kind int) (result, error) {
+// A's or B's statements instead; with pgbenchGroup(Pipelined), G's, k
+// deliveries a transaction, over max(c/k, 1) clients (G's c deliveries in
+// flight make c/k batches at once).
+func scenarioPgbench(ctx context.Context, pgbench, dsn string, d *database, n, c, kind, k int) (result, error) {
 	t := &tables{d: d}
 	defer t.drop()
 	b, err := newBusiness(ctx, d, t, "bench_f")
@@ -44,9 +87,19 @@ func scenarioPgbench(ctx context.Context, pgbench, dsn string, d *database, n, c
 			return result{}, err
 		}
 		body = "\\set id random(1, 9000000000000000)\nBEGIN;\n" +
-			"INSERT INTO \"" + inboxTable + "\" (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at) " +
-			"VALUES ('bench', 'k' || :id, 'completed', sha256(('k' || :id)::bytea), 1, now(), now(), now() + interval '7 days') ON CONFLICT (consumer, dedup_key) DO NOTHING;\n" +
+			"INSERT INTO \"" + inboxTable + "\" " + claimColumns + " VALUES " + claimRow("'k' || :id") + " ON CONFLICT (consumer, dedup_key) DO NOTHING;\n" +
 			"INSERT INTO \"" + b.table + "\" (id, amount) VALUES ('k' || :id, 1);\nEND;\n"
+	case pgbenchGroup, pgbenchGroupPipelined:
+		_, _, inboxTable, err := newInbox(ctx, d, t, nil, 0)
+		if err != nil {
+			return result{}, err
+		}
+		body = groupScript(inboxTable, b.table, k, kind == pgbenchGroupPipelined)
+	}
+	perTx := 1 // deliveries a transaction
+	clients := c
+	if kind == pgbenchGroup || kind == pgbenchGroupPipelined {
+		perTx, clients = k, max(c/k, 1)
 	}
 	dir, err := os.MkdirTemp("", "watermill-idempotent-pgbench")
 	if err != nil {
@@ -57,11 +110,11 @@ func scenarioPgbench(ctx context.Context, pgbench, dsn string, d *database, n, c
 	if err := os.WriteFile(script, []byte(body), 0o600); err != nil {
 		return result{}, err
 	}
-	perClient := max(n/c, 1)
+	perClient := max(n/(clients*perTx), 1)
 	cmd := exec.CommandContext(ctx, pgbench,
 		"-n",             // no vacuum of pgbench's own tables (there are none)
 		"-M", "prepared", // like pgx, which prepares and caches statements
-		"-c", strconv.Itoa(c), "-j", strconv.Itoa(min(c, 2)),
+		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, 2)),
 		"-t", strconv.Itoa(perClient),
 		"-l", "--log-prefix", filepath.Join(dir, "log"),
 		"-f", script, dsn)
@@ -82,8 +135,9 @@ func scenarioPgbench(ctx context.Context, pgbench, dsn string, d *database, n, c
 	if err != nil {
 		return result{}, err
 	}
-	total := perClient * c
-	return result{n: total, elapsed: time.Duration(float64(total) / tps * float64(time.Second)), latencies: lat}, b.expect(ctx, total)
+	txs := perClient * clients
+	total := txs * perTx
+	return result{n: total, elapsed: time.Duration(float64(txs) / tps * float64(time.Second)), latencies: lat}, b.expect(ctx, total)
 }
 
 // readPgbenchLogs reads the third column (transaction latency, µs) of

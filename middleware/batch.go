@@ -88,6 +88,9 @@ type batcher struct {
 	// as far as the batcher can tell: what was inside when a leader's
 	// MaxWait last ran out, raised whenever more came in. 0: unknown.
 	capacity int
+	// policy adapts the batches' size (batch_adapt.go): b.limit(), at
+	// most max.
+	policy batchPolicy
 }
 
 // complete reports whether the collecting batch should run now: it holds
@@ -95,7 +98,7 @@ type batcher struct {
 // (pending, or in a running batch), so no other can join before a
 // running batch commits. b.mu is held.
 func (b *batcher) complete() bool {
-	return len(b.pending) >= b.max || (b.capacity > 0 && b.inside >= b.capacity)
+	return len(b.pending) >= b.limit() || (b.capacity > 0 && b.inside >= b.capacity)
 }
 
 // delivery is one message waiting for, or running in, a batch.
@@ -117,9 +120,9 @@ type delivery struct {
 	err      error              // nil once committed
 }
 
-// handleBatched is handle in batch mode: the delivery joins the next
+// handleInBatch is handle in batch mode: the delivery joins the next
 // batch and returns once the batch's commit (or its own failure) decided.
-func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+func (i *Inbox) handleInBatch(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	obs, ctx, scope, key, err := beginDelivery(i.obs, i.scope, i.config.Key, msg)
 	if err != nil {
 		return nil, err
@@ -221,7 +224,7 @@ func (b *batcher) lead(ctx context.Context) {
 	for _, d := range b.pending {
 		// A second copy of a key waits for the next batch, whose claim
 		// finds this one's marker: a duplicate.
-		if len(batch) < b.max && !in[d.id] {
+		if len(batch) < b.limit() && !in[d.id] {
 			in[d.id] = true
 			batch = append(batch, d)
 			continue

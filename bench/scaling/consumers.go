@@ -13,10 +13,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/bench/internal/brokers"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/bench/internal/stats"
@@ -61,7 +62,7 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 	var pub message.Publisher
 	handlers := n * o.workers
 	if o.broker == "kafka" {
-		kf, err := startKfake(queue, o.partitions)
+		kf, err := brokers.StartKfake(queue, o.partitions)
 		if err != nil {
 			return runResult{}, err
 		}
@@ -72,16 +73,16 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 		// size would exceed max_connections (100) on a shared server.
 		args = append(args, "-brokers", strings.Join(kf.ListenAddrs(), ","), "-workers", strconv.Itoa((o.partitions+n-1)/n))
 		broker, handlers = []int{os.Getpid()}, o.partitions
-		if pub, err = newKafkaPublisher(kf.ListenAddrs()); err != nil {
+		if pub, err = brokers.NewKafkaPublisher(kf.ListenAddrs()); err != nil {
 			return runResult{}, err
 		}
 	} else {
-		defer deleteQueue(o.amqpURL, queue)
-		if pub, err = newAMQPPublisher(o.amqpURL, queue); err != nil {
+		defer brokers.DeleteQueue(o.amqpURL, queue)
+		if pub, err = brokers.NewAMQPPublisher(o.amqpURL, queue); err != nil {
 			return runResult{}, err
 		}
 	}
-	err = publishAll(pub, queue, o.n)
+	err = brokers.PublishAll(pub, queue, o.n)
 	if err = errors.Join(err, pub.Close()); err != nil {
 		return runResult{}, fmt.Errorf("publish: %w", err)
 	}
@@ -132,57 +133,6 @@ func runConsumers(ctx context.Context, db *sql.DB, o options, n int) (runResult,
 	}
 	return runResult{rate: (hi - lo) * float64(o.n-1) / span, handlers: handlers, p50: stats.Percentile(lat, 50), p99: stats.Percentile(lat, 99), cpu: cpu, load: load,
 		fsyncs: fsyncs, commitsPerSync: perSync}, nil
-}
-
-// amqpConfig is a competing-consumer queue: every subscriber of the
-// topic consumes from the one durable queue named after it.
-func amqpConfig(url string, prefetch int) amqp.Config {
-	c := amqp.NewDurableQueueConfig(url)
-	c.Consume.Qos.PrefetchCount = prefetch
-	return c
-}
-
-// newAMQPPublisher declares queue and returns a publisher to it. (The
-// publisher sends to the default exchange, which drops messages for a
-// queue that does not exist yet.)
-func newAMQPPublisher(url, queue string) (message.Publisher, error) {
-	sub, err := amqp.NewSubscriber(amqpConfig(url, 1), watermill.NopLogger{})
-	if err != nil {
-		return nil, err
-	}
-	err = sub.SubscribeInitialize(queue)
-	_ = sub.Close()
-	if err != nil {
-		return nil, err
-	}
-	return amqp.NewPublisher(amqpConfig(url, 1), watermill.NopLogger{})
-}
-
-// publishAll publishes n messages to topic, 500 per Publish call.
-func publishAll(pub message.Publisher, topic string, n int) error {
-	batch := make([]*message.Message, 0, 500)
-	for i := range n {
-		id := watermill.NewUUID()
-		batch = append(batch, message.NewMessage(id, fmt.Appendf(nil, `{"order":%q,"amount":%d}`, id, i+1)))
-		if len(batch) == cap(batch) || i == n-1 {
-			if err := pub.Publish(topic, batch...); err != nil {
-				return err
-			}
-			batch = batch[:0]
-		}
-	}
-	return nil
-}
-
-func deleteQueue(url, queue string) {
-	conn, err := amqp091.Dial(url)
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	if ch, err := conn.Channel(); err == nil {
-		_, _ = ch.QueueDelete(queue, false, false, false)
-	}
 }
 
 // runConsumerChild is a consumer process: a router with c.workers
@@ -237,10 +187,10 @@ func runConsumerChild(c childArgs) error {
 	if c.brokers != "" {
 		// One subscription joins the group once; its concurrency is
 		// the partitions it owns.
-		sub, err = newKafkaSubscriber(strings.Split(c.brokers, ","), "scaling-"+c.queue)
+		sub, err = brokers.NewKafkaSubscriber(strings.Split(c.brokers, ","), "scaling-"+c.queue)
 		handlers = 1
 	} else {
-		sub, err = amqp.NewSubscriber(amqpConfig(c.amqpURL, c.prefetch), logger)
+		sub, err = amqp.NewSubscriber(brokers.AMQPConfig(c.amqpURL, c.prefetch), logger)
 	}
 	if err != nil {
 		return err

@@ -19,13 +19,14 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/outbox"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // runRelays is one relay row: n relay processes draining o.n rows.
 func runRelays(ctx context.Context, db *sql.DB, o options, n int) (runResult, error) {
 	sfx := randomSuffix()
 	table, app := "scale_outbox_"+sfx, "scaling-"+sfx
-	ob, err := outbox.New(outbox.Config{Dialect: outbox.PostgreSQL, Table: table})
+	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL, Table: table})
 	if err != nil {
 		return runResult{}, err
 	}
@@ -127,7 +128,7 @@ func runRelayChild(c childArgs) error {
 		return err
 	}
 	pub := &recordingPublisher{}
-	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: outbox.PostgreSQL, Table: c.outbox, BatchSize: c.batch})
+	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL, Table: c.outbox, BatchSize: c.batch})
 	if err != nil {
 		return err
 	}
