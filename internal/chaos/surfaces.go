@@ -299,7 +299,12 @@ func (e *env) keyed(parent context.Context, config SurfacesConfig) (_ []Phase, e
 	faultCtx, stopFaults := context.WithCancel(ctx)
 	faultErr := make(chan error, 1)
 	go func() { faultErr <- in.run(faultCtx) }()
-	waitErr := e.waitFor(ctx, "every call answered and every fault kind injected", func(context.Context) (bool, string, error) {
+	// Bounded: a caller or client group that can never finish (a server
+	// that cannot start, a key that never settles) fails the run instead
+	// of holding CI.
+	waitCtx, stopWait := context.WithTimeout(ctx, keyedWaitLimit)
+	defer stopWait()
+	waitErr := e.waitFor(waitCtx, "every call answered and every fault kind injected", func(context.Context) (bool, string, error) {
 		left := 0
 		for _, p := range callers {
 			select {
@@ -591,3 +596,7 @@ func printSurfaces(w io.Writer, phases []Phase) {
 	}
 	fmt.Fprintln(w)
 }
+
+// keyedWaitLimit bounds the keyed scenarios' wait for every call to be
+// answered: several times the full configuration's run.
+const keyedWaitLimit = 10 * time.Minute

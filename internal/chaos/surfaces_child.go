@@ -326,7 +326,7 @@ func runServer(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 		return err
 	}
 	defer closeAll()
-	idem, err := httpidem.New(httpidem.Config{Repository: repo, Global: true, Lease: s.Lease, OnExpiredLease: s.Policy, Logger: logger})
+	idem, err := httpidem.New(httpidem.Config{Repository: repo, Namespace: "chaos", Global: true, Lease: s.Lease, OnExpiredLease: s.Policy, Logger: logger})
 	if err != nil {
 		return err
 	}
