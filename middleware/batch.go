@@ -42,6 +42,14 @@ type BatchConfig struct {
 	// come at once when a MaxWait runs out). Default:
 	// DefaultBatchMaxWait (5 ms).
 	MaxWait time.Duration
+	// Fixed keeps every batch's limit at MaxMessages. By default the
+	// limit adapts (1, 2, 4 … MaxMessages) to the time a delivery spends
+	// in the inbox, shrinking to single deliveries where batches lose:
+	// slow round trips to the database, a slow handler. Set Fixed where
+	// batches always win, for example more deliveries in flight than
+	// database connections, to skip the adaptation's probes. Default:
+	// false (adaptive).
+	Fixed bool
 }
 
 func (b *BatchConfig) setDefaults() {
@@ -89,8 +97,9 @@ type batcher struct {
 	// MaxWait last ran out, raised whenever more came in. 0: unknown.
 	capacity int
 	// policy adapts the batches' size (batch_adapt.go): b.limit(), at
-	// most max.
+	// most max; with fixed the limit is max.
 	policy batchPolicy
+	fixed  bool
 }
 
 // complete reports whether the collecting batch should run now: it holds

@@ -203,6 +203,9 @@ func (p *batchPolicy) next(cur int) int {
 // (handle), otherwise the delivery joins the next batch (handleInBatch);
 // either way its time goes to the policy.
 func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	if i.batch.fixed {
+		return i.handleInBatch(h, msg)
+	}
 	// The window first: a limit read after it is the window's or a
 	// later one's, and a delivery of a later one is not counted.
 	w := i.batch.policy.window()
@@ -219,8 +222,11 @@ func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*m
 }
 
 // limit is the most deliveries the collecting batch may hold: the
-// policy's limit.
+// policy's limit, or max with BatchConfig.Fixed.
 func (b *batcher) limit() int {
+	if b.fixed {
+		return b.max
+	}
 	b.policy.init(b.max)
 	return b.policy.limit()
 }

@@ -527,3 +527,31 @@ func TestBatchStartsWhenNoOtherDeliveryCanJoin(t *testing.T) {
 		}
 	}, "postgres", "sqlite")
 }
+
+// TestBatchFixedKeepsTheLimit: with BatchConfig.Fixed every round of
+// concurrent deliveries shares transactions. Without it the adaptive
+// policy, after its first window at MaxMessages, measures single
+// deliveries, so a later round would run one transaction each.
+func TestBatchFixedKeepsTheLimit(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s *store) {
+		var txs atomic.Pointer[txSet]
+		txs.Store(&txSet{})
+		h := &chargeHandler{s: s, before: func(msg *message.Message, _ *sql.Tx) error { txs.Load().add(msg); return nil }}
+		mw := s.newInbox(t, "billing", func(c *middleware.Config) {
+			c.Batch = middleware.BatchConfig{MaxMessages: 8, MaxWait: 50 * time.Millisecond, Fixed: true}
+		}).Middleware(h.Handle)
+		for round := range 5 { // 5 × 32 deliveries: past the policy's first window
+			txs.Store(&txSet{})
+			msgs := orders(32)
+			for k, m := range msgs {
+				m.UUID = fmt.Sprintf("r%d-%d", round, k)
+			}
+			_, errs := deliverConcurrently(mw, msgs)
+			for k, err := range errs {
+				require.NoError(t, err, "round %d delivery %d", round, k)
+			}
+			require.Greater(t, txs.Load().largest(), 1, "round %d: deliveries shared a transaction", round)
+		}
+		require.EqualValues(t, 160, h.runs.Load())
+	})
+}

@@ -306,7 +306,7 @@ func NewInbox(config Config) (*Inbox, error) {
 		i.tx.BeginClaim = cb.BeginClaim
 	}
 	if config.Batch.MaxMessages > 1 {
-		i.batch = &batcher{inbox: i, max: config.Batch.MaxMessages, wait: config.Batch.MaxWait}
+		i.batch = &batcher{inbox: i, max: config.Batch.MaxMessages, wait: config.Batch.MaxWait, fixed: config.Batch.Fixed}
 	}
 	return i, nil
 }
