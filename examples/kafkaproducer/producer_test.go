@@ -37,12 +37,15 @@ func TestIdempotentProducerStoresRetriesOnce(t *testing.T) {
 		for _, idempotent := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/idempotent=%v", loss, idempotent), func(t *testing.T) {
 				r := measure(t, loss, idempotent)
-				t.Logf("%s, idempotent=%v: %d sent, %d answers lost, %d stored, %d distinct, %d duplicates",
-					loss, idempotent, sent, r.lost, r.stored, r.distinct, r.stored-r.distinct)
+				t.Logf("%s, idempotent=%v: %d sent, %d answers lost, %d stored, %d distinct, %d duplicates, %d publishes failed and sent again",
+					loss, idempotent, sent, r.lost, r.stored, r.distinct, r.stored-r.distinct, r.failed)
 				require.Equal(t, sent, r.distinct, "every message stored")
 				require.Positive(t, r.lost, "no answer was lost: the test measured nothing")
 				if idempotent {
-					require.Equal(t, sent, r.stored, "the idempotent producer stores each retry once")
+					// Producer retries add nothing; a publish the
+					// application sent again may (at most one copy each).
+					require.LessOrEqual(t, r.stored, sent+r.failed, "the idempotent producer stores each retry once")
+					require.Less(t, r.stored, sent+r.lost, "the idempotent producer stores fewer copies than retries")
 				} else {
 					require.Equal(t, sent+r.lost, r.stored, "each lost answer's retry is stored again")
 				}
@@ -51,7 +54,9 @@ func TestIdempotentProducerStoresRetriesOnce(t *testing.T) {
 	}
 }
 
-type result struct{ lost, stored, distinct int }
+// result counts one run: answers lost, records stored, distinct UUIDs
+// among them, and publishes that failed and were published again.
+type result struct{ lost, stored, distinct, failed int }
 
 func measure(t *testing.T, loss string, idempotent bool) result {
 	var produces, lost atomic.Int64
@@ -102,15 +107,25 @@ func measure(t *testing.T, loss string, idempotent bool) result {
 	}, watermill.NopLogger{})
 	require.NoError(t, err)
 	defer pub.Close()
+	var failed int
 	for i := range sent {
-		require.NoError(t, pub.Publish("orders", message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "order %d", i))))
+		msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "order %d", i))
+		// A publish that fails is published again, as the outbox relay
+		// does. Sarama's idempotent producer now and then fails one after
+		// a cut connection (OUT_OF_ORDER_SEQUENCE_NUMBER, about 1 run in
+		// 15 here): its copy is then the application's, not a producer
+		// retry, and the consumers' inbox is what absorbs it.
+		for err := pub.Publish("orders", msg); err != nil; err = pub.Publish("orders", msg) {
+			failed++
+			require.Less(t, failed, 5, "publishes keep failing: %v", err)
+		}
 	}
 
 	stored, distinct := readAll(t, cluster.ListenAddrs(), "orders")
 	if faults != nil {
 		require.Equal(t, lost.Load(), int64(faults.Hits()), "every answer picked was faulted")
 	}
-	return result{lost: int(lost.Load()), stored: stored, distinct: distinct}
+	return result{lost: int(lost.Load()), stored: stored, distinct: distinct, failed: failed}
 }
 
 // readAll reads partition 0 of topic from the start to its end and
