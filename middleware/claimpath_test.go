@@ -101,21 +101,20 @@ func (tr *tracer) record(query string) {
 	tr.pcs = pcs[:runtime.Callers(3, pcs)]
 }
 
-// path is the recorded stack's frames in the library (not its tests,
-// not the standard library or other modules), outermost first.
+// path is the recorded stack's frames in the library's own files (not
+// its tests, not the standard library or other modules), as file:function
+// relative to the module root, outermost first.
 func (tr *tracer) path() []string {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	_, self, _, _ := runtime.Caller(0) // <root>/middleware/claimpath_test.go
+	root := filepath.Dir(filepath.Dir(self)) + string(filepath.Separator)
+	const lib = "github.com/idemkit/watermill-idempotent/"
 	var out []string
 	frames := runtime.CallersFrames(tr.pcs)
 	for {
 		f, more := frames.Next()
-		const lib = "github.com/idemkit/watermill-idempotent/"
-		if strings.HasPrefix(f.Function, lib) && !strings.HasSuffix(f.File, "_test.go") {
-			rel := f.File[strings.LastIndex(f.File, "/watermill-idempotent/")+len("/watermill-idempotent/"):]
-			if i := strings.Index(f.File, "/main/"); i >= 0 && !strings.Contains(f.File, "/watermill-idempotent/") {
-				rel = f.File[i+len("/main/"):]
-			}
+		if rel, ok := strings.CutPrefix(f.File, root); ok && !strings.HasSuffix(f.File, "_test.go") {
 			out = append([]string{rel + ":" + strings.TrimPrefix(f.Function, lib)}, out...)
 		}
 		if !more {
