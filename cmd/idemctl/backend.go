@@ -22,7 +22,6 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/dsn"
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	mysqlrepo "github.com/idemkit/watermill-idempotent/repository/mysql"
@@ -387,7 +386,7 @@ func knownConsumer(consumer string, names []string, which string) error {
 // isMissingTable reports an error for a table that does not exist
 // (PostgreSQL 42P01, MySQL 1146, SQLite "no such table").
 func isMissingTable(err error) bool {
-	if sqlstate.Of(err) == "42P01" {
+	if sqldialect.SQLState(err) == "42P01" {
 		return true
 	}
 	var my *mysql.MySQLError

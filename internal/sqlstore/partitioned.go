@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstate"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // PartitionConfig configures a PartitionedInbox.
@@ -474,7 +474,7 @@ func (s *PartitionedInbox) setKnown(start time.Time) {
 // none for its row (another process dropped it: SQLSTATE 23514), so that
 // the next claim creates it; err passes unchanged.
 func (s *PartitionedInbox) forgetMissing(err error) error {
-	if sqlstate.Of(err) == "23514" {
+	if sqldialect.SQLState(err) == "23514" {
 		s.mu.Lock()
 		clear(s.known)
 		s.mu.Unlock()
