@@ -11,7 +11,6 @@ import (
 	"github.com/idemkit/watermill-idempotent/internal/settings"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/internal/lease"
 	"github.com/idemkit/watermill-idempotent/middleware"
@@ -137,7 +136,8 @@ type Config struct {
 	// DefaultRetention (24 h).
 	Retention time.Duration
 	// Observer receives one middleware.Delivery per request of Methods
-	// that carries a key or must, with Consumer Namespace and these
+	// that carries a key or must, with Consumer Namespace, Mode "http",
+	// HTTPRoute (Route's) and HTTPStatus (the response's), and these
 	// outcomes: processed (the handler ran, its response is stored),
 	// replayed (a stored response sent again), lease_busy (409 in
 	// flight), payload_mismatch (422), needs_intervention (409),
@@ -147,15 +147,14 @@ type Config struct {
 	// when the store failed). Claim is the time until the handler
 	// started (the whole time when it did not run). metrics.Metrics
 	// implements it: the requests appear in deliveries_total and
-	// claim_duration_seconds under consumer "http". Default: none.
+	// claim_duration_seconds under consumer Namespace. An Observer that
+	// is a middleware.DeliveryStarter starts each request before its key
+	// is claimed, in the request context's span or its traceparent
+	// header, and the handler runs in the context it returns:
+	// tracing.New(tp) gives each request a span,
+	// "idempotency <route>", with the handler's spans under it.
+	// Default: none (no reports, no spans).
 	Observer middleware.Observer
-	// TracerProvider creates the span of each such request,
-	// "idempotency <route>", a child of the request context's
-	// span (or of its traceparent header), with the inbox's
-	// idempotency.consumer, .mode ("http"), .key and .outcome attributes
-	// and http.route and http.response.status_code. Default: the global
-	// otel.GetTracerProvider().
-	TracerProvider trace.TracerProvider
 	// Logger receives the logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/once"
@@ -76,14 +75,13 @@ const (
 // Every store call is bounded by Config.StoreTimeout; a lease extension
 // still in flight when the handler returns is abandoned, not waited for.
 // Keys are stored per (principal, route, key) under the consumer
-// Namespace. Every request of Methods that carries a key, or must, gets
-// a span and is reported to Config.Observer as a middleware.Delivery
-// (see Config.Observer for the outcomes). Idempotency is safe for
+// Namespace. Every request of Methods that carries a key, or must, is
+// reported to Config.Observer as a middleware.Delivery (see
+// Config.Observer for the outcomes and spans). Idempotency is safe for
 // concurrent use.
 type Idempotency struct {
 	config Config
 	once   *once.TwoPhase
-	tracer trace.Tracer
 }
 
 // New validates config and returns the middleware.
@@ -100,7 +98,7 @@ func New(config Config) (*Idempotency, error) {
 	for i, h := range config.ReplayHeaders {
 		config.ReplayHeaders[i] = http.CanonicalHeaderKey(h)
 	}
-	return &Idempotency{config: config, once: o, tracer: tracerFrom(config.TracerProvider)}, nil
+	return &Idempotency{config: config, once: o}, nil
 }
 
 // Middleware wraps next.

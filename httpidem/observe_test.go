@@ -19,19 +19,20 @@ import (
 	"github.com/idemkit/watermill-idempotent/internal/tracetest"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
+	"github.com/idemkit/watermill-idempotent/tracing"
 )
 
 // TestMetricsAndSpans sends one request per outcome and checks that the
 // Observer (metrics.Metrics in production) receives each under consumer
-// "orders-api" (its Namespace), with its outcome, and that
-// every request has one span with the inbox's attributes, a child of the
-// client's trace.
+// "orders-api" (its Namespace), with its outcome, and that the tracing
+// Observer beside it gives every request one span with the inbox's
+// attributes, a child of the client's trace.
 func TestMetricsAndSpans(t *testing.T) {
 	m := &deliveries{}
 	tp := tracetest.NewRecorder()
 
 	s := newShop()
-	srv := server(t, memory.NewRepository(), s, httpidem.Config{Observer: m, TracerProvider: tp})
+	srv := server(t, memory.NewRepository(), s, httpidem.Config{Observer: middleware.Observers(m, tracing.New(tp))})
 	c := srv.Client()
 
 	entered, release := s.hold("slow")
@@ -113,7 +114,7 @@ func TestMetricsAndSpans(t *testing.T) {
 // the middleware's span, so its own spans nest under it.
 func TestHandlerSpanIsChildOfMiddlewareSpan(t *testing.T) {
 	tp := tracetest.NewRecorder()
-	idem, err := httpidem.New(httpidem.Config{Repository: memory.NewRepository(), Namespace: "orders-api", Global: true, TracerProvider: tp})
+	idem, err := httpidem.New(httpidem.Config{Repository: memory.NewRepository(), Namespace: "orders-api", Global: true, Observer: tracing.New(tp)})
 	require.NoError(t, err)
 	var inHandler trace.SpanContext
 	h := idem.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

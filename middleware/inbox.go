@@ -11,7 +11,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -89,12 +88,11 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.
 	Now func() time.Time
-	// Observer, if set, receives every delivery's outcome (see the metrics
-	// package). Default: nil.
+	// Observer, if set, is told of every delivery: metrics.Metrics
+	// counts them, tracing.New(tp) gives each a span (see Observer and
+	// DeliveryStarter; Observers combines several). Default: nil (no
+	// reports, no spans).
 	Observer Observer
-	// TracerProvider creates the span of each delivery. Default: the
-	// global otel.GetTracerProvider() (a no-op unless one is installed).
-	TracerProvider trace.TracerProvider
 	// Outputs, if set, receives the messages the handler returns, inside
 	// the inbox transaction — typically a transactional outbox (see
 	// outbox.Outbox.Outputs) — instead of the router publishing them after
@@ -297,7 +295,7 @@ func NewInbox(config Config) (*Inbox, error) {
 	i := &Inbox{
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
-		obs:    newObservability("transactional", config.Logger, config.Observer, config.TracerProvider),
+		obs:    newObservability("transactional", config.Logger, config.Observer),
 		reader: reader,
 		dups:   duplicateRates{above: above},
 	}

@@ -6,7 +6,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -33,15 +32,12 @@ type NaturalKeyConfig struct {
 	// SQLite, and MySQL/MariaDB once repository/mysql is imported), or'ed
 	// with errors.Is(err, ErrNaturalDuplicate).
 	IsDuplicate func(error) bool
-	// Observer receives each delivery's outcome: OutcomeProcessed,
-	// OutcomeDuplicate or OutcomeFailed. Default: nil (none).
+	// Observer: as in Config (mode "natural"), with these outcomes:
+	// OutcomeProcessed, OutcomeDuplicate or OutcomeFailed. Default: nil
+	// (none).
 	Observer Observer
 	// Logger receives one line per duplicate. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
-	// TracerProvider creates the span of each delivery, as in Config
-	// (idempotency.mode "natural"). Default: the global
-	// otel.GetTracerProvider().
-	TracerProvider trace.TracerProvider
 }
 
 // NaturalKey is a router middleware for handlers whose business row is
@@ -96,7 +92,7 @@ func NewNaturalKey(config NaturalKeyConfig) *NaturalKey {
 	return &NaturalKey{
 		config: config,
 		scope:  newScoping(config.Consumer, nil),
-		obs:    newObservability(modeNatural, config.Logger, config.Observer, config.TracerProvider),
+		obs:    newObservability(modeNatural, config.Logger, config.Observer),
 	}
 }
 

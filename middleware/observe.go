@@ -8,19 +8,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/idemkit/watermill-idempotent/internal/fanout"
 )
 
 // Outcome is what an inbox did with one delivery.
 type Outcome string
 
-// The outcomes of a delivery, as reported to an Observer, logged and set
-// on the delivery's span.
+// The outcomes of a delivery, as reported to an Observer and logged.
 const (
 	// OutcomeProcessed: the handler ran and its effects committed.
 	OutcomeProcessed Outcome = "processed"
@@ -57,11 +53,21 @@ const (
 type Delivery struct {
 	// Consumer is the delivery's scope, the consumer its record is stored
 	// under (see Config.Consumer).
-	Consumer      string
+	Consumer string
+	// Mode is the entry point: "transactional" (Inbox), "two-phase"
+	// (TwoPhaseInbox), "natural" (NaturalKey), "once" (package once) or
+	// "http" (package httpidem).
+	Mode          string
 	Key           string // empty for OutcomeNoKey and OutcomeNoScope
 	MessageUUID   string
 	CorrelationID string
-	Outcome       Outcome
+	// HTTPRoute and HTTPStatus are the request's route (httpidem's
+	// Config.Route) and its response's status; package httpidem sets
+	// them, the others leave them empty. HTTPStatus is 0 at
+	// StartDelivery.
+	HTTPRoute  string
+	HTTPStatus int
+	Outcome    Outcome
 	// Err is the error returned to the router; nil when acknowledged.
 	Err error
 	// Replayed is how many stored output messages were returned again.
@@ -80,16 +86,56 @@ type Delivery struct {
 	Batch int
 }
 
-// Observer receives the outcome of every delivery, for metrics. It is
-// called synchronously after the delivery's transaction ended, so it must
-// be fast and safe for concurrent use. The metrics package provides a
-// Prometheus implementation.
+// Observer receives the outcome of every delivery: the extension point
+// for metrics (metrics.Metrics implements it) and tracing (tracing.Tracer
+// does). It is called synchronously after the delivery's transaction
+// ended, with the context StartDelivery returned (or the delivery's own
+// when the Observer is no DeliveryStarter), so it must be fast and safe
+// for concurrent use. An Observer that also implements DeliveryStarter
+// is told when each delivery begins too.
+//
+// Every entry point takes one: Config, TwoPhaseConfig and
+// NaturalKeyConfig here, and the configs of packages once and httpidem.
+// Without one, nothing is reported and no span is started; the trace
+// context of a message (its W3C traceparent) is still carried on to the
+// handler and to its output messages.
 type Observer interface {
 	ObserveDelivery(ctx context.Context, d Delivery)
 }
 
-// instrumentationName names this library's tracer.
-const instrumentationName = "github.com/idemkit/watermill-idempotent/middleware"
+// DeliveryStarter is the optional part of an Observer, found by type
+// assertion: when the Observer implements it, StartDelivery is called as
+// a delivery enters, before its key is claimed, with what is known then
+// (Consumer, Mode, MessageUUID, CorrelationID; Key in package once,
+// HTTPRoute in package httpidem). ctx carries the message's trace
+// context, extracted from its traceparent. The context it returns is the
+// one the delivery runs in — its claim, the handler (msg.Context()) and
+// its outputs' trace context — and the one ObserveDelivery receives at
+// the end, so an Observer can start a span here and end it there (see
+// package tracing). It is called exactly once before each
+// ObserveDelivery, except for a call refused before it began (a nil
+// function in package once). It must be fast and safe for concurrent
+// use.
+type DeliveryStarter interface {
+	StartDelivery(ctx context.Context, d Delivery) context.Context
+}
+
+// Observers returns an Observer reporting to every one of obs, in turn;
+// each that implements DeliveryStarter starts the delivery in the
+// context the one before returned. Nil entries are skipped. Use it to
+// give one inbox metrics and tracing:
+// Observers(m, tracing.New(tp)).
+func Observers(obs ...Observer) Observer { return observers(obs) }
+
+type observers []Observer
+
+func (o observers) StartDelivery(ctx context.Context, d Delivery) context.Context {
+	return fanout.Start(ctx, o, d, DeliveryStarter.StartDelivery)
+}
+
+func (o observers) ObserveDelivery(ctx context.Context, d Delivery) {
+	fanout.Report(ctx, o, d, Observer.ObserveDelivery)
+}
 
 // metadataCarrier adapts message metadata to OpenTelemetry propagation.
 type metadataCarrier message.Metadata
@@ -104,19 +150,13 @@ func (c metadataCarrier) Keys() []string {
 	return keys
 }
 
-// observation follows one delivery: its span, timings, logs and observer
+// observation follows one delivery: its timings, logs and observer
 // call.
 type observation struct {
-	d     Delivery
-	start time.Time
-	// span is nil when the inbox has no tracer (a no-op TracerProvider);
-	// recording is span.IsRecording(): attributes and errors are only
-	// worth building for a span that keeps them.
-	span      trace.Span
-	recording bool
-	logger    watermill.LoggerAdapter
-	observer  Observer
-	mode      string
+	d        Delivery
+	start    time.Time
+	logger   watermill.LoggerAdapter
+	observer Observer
 	// fields are the delivery's log fields, nil when the logger is
 	// watermill.NopLogger: nothing is logged, so nothing is built.
 	fields watermill.LogFields
@@ -127,69 +167,48 @@ type observability struct {
 	mode   string
 	logger watermill.LoggerAdapter
 	quiet  bool // logger is watermill.NopLogger
-	// observer and tracer may be nil: no observer, a no-op
-	// TracerProvider.
+	// observer and starter may be nil; starter is observer as a
+	// DeliveryStarter.
 	observer   Observer
-	tracer     trace.Tracer
+	starter    DeliveryStarter
 	propagator propagation.TextMapPropagator
 }
 
-func newObservability(mode string, logger watermill.LoggerAdapter, observer Observer, tp trace.TracerProvider) observability {
-	if tp == nil {
-		// Not known to be a no-op: a provider installed later (or
-		// automatic instrumentation) takes over the global one's tracers.
-		tp = otel.GetTracerProvider()
-	}
-	var tracer trace.Tracer
-	switch tp.(type) {
-	case noop.TracerProvider, *noop.TracerProvider: // no spans: skip them
-	default:
-		tracer = tp.Tracer(instrumentationName)
-	}
+func newObservability(mode string, logger watermill.LoggerAdapter, observer Observer) observability {
 	_, quiet := logger.(watermill.NopLogger)
+	starter, _ := observer.(DeliveryStarter)
 	return observability{
 		mode:       mode,
 		logger:     logger,
 		quiet:      quiet,
 		observer:   observer,
-		tracer:     tracer,
+		starter:    starter,
 		propagator: propagation.TraceContext{},
 	}
 }
 
-// begin starts the delivery's span as a child of the trace context the
-// message carries in its metadata (W3C traceparent), if any, and returns
-// the context the inbox works in. scope names the delivery's consumer.
+// begin continues the trace context the message carries in its metadata
+// (W3C traceparent), if any, starts the delivery with the observer's
+// DeliveryStarter, if any, and returns the context the inbox works in.
+// scope names the delivery's consumer.
 func (o observability) begin(msg *message.Message, scope string) (*observation, context.Context) {
 	ctx := msg.Context()
 	correlationID := wmiddleware.MessageCorrelationID(msg)
 	obs := &observation{
-		d:        Delivery{Consumer: scope, MessageUUID: msg.UUID, CorrelationID: correlationID},
+		d:        Delivery{Consumer: scope, Mode: o.mode, MessageUUID: msg.UUID, CorrelationID: correlationID},
 		logger:   o.logger,
 		observer: o.observer,
-		mode:     o.mode,
 	}
 	if msg.Metadata.Get(traceparentKey) != "" {
-		// The message's trace continues in our span, or without one (no
-		// tracer) in the handler's and the outputs' context.
-		// TraceContext's Extract returns ctx as it is for an invalid
-		// traceparent; asking for it first spares the call when there is
-		// none.
+		// The message's trace continues in the handler's and the
+		// outputs' context (and in the span of an Observer that starts
+		// one). TraceContext's Extract returns ctx as it is for an
+		// invalid traceparent; asking for it first spares the call when
+		// there is none.
 		ctx = o.propagator.Extract(ctx, metadataCarrier(msg.Metadata))
 	}
-	if o.tracer != nil {
-		name := "inbox"
-		if scope != "" {
-			name += " " + scope
-		}
-		ctx, obs.span = o.tracer.Start(ctx, name,
-			trace.WithSpanKind(trace.SpanKindConsumer),
-			trace.WithAttributes(
-				attribute.String("idempotency.consumer", scope),
-				attribute.String("idempotency.mode", o.mode),
-				attribute.String("messaging.message.id", msg.UUID),
-			))
-		obs.recording = obs.span.IsRecording()
+	if o.starter != nil {
+		ctx = o.starter.StartDelivery(ctx, obs.d)
 	}
 	if !o.quiet {
 		obs.fields = watermill.LogFields{"consumer": scope, "message_uuid": msg.UUID, "correlation_id": correlationID}
@@ -204,9 +223,6 @@ const traceparentKey = "traceparent"
 func (obs *observation) setKey(key string) {
 	obs.d.Key = key
 	obs.setField("key", key)
-	if obs.recording {
-		obs.span.SetAttributes(attribute.String("idempotency.key", key))
-	}
 }
 
 // setField adds a field to the delivery's log lines, if anything logs
@@ -231,26 +247,12 @@ func (o observability) inject(ctx context.Context, msgs []*message.Message) {
 	}
 }
 
-// end records the outcome: span status and attributes, one log line at a
-// level fitting the outcome, and the observer call. It returns err.
+// end records the outcome: one log line at a level fitting the
+// outcome, and the observer call. It returns err.
 func (obs *observation) end(ctx context.Context, outcome Outcome, err error, extra watermill.LogFields) error {
 	obs.d.Outcome = outcome
 	obs.d.Err = err
 	obs.d.Total = time.Since(obs.start)
-
-	if obs.recording {
-		obs.span.SetAttributes(attribute.String("idempotency.outcome", string(outcome)))
-		if obs.d.Replayed > 0 {
-			obs.span.SetAttributes(attribute.Int("idempotency.replayed", obs.d.Replayed))
-		}
-		if err != nil {
-			obs.span.RecordError(err)
-			obs.span.SetStatus(codes.Error, string(outcome))
-		}
-	}
-	if obs.span != nil {
-		obs.span.End()
-	}
 	if obs.fields != nil {
 		obs.log(outcome, err, extra)
 	}
@@ -267,10 +269,10 @@ func (obs *observation) log(outcome Outcome, err error, extra watermill.LogField
 	fields["outcome"] = string(outcome)
 	maps.Copy(fields, extra)
 	switch {
-	case obs.mode == modeNatural && outcome == OutcomeDuplicate:
+	case obs.d.Mode == modeNatural && outcome == OutcomeDuplicate:
 		obs.logger.Info("NaturalKey: business row exists, duplicate acknowledged", fields)
 		return
-	case obs.mode == modeNatural && outcome == OutcomeFailed:
+	case obs.d.Mode == modeNatural && outcome == OutcomeFailed:
 		return // the router logs the handler's error
 	}
 	switch outcome {

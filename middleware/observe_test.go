@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/tracetest"
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/tracing"
 )
 
 func TestInboxSpansAndLogs(t *testing.T) {
@@ -26,7 +27,7 @@ func TestInboxSpansAndLogs(t *testing.T) {
 
 	var handlerSpan trace.SpanContext
 	mw := s.newInbox(t, "billing", func(c *middleware.Config) {
-		c.TracerProvider = tp
+		c.Observer = tracing.New(tp)
 		c.Logger = logs
 	}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		handlerSpan = trace.SpanContextFromContext(msg.Context())
@@ -86,35 +87,46 @@ func TestInboxSpansAndLogs(t *testing.T) {
 	}
 }
 
-// TestInboxNoopTracerKeepsTheTrace: with a no-op TracerProvider the
-// inbox starts no span, yet the handler's context and the outputs still
-// carry the incoming message's trace.
-func TestInboxNoopTracerKeepsTheTrace(t *testing.T) {
-	s := newSQLiteStore(t)
-	var handlerSpan trace.SpanContext
-	mw := s.newInbox(t, "billing", func(c *middleware.Config) {
-		c.TracerProvider = noop.NewTracerProvider()
-	}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		handlerSpan = trace.SpanContextFromContext(msg.Context())
-		return []*message.Message{message.NewMessage("payment-1", []byte("paid"))}, nil
-	})
-	traceID, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
-	spanID, _ := trace.SpanIDFromHex("b7ad6b7169203331")
-	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled})
-	msg := message.NewMessage("order-1", []byte(`{}`))
-	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), parent), metadataCarrierForTest(msg.Metadata))
+// TestInboxWithoutTracerKeepsTheTrace: without a tracing Observer, or
+// with one on a no-op TracerProvider, the inbox starts no span, yet the
+// handler's context and the outputs still carry the incoming message's
+// trace.
+func TestInboxWithoutTracerKeepsTheTrace(t *testing.T) {
+	for name, observer := range map[string]middleware.Observer{
+		"no observer":      nil,
+		"noop provider":    tracing.New(noop.NewTracerProvider()),
+		"another observer": middleware.Observers(nil, &outcomeCounter{}),
+		"nil in a tracer":  middleware.Observers(tracing.New(noop.NewTracerProvider()), nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := newSQLiteStore(t)
+			var handlerSpan trace.SpanContext
+			mw := s.newInbox(t, "billing", func(c *middleware.Config) {
+				c.Observer = observer
+			}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				handlerSpan = trace.SpanContextFromContext(msg.Context())
+				return []*message.Message{message.NewMessage("payment-1", []byte("paid"))}, nil
+			})
+			traceID, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
+			spanID, _ := trace.SpanIDFromHex("b7ad6b7169203331")
+			parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled})
+			msg := message.NewMessage("order-1", []byte(`{}`))
+			propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), parent), metadataCarrierForTest(msg.Metadata))
 
-	out, err := mw(msg)
-	require.NoError(t, err)
-	require.Equal(t, traceID, handlerSpan.TraceID(), "the handler sees the message's trace")
-	require.Len(t, out, 1)
-	outCtx := propagation.TraceContext{}.Extract(context.Background(), metadataCarrierForTest(out[0].Metadata))
-	require.Equal(t, traceID, trace.SpanContextFromContext(outCtx).TraceID(), "the output continues it")
+			out, err := mw(msg)
+			require.NoError(t, err)
+			require.Equal(t, traceID, handlerSpan.TraceID(), "the handler sees the message's trace")
+			require.Equal(t, spanID, handlerSpan.SpanID(), "in no span of the inbox")
+			require.Len(t, out, 1)
+			outCtx := propagation.TraceContext{}.Extract(context.Background(), metadataCarrierForTest(out[0].Metadata))
+			require.Equal(t, traceID, trace.SpanContextFromContext(outCtx).TraceID(), "the output continues it")
 
-	// A message without a trace context gets none.
-	out, err = mw(message.NewMessage("order-2", []byte(`{}`)))
-	require.NoError(t, err)
-	require.Empty(t, out[0].Metadata.Get("traceparent"))
+			// A message without a trace context gets none.
+			out, err = mw(message.NewMessage("order-2", []byte(`{}`)))
+			require.NoError(t, err)
+			require.Empty(t, out[0].Metadata.Get("traceparent"))
+		})
+	}
 }
 
 func hasLog(msgs []watermill.CapturedMessage, text, key, correlation string) bool {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/internal/lease"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
@@ -75,11 +74,8 @@ type TwoPhaseConfig struct {
 	// Now returns the current time; leases are compared against it.
 	// Default: time.Now.
 	Now func() time.Time
-	// Observer, if set, receives every delivery's outcome. Default: nil.
+	// Observer: as in Config (mode "two-phase"). Default: nil.
 	Observer Observer
-	// TracerProvider creates the span of each delivery. Default: the
-	// global otel.GetTracerProvider().
-	TracerProvider trace.TracerProvider
 	// MaxResultBytes: as in Config. The check comes after the effect, so a
 	// larger result fails the delivery with the permanent
 	// ErrResultTooLarge and leaves the record in progress (releasing it
@@ -174,7 +170,7 @@ func NewTwoPhaseInbox(config TwoPhaseConfig) (*TwoPhaseInbox, error) {
 	return &TwoPhaseInbox{
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
-		obs:    newObservability("two-phase", config.Logger, config.Observer, config.TracerProvider),
+		obs:    newObservability("two-phase", config.Logger, config.Observer),
 		proto:  protocol.NewTwoPhase(config.protocol(), "Inbox", "inbox", false),
 	}, nil
 }

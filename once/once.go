@@ -33,19 +33,27 @@ var ErrNoKey = fmt.Errorf("once: %w", middleware.ErrNoKey)
 
 var errNilFunc = errors.New("once: nil function")
 
-// check refuses a call without a key or a function before it begins,
-// reporting one without a key to observer.
-func check(ctx context.Context, observer middleware.Observer, scope, key string, noFunc bool) error {
-	switch {
-	case key == "":
-		if observer != nil {
-			observer.ObserveDelivery(ctx, middleware.Delivery{Consumer: scope, Outcome: middleware.OutcomeNoKey, Err: ErrNoKey})
-		}
-		return ErrNoKey
-	case noFunc:
-		return errNilFunc
+// modeOnce is the Delivery.Mode of a call.
+const modeOnce = "once"
+
+// begin refuses a call without a function, unreported, or without a
+// key, reported to observer. Otherwise it starts the call with
+// observer's DeliveryStarter, if any, and returns the context the call
+// runs in.
+func begin(ctx context.Context, observer middleware.Observer, scope, key string, noFunc bool) (context.Context, error) {
+	if noFunc {
+		return ctx, errNilFunc
 	}
-	return nil
+	if s, ok := observer.(middleware.DeliveryStarter); ok {
+		ctx = s.StartDelivery(ctx, middleware.Delivery{Consumer: scope, Mode: modeOnce, Key: key})
+	}
+	if key == "" {
+		if observer != nil {
+			observer.ObserveDelivery(ctx, middleware.Delivery{Consumer: scope, Mode: modeOnce, Outcome: middleware.OutcomeNoKey, Err: ErrNoKey})
+		}
+		return ctx, ErrNoKey
+	}
+	return ctx, nil
 }
 
 // checkScope tells why scope cannot be stored as a consumer, or nil.
@@ -66,7 +74,7 @@ func checkScope(field, scope string) error {
 func result(ctx context.Context, observer middleware.Observer, start time.Time, scope, key string, a protocol.Answer, out []byte) (Result, error) {
 	if observer != nil {
 		observer.ObserveDelivery(ctx, middleware.Delivery{
-			Consumer: scope, Key: key, Outcome: middleware.Outcome(a.Outcome()), Err: a.Err,
+			Consumer: scope, Mode: modeOnce, Key: key, Outcome: middleware.Outcome(a.Outcome()), Err: a.Err,
 			Claim: a.Claim, Total: time.Since(start),
 		})
 	}

@@ -35,10 +35,13 @@ type TxConfig struct {
 	// Now returns the current time. Default: time.Now.
 	Now func() time.Time
 	// Observer, if set, receives every call's outcome as a
-	// middleware.Delivery with Consumer Scope (processed, replayed,
-	// payload_mismatch, lease_busy, needs_intervention, no_key, failed),
-	// so metrics.Metrics counts calls as it counts deliveries. Default:
-	// nil.
+	// middleware.Delivery with Consumer Scope and Mode "once"
+	// (processed, replayed, payload_mismatch, lease_busy,
+	// needs_intervention, no_key, failed), so metrics.Metrics counts
+	// calls as it counts deliveries; a middleware.DeliveryStarter starts
+	// each call too, and fn runs in the context it returns (so
+	// tracing.New(tp) gives each call a span, fn's spans under it).
+	// Default: nil.
 	Observer middleware.Observer
 }
 
@@ -116,7 +119,8 @@ func (o *Transactional) Do(ctx context.Context, key string, fn TxFunc) (Result, 
 func (o *Transactional) DoInput(ctx context.Context, key string, input []byte, fn TxFunc) (Result, error) {
 	c := o.config
 	start := time.Now()
-	if err := check(ctx, c.Observer, c.Scope, key, fn == nil); err != nil {
+	ctx, err := begin(ctx, c.Observer, c.Scope, key, fn == nil)
+	if err != nil {
 		return Result{}, err
 	}
 	now := c.Now()

@@ -65,8 +65,12 @@ func (r *Relay) ForwardBatch(ctx context.Context) (int, error) {
 // forwardBatch runs forward and reports it to the Observer.
 func (r *Relay) forwardBatch(ctx context.Context) (batchResult, error) {
 	start := time.Now()
+	started := false
+	if s, ok := r.config.Observer.(RelayBatchStarter); ok {
+		ctx, started = s.StartRelayBatch(ctx, RelayBatch{Relay: r.config.Name}), true
+	}
 	res, err := r.forward(ctx)
-	if o := r.config.Observer; o != nil && (res.claimed > 0 || (err != nil && ctx.Err() == nil)) {
+	if o := r.config.Observer; o != nil && (started || res.claimed > 0 || (err != nil && ctx.Err() == nil)) {
 		b := RelayBatch{
 			Relay: r.config.Name, Claimed: res.claimed, Published: len(res.lag), DeadLettered: res.deadLettered,
 			Duration: time.Since(start), Lag: res.lag,

@@ -125,8 +125,9 @@ type RelayConfig struct {
 	Name string
 	// Observer receives a report per batch that claimed rows or failed
 	// and, if it also implements BacklogObserver, a Backlog sample every
-	// BacklogInterval while Run runs. metrics.Metrics implements both.
-	// Default: nil (none).
+	// BacklogInterval while Run runs. metrics.Metrics implements both;
+	// tracing.New(tp) gives each batch a span (see RelayBatchStarter);
+	// RelayObservers combines several. Default: nil (none).
 	Observer RelayObserver
 	// Logger receives the relay's logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter

@@ -4,16 +4,51 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/internal/fanout"
 )
 
 // RelayObserver receives a report of every relay batch that claimed
 // rows or failed: the extension point for metrics (metrics.Metrics
-// implements it). It is called on the relay's goroutine, so it must be
-// fast, and safe for concurrent use when one value is shared by several
-// relays. An Observer that also implements BacklogObserver gets backlog
-// samples too.
+// implements it) and tracing (tracing.Tracer does). It is called on the
+// relay's goroutine, so it must be fast, and safe for concurrent use
+// when one value is shared by several relays. An Observer that also
+// implements BacklogObserver gets backlog samples too, and one that
+// implements RelayBatchStarter is told when each batch begins.
 type RelayObserver interface {
 	ObserveRelayBatch(ctx context.Context, b RelayBatch)
+}
+
+// RelayBatchStarter is the optional part of a RelayObserver, found by
+// type assertion: when RelayConfig.Observer implements it, every batch
+// begins with StartRelayBatch (b holds Relay only) and runs in the
+// context it returns — its statements and the context of the messages
+// it publishes — and every batch so begun is reported to
+// ObserveRelayBatch with that context, also one that claimed nothing or
+// was stopped by its context, so an Observer can start a span here and
+// end it there (see package tracing).
+type RelayBatchStarter interface {
+	StartRelayBatch(ctx context.Context, b RelayBatch) context.Context
+}
+
+// RelayObservers returns a RelayObserver reporting to every one of obs,
+// in turn; its backlog samples go to those implementing BacklogObserver,
+// and each implementing RelayBatchStarter starts the batch in the
+// context the one before returned. Nil entries are skipped.
+func RelayObservers(obs ...RelayObserver) RelayObserver { return relayObservers(obs) }
+
+type relayObservers []RelayObserver
+
+func (o relayObservers) StartRelayBatch(ctx context.Context, b RelayBatch) context.Context {
+	return fanout.Start(ctx, o, b, RelayBatchStarter.StartRelayBatch)
+}
+
+func (o relayObservers) ObserveRelayBatch(ctx context.Context, b RelayBatch) {
+	fanout.Report(ctx, o, b, RelayObserver.ObserveRelayBatch)
+}
+
+func (o relayObservers) ObserveBacklog(ctx context.Context, b Backlog) {
+	fanout.Report(ctx, o, b, BacklogObserver.ObserveBacklog)
 }
 
 // BacklogObserver is the optional part of a RelayObserver, found by type

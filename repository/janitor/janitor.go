@@ -7,11 +7,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/watermill-idempotent/internal/settings"
-
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/internal/fanout"
+	"github.com/idemkit/watermill-idempotent/internal/settings"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -56,10 +56,11 @@ type Batch struct {
 }
 
 // Observer receives a report of every batch: the extension point for
-// metrics (metrics.Metrics implements it) and health checks
-// (health.JanitorStatus). It is called from the goroutine running the
-// pass and must not block. An Observer that also implements
-// SampleObserver gets record samples too.
+// metrics (metrics.Metrics implements it), health checks
+// (health.JanitorStatus) and tracing (tracing.Tracer). It is called from
+// the goroutine running the pass and must not block. An Observer that
+// also implements SampleObserver gets record samples too, and one that
+// implements BatchStarter is told when each batch begins.
 type Observer interface {
 	ObserveJanitorBatch(ctx context.Context, b Batch)
 }
@@ -94,27 +95,34 @@ type Sample struct {
 	Counts []repository.RecordCount
 }
 
+// BatchStarter is the optional part of an Observer, found by type
+// assertion: when Config.Observer implements it, every batch begins with
+// StartJanitorBatch (b holds Before only) and its DeleteExpired call runs
+// in the context it returns, the one ObserveJanitorBatch then receives,
+// so an Observer can start a span here and end it there (see package
+// tracing).
+type BatchStarter interface {
+	StartJanitorBatch(ctx context.Context, b Batch) context.Context
+}
+
 // Observers returns an Observer reporting to every one of obs, in turn;
-// its samples go to those implementing SampleObserver. Nil entries are
-// skipped.
+// its samples go to those implementing SampleObserver, and each
+// implementing BatchStarter starts the batch in the context the one
+// before returned. Nil entries are skipped.
 func Observers(obs ...Observer) Observer { return observers(obs) }
 
 type observers []Observer
 
+func (o observers) StartJanitorBatch(ctx context.Context, b Batch) context.Context {
+	return fanout.Start(ctx, o, b, BatchStarter.StartJanitorBatch)
+}
+
 func (o observers) ObserveJanitorBatch(ctx context.Context, b Batch) {
-	for _, ob := range o {
-		if ob != nil {
-			ob.ObserveJanitorBatch(ctx, b)
-		}
-	}
+	fanout.Report(ctx, o, b, Observer.ObserveJanitorBatch)
 }
 
 func (o observers) ObserveRecordCounts(ctx context.Context, s Sample) {
-	for _, ob := range o {
-		if so, ok := ob.(SampleObserver); ok {
-			so.ObserveRecordCounts(ctx, s)
-		}
-	}
+	fanout.Report(ctx, o, s, SampleObserver.ObserveRecordCounts)
 }
 
 // Config configures a Janitor. Zero fields take the documented defaults.
@@ -136,8 +144,9 @@ type Config struct {
 	// time.Now. Set it in tests.
 	Now func() time.Time
 	// Observer, if set, receives every batch and, if it implements
-	// SampleObserver, a sample of the records after every pass. Default:
-	// nil (none).
+	// SampleObserver, a sample of the records after every pass; if it
+	// implements BatchStarter (as tracing.New(tp) does, with a span per
+	// batch), the start of every batch. Default: nil (none).
 	Observer Observer
 	// Logger receives the janitor's logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -393,14 +402,9 @@ func (j *Janitor) drain(ctx context.Context, before time.Time) (deleted, batches
 		if err := ctx.Err(); err != nil {
 			return deleted, batches, fmt.Errorf("janitor: %w", err)
 		}
-		start := time.Now()
-		n, err := j.cleaner.DeleteExpired(ctx, before, j.config.BatchSize)
-		took := time.Since(start)
+		n, took, err := j.batch(ctx, before)
 		deleted += n
 		batches++
-		if j.config.Observer != nil {
-			j.config.Observer.ObserveJanitorBatch(ctx, Batch{Deleted: n, Duration: took, Before: before, Err: err})
-		}
 		if err != nil {
 			return deleted, batches, fmt.Errorf("janitor: delete expired records: %w", err)
 		}
@@ -416,6 +420,21 @@ func (j *Janitor) drain(ctx context.Context, before time.Time) (deleted, batches
 			return deleted, batches, fmt.Errorf("janitor: %w", err)
 		}
 	}
+}
+
+// batch deletes one batch of records that expired before before and
+// reports it to the Observer.
+func (j *Janitor) batch(ctx context.Context, before time.Time) (int, time.Duration, error) {
+	if s, ok := j.config.Observer.(BatchStarter); ok {
+		ctx = s.StartJanitorBatch(ctx, Batch{Before: before})
+	}
+	start := time.Now()
+	n, err := j.cleaner.DeleteExpired(ctx, before, j.config.BatchSize)
+	took := time.Since(start)
+	if j.config.Observer != nil {
+		j.config.Observer.ObserveJanitorBatch(ctx, Batch{Deleted: n, Duration: took, Before: before, Err: err})
+	}
+	return n, took, err
 }
 
 // sample reports the records counted now to a SampleObserver, unless
