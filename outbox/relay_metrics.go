@@ -34,7 +34,8 @@ type RelayBatchStarter interface {
 // RelayObservers returns a RelayObserver reporting to every one of obs,
 // in turn; its backlog samples go to those implementing BacklogObserver,
 // and each implementing RelayBatchStarter starts the batch in the
-// context the one before returned. Nil entries are skipped.
+// context the one before returned. Nil entries are skipped. Being a
+// RelayBatchStarter itself, it is reported every batch the relay begins.
 func RelayObservers(obs ...RelayObserver) RelayObserver { return relayObservers(obs) }
 
 type relayObservers []RelayObserver
