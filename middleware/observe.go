@@ -86,23 +86,6 @@ type Delivery struct {
 	Batch int
 }
 
-// Observer receives the outcome of every delivery: the extension point
-// for metrics (metrics.Metrics implements it) and tracing (tracing.Tracer
-// does). It is called synchronously after the delivery's transaction
-// ended, with the context StartDelivery returned (or the delivery's own
-// when the Observer is no DeliveryStarter), so it must be fast and safe
-// for concurrent use. An Observer that also implements DeliveryStarter
-// is told when each delivery begins too.
-//
-// Every entry point takes one: Config, TwoPhaseConfig and
-// NaturalKeyConfig here, and the configs of packages once and httpidem.
-// Without one, nothing is reported and no span is started; the trace
-// context of a message (its W3C traceparent) is still carried on to the
-// handler and to its output messages.
-type Observer interface {
-	ObserveDelivery(ctx context.Context, d Delivery)
-}
-
 // DeliveryStarter is the optional part of an Observer, found by type
 // assertion: when the Observer implements it, StartDelivery is called as
 // a delivery enters, before its key is claimed, with what is known then
@@ -120,6 +103,23 @@ type DeliveryStarter interface {
 	StartDelivery(ctx context.Context, d Delivery) context.Context
 }
 
+// Observer receives the outcome of every delivery: the extension point
+// for metrics (metrics.Metrics implements it) and tracing (tracing.Tracer
+// does). It is called synchronously after the delivery's transaction
+// ended, with the context StartDelivery returned (or the delivery's own
+// when the Observer is no DeliveryStarter), so it must be fast and safe
+// for concurrent use. An Observer that also implements DeliveryStarter
+// is told when each delivery begins too.
+//
+// Every entry point takes one: Config, TwoPhaseConfig and
+// NaturalKeyConfig here, and the configs of packages once and httpidem.
+// Without one, nothing is reported and no span is started; the trace
+// context of a message (its W3C traceparent) is still carried on to the
+// handler and to its output messages.
+type Observer interface {
+	ObserveDelivery(ctx context.Context, d Delivery)
+}
+
 // Observers returns an Observer reporting to every one of obs, in turn;
 // each that implements DeliveryStarter starts the delivery in the
 // context the one before returned. Nil entries are skipped. Use it to
@@ -129,12 +129,12 @@ func Observers(obs ...Observer) Observer { return observers(obs) }
 
 type observers []Observer
 
-func (o observers) StartDelivery(ctx context.Context, d Delivery) context.Context {
-	return fanout.Start(ctx, o, d, DeliveryStarter.StartDelivery)
-}
-
 func (o observers) ObserveDelivery(ctx context.Context, d Delivery) {
 	fanout.Report(ctx, o, d, Observer.ObserveDelivery)
+}
+
+func (o observers) StartDelivery(ctx context.Context, d Delivery) context.Context {
+	return fanout.Start(ctx, o, d, DeliveryStarter.StartDelivery)
 }
 
 // metadataCarrier adapts message metadata to OpenTelemetry propagation.

@@ -31,27 +31,6 @@ type RelayBatchStarter interface {
 	StartRelayBatch(ctx context.Context, b RelayBatch) context.Context
 }
 
-// RelayObservers returns a RelayObserver reporting to every one of obs,
-// in turn; its backlog samples go to those implementing BacklogObserver,
-// and each implementing RelayBatchStarter starts the batch in the
-// context the one before returned. Nil entries are skipped. Being a
-// RelayBatchStarter itself, it is reported every batch the relay begins.
-func RelayObservers(obs ...RelayObserver) RelayObserver { return relayObservers(obs) }
-
-type relayObservers []RelayObserver
-
-func (o relayObservers) StartRelayBatch(ctx context.Context, b RelayBatch) context.Context {
-	return fanout.Start(ctx, o, b, RelayBatchStarter.StartRelayBatch)
-}
-
-func (o relayObservers) ObserveRelayBatch(ctx context.Context, b RelayBatch) {
-	fanout.Report(ctx, o, b, RelayObserver.ObserveRelayBatch)
-}
-
-func (o relayObservers) ObserveBacklog(ctx context.Context, b Backlog) {
-	fanout.Report(ctx, o, b, BacklogObserver.ObserveBacklog)
-}
-
 // BacklogObserver is the optional part of a RelayObserver, found by type
 // assertion: when RelayConfig.Observer implements it, Run samples Backlog
 // when it starts and then every RelayConfig.BacklogInterval, on a
@@ -105,6 +84,27 @@ type RelayBatch struct {
 	// monotonic clock, so skew between the two clocks does not enter.
 	// A negative age (the database clock stepped back) counts as 0.
 	Lag []time.Duration
+}
+
+// RelayObservers returns a RelayObserver reporting to every one of obs,
+// in turn; its backlog samples go to those implementing BacklogObserver,
+// and each implementing RelayBatchStarter starts the batch in the
+// context the one before returned. Nil entries are skipped. Being a
+// RelayBatchStarter itself, it is reported every batch the relay begins.
+func RelayObservers(obs ...RelayObserver) RelayObserver { return relayObservers(obs) }
+
+type relayObservers []RelayObserver
+
+func (o relayObservers) ObserveRelayBatch(ctx context.Context, b RelayBatch) {
+	fanout.Report(ctx, o, b, RelayObserver.ObserveRelayBatch)
+}
+
+func (o relayObservers) ObserveBacklog(ctx context.Context, b Backlog) {
+	fanout.Report(ctx, o, b, BacklogObserver.ObserveBacklog)
+}
+
+func (o relayObservers) StartRelayBatch(ctx context.Context, b RelayBatch) context.Context {
+	return fanout.Start(ctx, o, b, RelayBatchStarter.StartRelayBatch)
 }
 
 // sampleBacklog reports Backlog to o now and every BacklogInterval until

@@ -60,7 +60,7 @@ func Example() {
 		}
 		attrs := attribute.NewSet(s.Attributes()...)
 		outcome, _ := attrs.Value("idempotency.outcome")
-		fmt.Printf("%s: %s\n", s.Name(), outcome.Emit())
+		fmt.Printf("%s: %s\n", s.Name(), outcome.String())
 	}
 	fmt.Println("counted:", counts)
 	// Output:

@@ -277,7 +277,7 @@ func named(tp *tracetest.Recorder, name string) []*tracetest.Span {
 func attributes(s *tracetest.Span) map[attribute.Key]string {
 	out := map[attribute.Key]string{}
 	for _, kv := range s.Attributes() {
-		out[kv.Key] = kv.Value.Emit()
+		out[kv.Key] = kv.Value.String()
 	}
 	return out
 }
