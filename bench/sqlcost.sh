@@ -6,17 +6,29 @@
 # bench/pgbench.go does, with the inbox table in each variant below; the
 # variants run interleaved (every round runs each variant once at each c,
 # in an order reversed every other round), on fresh tables after a
-# CHECKPOINT, and the script prints median tps, FB/FA and WAL bytes per
-# transaction (pg_stat_wal). Meant for a private cluster:
+# CHECKPOINT; one line a run: tps, WAL bytes (pg_stat_wal), full-page
+# images and exited backends' CPU µs per transaction. SUMMARY=runs.tsv
+# prints medians and the median of each round's variant ÷ A. Variants: A
+# (FA), base (migrations 0001+0002), noexp / nolease / pkonly (without
+# the expiry index / the lease index / both), brin (BRIN expiry index),
+# collc (keys COLLATE "C"), reorder (fixed-width columns first), nocompl
+# (completed_at NULL), plain (claim without ON CONFLICT), rt (SELECT 1 in
+# the claim's place), nopk (no index, no ON CONFLICT). Only base, and any
+# variant that stores the same and serves the same queries, are options;
+# the rest are bounds. Meant for a private cluster:
 #
 #   pg_createcluster 15 sqlcost -p 5460 && pg_ctlcluster 15 sqlcost start
 #   psql -h 127.0.0.1 -p 5460 -U postgres -c 'CREATE DATABASE test'
 #   RUNS=5 TXNS=6000 bench/sqlcost.sh > runs.tsv
+#   SUMMARY=runs.tsv bench/sqlcost.sh
 #   pg_ctlcluster 15 sqlcost stop && pg_dropcluster 15 sqlcost
 #
 # SIZE=1 instead loads 1,000,000 claim rows into each variant and prints
 # the table's and each index's size, and EXPLAIN ANALYZE of DeleteExpired
 # (the janitor's statement, 1,000 rows) for the B-tree and BRIN variants.
+# EXEC=1 runs ROWS (20,000) claims per variant in one PL/pgSQL loop and
+# prints the backend's CPU (/proc/self/schedstat; superuser) and WAL bytes
+# per claim: the claim's own cost, without round trip or commit.
 set -euo pipefail
 
 DSN=${DSN:-"host=127.0.0.1 port=5460 user=postgres dbname=test"}
@@ -154,6 +166,58 @@ sizes() { # 1,000,000 claim rows per variant: sizes, and DeleteExpired's plan
 	psql_ -c "DROP TABLE IF EXISTS $t"
 }
 
+exec_cost() { # variant: the claim's executor cost, ROWS claims in one PL/pgSQL loop
+	local v=$1 t=sc_exec stmt
+	psql_ -c "DROP TABLE IF EXISTS $t"
+	case $v in
+	loop) stmt="PERFORM 'bench', k, sha256(k::bytea), now() + interval '7 days';" ;; # the loop alone
+	*)
+		ddl "$v" "$t" | psql_
+		stmt=$(claim "$v" "$t" | sed "s/'k' || :id/k/g")
+		;;
+	esac
+	# Backend CPU from /proc/self/schedstat (ns on CPU), WAL from the LSN:
+	# the same backend, no round trip, no commit in the measured span.
+	psql_ -c "DO \$\$ DECLARE k text; c0 bigint; c1 bigint; l0 pg_lsn; l1 pg_lsn; BEGIN
+		PERFORM pg_current_wal_lsn();
+		c0 := split_part(pg_read_file('/proc/self/schedstat'), ' ', 1)::bigint; l0 := pg_current_wal_insert_lsn();
+		FOR i IN 1..${ROWS:-20000} LOOP k := 'k' || (random() * 9e15)::bigint; $stmt END LOOP;
+		c1 := split_part(pg_read_file('/proc/self/schedstat'), ' ', 1)::bigint; l1 := pg_current_wal_insert_lsn();
+		RAISE NOTICE '%', format(E'$v\t%s\t%s', round((c1 - c0) / 1000.0 / ${ROWS:-20000}, 2), round((l1 - l0) / ${ROWS:-20000}));
+	END \$\$" 2>&1 | sed -n 's/^NOTICE:  //p'
+	psql_ -c "DROP TABLE IF EXISTS $t"
+}
+
+if [ -n "${SUMMARY:-}" ]; then
+	python3 - "$SUMMARY" <<'EOF'
+import collections, statistics as st, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip() and not l.startswith("variant")]
+seen, data, vs, cs = collections.Counter(), {}, [], []
+for v, c, tps, wal, fpi, cpu in rows:
+    data[(v, c, seen[(v, c)])] = (float(tps), int(wal), int(cpu))
+    seen[(v, c)] += 1
+    vs += [v] if v not in vs else []
+    cs += [c] if c not in cs else []
+print("variant " + "".join("  tps c=%-3s ÷A  " % c for c in cs) + " WAL B/txn  CPU µs/txn")
+for v in vs:
+    line, wal, cpu = "%-8s" % v, [], []
+    for c in cs:
+        runs = range(seen[(v, c)])
+        ratio = [data[(v, c, r)][0] / data[("A", c, r)][0] for r in runs if ("A", c, r) in data]
+        line += "  %8.0f %5.2f " % (st.median(data[(v, c, r)][0] for r in runs), st.median(ratio or [0]))
+        wal += [data[(v, c, r)][1] for r in runs]
+        cpu.append("%.0f" % st.median(data[(v, c, r)][2] for r in runs))
+    print(line + "  %8.0f  %s" % (st.median(wal), "/".join(cpu)))
+EOF
+	exit
+fi
+if [ "${EXEC:-}" = 1 ]; then # claim CPU µs and WAL bytes per row, interleaved rounds
+	printf 'variant\tcpu_us_per_claim\twal_bytes_per_claim\n'
+	for r in $(seq "$RUNS"); do
+		for v in ${VARIANTS/A/loop}; do [ "$v" = rt ] || exec_cost "$v"; done
+	done
+	exit
+fi
 if [ "${SIZE:-}" = 1 ]; then
 	sizes
 	exit
