@@ -2,7 +2,6 @@ package once
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/settings"
@@ -81,14 +80,10 @@ func (c Config) protocol() protocol.TwoPhaseConfig {
 
 // Validate reports every problem with the configuration at once.
 func (c Config) Validate() error {
-	var errs []error
-	if c.Repository == nil {
-		errs = append(errs, errors.New("missing Config.Repository"))
-	}
+	errs := c.protocol().Validate("Config")
 	if err := checkScope("Config.Scope", c.Scope); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, c.protocol().Validate()...)
 	return settings.Invalid("once", errs)
 }
 
