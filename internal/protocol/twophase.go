@@ -118,7 +118,7 @@ func (p *TwoPhase) Do(ctx context.Context, c Call) Answer {
 		p.Leases.Logger.Error(p.Leases.Name+": could not complete the key after the call ran", err, c.Fields)
 		return Answer{Kind: Ran, Err: fmt.Errorf("%s: complete key %q: %w", p.Prefix, c.Key, err)}
 	}
-	return Answer{Kind: Ran}
+	return Answer{Kind: Ran, Result: result}
 }
 
 // claim acquires the key, or answers the key taken: ok is true when this
