@@ -110,78 +110,69 @@ func New(config Config) (*Metrics, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	ns := config.Namespace
+	b := builder{ns: config.Namespace, reg: config.Registerer}
 	m := &Metrics{
-		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "deliveries_total",
-			Help: "Deliveries handled by an inbox, by consumer and outcome (processed, duplicate, replayed, payload_mismatch, no_key, no_scope, stale_version, lease_busy, needs_intervention, failed).",
-		}, []string{"consumer", "outcome"}),
-		claimSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Name: "claim_duration_seconds",
-			Help:    "Time to claim a deduplication key (conditional insert, and reading the stored record on a duplicate).",
-			Buckets: config.LatencyBuckets,
-		}, []string{"consumer"}),
-		txSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Name: "transaction_duration_seconds",
-			Help:    "Time a delivery spends in the inbox: claim, handler and commit (or completion in two-phase mode).",
-			Buckets: config.LatencyBuckets,
-		}, []string{"consumer", "outcome"}),
-		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "records",
-			Help: "Inbox records by consumer and state (in_progress: two-phase claims with a live lease; stale: in progress under an expired lease; completed: not yet expired), as last sampled.",
-		}, []string{"consumer", "state"}),
-		janitorDeleted: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "janitor_deleted_records_total",
-			Help: "Expired inbox records deleted by the janitor.",
-		}),
-		janitorErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "janitor_errors_total",
-			Help: "Janitor batches that failed.",
-		}),
-		relayPublished: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "relay_published_messages_total",
-			Help: "Messages an outbox relay published and acknowledged, by relay.",
-		}, []string{"relay"}),
-		relayFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "relay_failed_batches_total",
-			Help: "Outbox relay batches that failed (database or publisher error) and were retried, by relay.",
-		}, []string{"relay"}),
-		relayDead: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "relay_dead_lettered_messages_total",
-			Help: "Outbox rows a relay moved to the dead-letter table (refused by the publisher MaxAttempts times, or undecodable), by relay.",
-		}, []string{"relay"}),
-		relayLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Name: "relay_lag_seconds",
-			Help:    "Time from an outbox row's created_at (database clock) until the relay published it, one sample per published message, by relay.",
-			Buckets: config.LagBuckets,
-		}, []string{"relay"}),
-		relayBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Name: "relay_batch_duration_seconds",
-			Help:    "Duration of outbox relay batches that claimed rows, from BEGIN to COMMIT, by relay.",
-			Buckets: config.LatencyBuckets,
-		}, []string{"relay"}),
-		outboxBacklog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "outbox_backlog_messages",
-			Help: "Rows in the outbox table not yet acknowledged by a relay, as last sampled by the relay.",
-		}, []string{"relay"}),
-		outboxOldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "outbox_oldest_message_age_seconds",
-			Help: "Age of the oldest row in the outbox table (database clock; 0 when empty), as last sampled by the relay.",
-		}, []string{"relay"}),
-		outboxDead: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "outbox_dead_letters",
-			Help: "Rows in the outbox's dead-letter table, waiting for an operator, as last sampled by the relay.",
-		}, []string{"relay"}),
+		deliveries:      b.counterVec("deliveries_total", "Deliveries handled by an inbox, by consumer and outcome (processed, duplicate, replayed, payload_mismatch, no_key, no_scope, stale_version, lease_busy, needs_intervention, failed).", "consumer", "outcome"),
+		claimSeconds:    b.histogramVec("claim_duration_seconds", "Time to claim a deduplication key (conditional insert, and reading the stored record on a duplicate).", config.LatencyBuckets, "consumer"),
+		txSeconds:       b.histogramVec("transaction_duration_seconds", "Time a delivery spends in the inbox: claim, handler and commit (or completion in two-phase mode).", config.LatencyBuckets, "consumer", "outcome"),
+		records:         b.gaugeVec("records", "Inbox records by consumer and state (in_progress: two-phase claims with a live lease; stale: in progress under an expired lease; completed: not yet expired), as last sampled.", "consumer", "state"),
+		janitorDeleted:  b.counter("janitor_deleted_records_total", "Expired inbox records deleted by the janitor."),
+		janitorErrors:   b.counter("janitor_errors_total", "Janitor batches that failed."),
+		relayPublished:  b.counterVec("relay_published_messages_total", "Messages an outbox relay published and acknowledged, by relay.", "relay"),
+		relayFailed:     b.counterVec("relay_failed_batches_total", "Outbox relay batches that failed (database or publisher error) and were retried, by relay.", "relay"),
+		relayDead:       b.counterVec("relay_dead_lettered_messages_total", "Outbox rows a relay moved to the dead-letter table (refused by the publisher MaxAttempts times, or undecodable), by relay.", "relay"),
+		relayLag:        b.histogramVec("relay_lag_seconds", "Time from an outbox row's created_at (database clock) until the relay published it, one sample per published message, by relay.", config.LagBuckets, "relay"),
+		relayBatch:      b.histogramVec("relay_batch_duration_seconds", "Duration of outbox relay batches that claimed rows, from BEGIN to COMMIT, by relay.", config.LatencyBuckets, "relay"),
+		outboxBacklog:   b.gaugeVec("outbox_backlog_messages", "Rows in the outbox table not yet acknowledged by a relay, as last sampled by the relay.", "relay"),
+		outboxOldestAge: b.gaugeVec("outbox_oldest_message_age_seconds", "Age of the oldest row in the outbox table (database clock; 0 when empty), as last sampled by the relay.", "relay"),
+		outboxDead:      b.gaugeVec("outbox_dead_letters", "Rows in the outbox's dead-letter table, waiting for an operator, as last sampled by the relay.", "relay"),
 	}
-	for _, c := range []prometheus.Collector{
-		m.deliveries, m.claimSeconds, m.txSeconds, m.records, m.janitorDeleted, m.janitorErrors,
-		m.relayPublished, m.relayFailed, m.relayDead, m.relayLag, m.relayBatch, m.outboxBacklog, m.outboxOldestAge, m.outboxDead,
-	} {
-		if err := config.Registerer.Register(c); err != nil {
-			return nil, fmt.Errorf("metrics: register: %w", err)
-		}
+	if b.err != nil {
+		return nil, b.err
 	}
 	return m, nil
+}
+
+// builder makes the collectors of one Metrics under its namespace and
+// registers each as it is made, in order; after the first refusal it
+// registers nothing more and err says why.
+type builder struct {
+	ns  string
+	reg prometheus.Registerer
+	err error
+}
+
+func (b *builder) register(c prometheus.Collector) {
+	if b.err != nil {
+		return
+	}
+	if err := b.reg.Register(c); err != nil {
+		b.err = fmt.Errorf("metrics: register: %w", err)
+	}
+}
+
+func (b *builder) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: b.ns, Name: name, Help: help})
+	b.register(c)
+	return c
+}
+
+func (b *builder) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: b.ns, Name: name, Help: help}, labels)
+	b.register(c)
+	return c
+}
+
+func (b *builder) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: b.ns, Name: name, Help: help}, labels)
+	b.register(g)
+	return g
+}
+
+func (b *builder) histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: b.ns, Name: name, Help: help, Buckets: buckets}, labels)
+	b.register(h)
+	return h
 }
 
 // ObserveDelivery implements middleware.Observer.

@@ -118,12 +118,8 @@ func (c TwoPhaseConfig) protocol() protocol.TwoPhaseConfig {
 
 // Validate reports every problem with the configuration at once.
 func (c TwoPhaseConfig) Validate() error {
-	var errs []error
-	if c.Repository == nil {
-		errs = append(errs, errors.New("missing TwoPhaseConfig.Repository"))
-	}
+	errs := c.protocol().Validate("TwoPhaseConfig")
 	errs = append(errs, validateScoping("TwoPhaseConfig", c.Consumer, c.HandlerScopes, true)...)
-	errs = append(errs, c.protocol().Validate()...)
 	return settings.Invalid("two-phase inbox", errs)
 }
 

@@ -68,10 +68,10 @@ func checkScope(field, scope string) error {
 }
 
 // result returns the protocol's answer a to a call: fn's output when it
-// ran (out), the stored one when a completed call is replayed, or the
-// answer's error. It reports the call to observer (if any) first. A
-// panic of fn goes on up.
-func result(ctx context.Context, observer middleware.Observer, start time.Time, scope, key string, a protocol.Answer, out []byte) (Result, error) {
+// ran, the stored one when a completed call is replayed, or the answer's
+// error. It reports the call to observer (if any) first. A panic of fn
+// goes on up.
+func result(ctx context.Context, observer middleware.Observer, start time.Time, scope, key string, a protocol.Answer) (Result, error) {
 	if observer != nil {
 		observer.ObserveDelivery(ctx, middleware.Delivery{
 			Consumer: scope, Mode: modeOnce, Key: key, Outcome: middleware.Outcome(a.Outcome()), Err: a.Err,
@@ -87,7 +87,26 @@ func result(ctx context.Context, observer middleware.Observer, start time.Time, 
 	case a.Kind == protocol.Replay:
 		return Result{Value: a.Record.Result, Replayed: true}, nil
 	}
-	return Result{Value: out}, nil
+	return Result{Value: a.Result}, nil
+}
+
+// calls answers the calls of one scope, in either mode, and reports them
+// to the observer.
+type calls struct {
+	scope    string
+	observer middleware.Observer
+}
+
+// do answers one call: it refuses a call without a key or a function
+// or else starts it (begin), runs the protocol with run in the context
+// the observer started it in and returns the answer's result (result).
+func (c calls) do(ctx context.Context, key string, noFunc bool, run func(ctx context.Context) protocol.Answer) (Result, error) {
+	start := time.Now()
+	ctx, err := begin(ctx, c.observer, c.scope, key, noFunc)
+	if err != nil {
+		return Result{}, err
+	}
+	return result(ctx, c.observer, start, c.scope, key, run(ctx))
 }
 
 // keyCtx carries the key and scope of the running call to fn.

@@ -76,8 +76,10 @@ type TxFunc func(ctx context.Context, tx *sql.Tx) ([]byte, error)
 // commit together or not at all. Transactional is safe for concurrent
 // use.
 type Transactional struct {
-	config TxConfig
-	tx     protocol.Transactional[protocol.SQLTx]
+	calls
+	now       func() time.Time
+	retention time.Duration
+	tx        protocol.Transactional[protocol.SQLTx]
 }
 
 // NewTransactional validates config and returns a Transactional.
@@ -86,9 +88,12 @@ func NewTransactional(config TxConfig) (*Transactional, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &Transactional{config: config, tx: protocol.Transactional[protocol.SQLTx]{
-		Prefix: "once", Begin: protocol.BeginSQL(config.DB, config.TxOptions, config.Repository),
-	}}, nil
+	return &Transactional{
+		calls: calls{config.Scope, config.Observer}, now: config.Now, retention: config.Retention,
+		tx: protocol.Transactional[protocol.SQLTx]{
+			Prefix: "once", Begin: protocol.BeginSQL(config.DB, config.TxOptions, config.Repository),
+		},
+	}, nil
 }
 
 // Do runs fn once per key, with no input fingerprint: DoInput(ctx, key,
@@ -117,19 +122,12 @@ func (o *Transactional) Do(ctx context.Context, key string, fn TxFunc) (Result, 
 //
 // An empty key is ErrNoKey.
 func (o *Transactional) DoInput(ctx context.Context, key string, input []byte, fn TxFunc) (Result, error) {
-	c := o.config
-	start := time.Now()
-	ctx, err := begin(ctx, c.Observer, c.Scope, key, fn == nil)
-	if err != nil {
-		return Result{}, err
-	}
-	now := c.Now()
-	var out []byte
-	a := o.tx.Run(ctx, repository.ClaimParams{
-		Consumer: c.Scope, Key: key, PayloadHash: repository.HashPayload(input), Now: now, ExpiresAt: now.Add(c.Retention),
-	}, func(ctx context.Context, tx protocol.SQLTx) (_ []byte, err error) {
-		out, err = fn(withCall(ctx, c.Scope, key), tx.Tx)
-		return out, err
+	return o.do(ctx, key, fn == nil, func(ctx context.Context) protocol.Answer {
+		now := o.now()
+		return o.tx.Run(ctx, repository.ClaimParams{
+			Consumer: o.scope, Key: key, PayloadHash: repository.HashPayload(input), Now: now, ExpiresAt: now.Add(o.retention),
+		}, func(ctx context.Context, tx protocol.SQLTx) ([]byte, error) {
+			return fn(withCall(ctx, o.scope, key), tx.Tx)
+		})
 	})
-	return result(ctx, c.Observer, start, c.Scope, key, a, out)
 }

@@ -2,7 +2,6 @@ package once
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/settings"
@@ -84,14 +83,10 @@ func (c Config) protocol() protocol.TwoPhaseConfig {
 
 // Validate reports every problem with the configuration at once.
 func (c Config) Validate() error {
-	var errs []error
-	if c.Repository == nil {
-		errs = append(errs, errors.New("missing Config.Repository"))
-	}
+	errs := c.protocol().Validate("Config")
 	if err := checkScope("Config.Scope", c.Scope); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, c.protocol().Validate()...)
 	return settings.Invalid("once", errs)
 }
 
@@ -108,8 +103,8 @@ type Func func(ctx context.Context) ([]byte, error)
 // call, an e-mail, a file); with writes to a SQL database, Transactional
 // is stronger. TwoPhase is safe for concurrent use.
 type TwoPhase struct {
-	config Config
-	proto  *protocol.TwoPhase
+	calls
+	proto *protocol.TwoPhase
 }
 
 // NewTwoPhase validates config and returns a TwoPhase.
@@ -118,7 +113,7 @@ func NewTwoPhase(config Config) (*TwoPhase, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &TwoPhase{config: config, proto: protocol.NewTwoPhase(config.protocol(), "Once", "once", true)}, nil
+	return &TwoPhase{calls{config.Scope, config.Observer}, protocol.NewTwoPhase(config.protocol(), "Once", "once", true)}, nil
 }
 
 // Do runs fn once per key, with no input fingerprint: DoInput(ctx, key,
@@ -162,22 +157,17 @@ func (o *TwoPhase) Do(ctx context.Context, key string, fn Func) (Result, error) 
 // extension in flight is abandoned, so Do returns without waiting for it.
 // An empty key is ErrNoKey.
 func (o *TwoPhase) DoInput(ctx context.Context, key string, input []byte, fn Func) (Result, error) {
-	c := o.config
-	start := time.Now()
-	ctx, err := begin(ctx, c.Observer, c.Scope, key, fn == nil)
-	if err != nil {
-		return Result{}, err
-	}
-	owner := watermill.NewUUID()
-	var out []byte
-	a := o.proto.Do(ctx, protocol.Call{
-		Scope: c.Scope, Key: key, Owner: owner, Hash: repository.HashPayload(input),
-		Fields: watermill.LogFields{"scope": c.Scope, "key": key, "owner": owner},
-		Run: func(ctx context.Context) (err error) {
-			out, err = fn(withCall(ctx, c.Scope, key))
-			return err
-		},
-		Result: func() ([]byte, error) { return out, nil },
+	return o.do(ctx, key, fn == nil, func(ctx context.Context) protocol.Answer {
+		owner := watermill.NewUUID()
+		var out []byte
+		return o.proto.Do(ctx, protocol.Call{
+			Scope: o.scope, Key: key, Owner: owner, Hash: repository.HashPayload(input),
+			Fields: watermill.LogFields{"scope": o.scope, "key": key, "owner": owner},
+			Run: func(ctx context.Context) (err error) {
+				out, err = fn(withCall(ctx, o.scope, key))
+				return err
+			},
+			Result: func() ([]byte, error) { return out, nil },
+		})
 	})
-	return result(ctx, c.Observer, start, c.Scope, key, a, out)
 }

@@ -64,6 +64,9 @@ type Answer struct {
 	Panic any
 	// Claim is how long claiming the key took.
 	Claim time.Duration
+	// Result is the function's output (Kind Ran), stored with the key
+	// unless Err is set.
+	Result []byte
 }
 
 // Outcome names the answer as package middleware's Outcome values do:

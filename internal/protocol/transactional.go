@@ -104,7 +104,7 @@ func (t Transactional[T]) Run(ctx context.Context, p repository.ClaimParams, fn 
 		}
 	}
 	committed = err == nil
-	return Answer{Kind: Ran, Err: err, Claim: took}
+	return Answer{Kind: Ran, Err: err, Claim: took, Result: result}
 }
 
 // Save stores result as the key's result in tx; nil stores nothing.

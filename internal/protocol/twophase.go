@@ -33,10 +33,15 @@ type TwoPhaseConfig struct {
 	Logger                      watermill.LoggerAdapter
 }
 
-// Validate reports every problem with c's retention, lease settings and
-// policy.
-func (c TwoPhaseConfig) Validate() []error {
-	errs := ValidateRetention(c.Retention, c.RedeliveryWindow)
+// Validate reports every problem with c's repository, retention, lease
+// settings and policy; config names the entry point's config type in the
+// error about a missing repository ("TwoPhaseConfig").
+func (c TwoPhaseConfig) Validate(config string) []error {
+	var errs []error
+	if c.Repo == nil {
+		errs = append(errs, fmt.Errorf("missing %s.Repository", config))
+	}
+	errs = append(errs, ValidateRetention(c.Retention, c.RedeliveryWindow)...)
 	errs = append(errs, c.Lease.Validate(c.Retention)...)
 	if c.Policy != Intervene && c.Policy != Reclaim {
 		errs = append(errs, fmt.Errorf("config.OnExpiredLease: unknown policy %s", c.Policy))
@@ -113,7 +118,7 @@ func (p *TwoPhase) Do(ctx context.Context, c Call) Answer {
 		p.Leases.Logger.Error(p.Leases.Name+": could not complete the key after the call ran", err, c.Fields)
 		return Answer{Kind: Ran, Err: fmt.Errorf("%s: complete key %q: %w", p.Prefix, c.Key, err)}
 	}
-	return Answer{Kind: Ran}
+	return Answer{Kind: Ran, Result: result}
 }
 
 // claim acquires the key, or answers the key taken: ok is true when this

@@ -192,5 +192,3 @@ func (s *Inbox) RetryableTx(err error) bool {
 	}
 	return s.d.isRetryable(err) || repository.IsSerializationFailure(err)
 }
-
-var _ repository.BatchTransactional = (*Inbox)(nil)

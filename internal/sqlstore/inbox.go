@@ -285,11 +285,19 @@ func collect[T any](ctx context.Context, ex Executor, st Stmt, scan func(Row) (T
 	return out, rows.Err()
 }
 
+// contracts are the storage contracts both inbox stores implement, the
+// plain table and the partitioned one.
+type contracts interface {
+	repository.Transactional
+	repository.BatchTransactional
+	repository.TwoPhase
+	repository.Reader
+	repository.Cleaner
+	repository.Operator
+	repository.Stats
+}
+
 var (
-	_ repository.Transactional = (*Inbox)(nil)
-	_ repository.TwoPhase      = (*Inbox)(nil)
-	_ repository.Reader        = (*Inbox)(nil)
-	_ repository.Cleaner       = (*Inbox)(nil)
-	_ repository.Operator      = (*Inbox)(nil)
-	_ repository.Stats         = (*Inbox)(nil)
+	_ contracts = (*Inbox)(nil)
+	_ contracts = (*PartitionedInbox)(nil)
 )

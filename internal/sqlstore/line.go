@@ -5,7 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"regexp"
+	"slices"
 	"strings"
+
+	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 // Line is a migration line: the stores' inbox and versions lines are in
@@ -77,3 +81,51 @@ func (l Line) DDL(table string) (string, error) {
 
 // nilDB lets DDL build a migrator without a database; it is never used.
 type nilDB struct{ DB }
+
+// tableName is a validated table name in its parts.
+type tableName struct {
+	schema, name string
+	quoted       string // schema-qualified if given
+}
+
+func (d *Dialect) table(name string) (tableName, error) {
+	q, err := repository.QuoteTableName(name, d.Quote)
+	if err != nil {
+		return tableName{}, fmt.Errorf("%s: %w", d.Name, err)
+	}
+	t := tableName{name: name, quoted: q}
+	if i := strings.LastIndexByte(name, '.'); i >= 0 {
+		t.schema, t.name = name[:i], name[i+1:]
+	}
+	return t, nil
+}
+
+// sibling is another table in t's schema.
+func (d *Dialect) sibling(t tableName, name string) string {
+	if t.schema == "" {
+		return d.Quote + name + d.Quote
+	}
+	return d.Quote + t.schema + d.Quote + "." + d.Quote + name + d.Quote
+}
+
+// render turns a migration file written for the default table name def
+// into the DDL for t: the quoted "def" becomes t and the quoted
+// "def_suffix" indexes repository.IndexName(t, suffix). Pairs in extra
+// come first, so they win.
+func (d *Dialect) render(sql, def string, t tableName, extra ...string) string {
+	q := d.Quote
+	indexRe := regexp.MustCompile(regexp.QuoteMeta(q+def+"_") + `([a-z0-9_]+)` + regexp.QuoteMeta(q))
+	pairs := slices.Clone(extra)
+	for _, m := range indexRe.FindAllStringSubmatch(sql, -1) {
+		idx := q + repository.IndexName(t.name, m[1]) + q
+		if d.QualifyIndex && t.schema != "" {
+			idx = q + t.schema + q + "." + idx
+		}
+		pairs = append(pairs, m[0], idx)
+	}
+	if d.QualifyIndex {
+		pairs = append(pairs, "ON "+q+def+q, "ON "+q+t.name+q)
+	}
+	pairs = append(pairs, q+def+q, t.quoted)
+	return strings.NewReplacer(pairs...).Replace(sql)
+}

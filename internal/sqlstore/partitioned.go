@@ -571,13 +571,3 @@ func (s *PartitionedInbox) Resolve(ctx context.Context, p repository.ResolvePara
 func (s *PartitionedInbox) CountRecords(ctx context.Context, now time.Time) ([]repository.RecordCount, error) {
 	return s.in.CountRecords(ctx, now)
 }
-
-var (
-	_ repository.Transactional      = (*PartitionedInbox)(nil)
-	_ repository.BatchTransactional = (*PartitionedInbox)(nil)
-	_ repository.TwoPhase           = (*PartitionedInbox)(nil)
-	_ repository.Reader             = (*PartitionedInbox)(nil)
-	_ repository.Cleaner            = (*PartitionedInbox)(nil)
-	_ repository.Operator           = (*PartitionedInbox)(nil)
-	_ repository.Stats              = (*PartitionedInbox)(nil)
-)

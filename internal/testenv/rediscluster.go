@@ -334,3 +334,167 @@ func (c *PrivateRedisCluster) Healthy(running ...*RedisServer) error {
 	}
 	return nil
 }
+
+// Redis abandons a manual failover that has not promoted the replica
+// within 5 s of CLUSTER FAILOVER (CLUSTER_MF_TIMEOUT; "Manual failover
+// timed out." in the replica's log) and never tries it again: the
+// primary resumes writes and the replica stays a replica. After
+// manualFailoverWait an attempt is over either way, so ManualFailover
+// can send the command again without overlapping an election.
+const (
+	manualFailoverWait     = 10 * time.Second
+	manualFailoverAttempts = 3
+)
+
+// ManualFailover makes replica, a replica of primary, the primary of
+// primary's slots with CLUSTER FAILOVER — without FORCE, so primary
+// stops taking writes until replica has processed its whole replication
+// stream and nothing primary acknowledged is lost — and waits until
+// replica says it is a primary. Every node of the cluster must be
+// running. It returns the number of CLUSTER FAILOVER commands it sent.
+//
+// An OK reply only schedules the failover, and Redis drops it for good
+// when it is not done in 5 s: primary ignores the request of a node it
+// does not know as its replica yet, and the election fails without the
+// votes of a majority of primaries — a voter denies a replica whose
+// primary it does not know or whose epoch is behind its own, and an
+// auth request or vote sent while a cluster-bus link is down is lost (a
+// node that does not answer for half the node timeout, 500 ms here, has
+// its links closed and reopened). So before each attempt ManualFailover
+// waits until the nodes agree: every node sees replica as a replica of
+// primary, none flags a node as failing, all are on the same current
+// epoch, and primary streams to replica. An attempt that has not
+// promoted replica after 10 s is logged with every node's view and log
+// and made again, up to 3 times; then the test fails.
+func (c *PrivateRedisCluster) ManualFailover(t testing.TB, replica, primary *RedisServer) int {
+	t.Helper()
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: replica.Addr, MaxRetries: -1})
+	defer client.Close()
+	replicaID, err := client.ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatalf("manual failover: %s: %v", replica.Addr, err)
+	}
+	primaryID, err := primary.Client().ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatalf("manual failover: %s: %v", primary.Addr, err)
+	}
+	promoted := func() error {
+		role, err := client.Do(ctx, "ROLE").Slice()
+		if err != nil {
+			return err
+		}
+		if len(role) == 0 || role[0] != "master" {
+			return fmt.Errorf("%s: ROLE %v", replica.Addr, role)
+		}
+		return nil
+	}
+	for attempt := 1; ; attempt++ {
+		ready := func() error { return c.failoverReady(replica, replicaID, primary, primaryID) }
+		if err := waitFor(30*time.Second, ready); err != nil {
+			t.Fatalf("manual failover of %s to %s, attempt %d: the nodes do not agree on the topology: %v\n%s",
+				primary.Addr, replica.Addr, attempt, err, c.report())
+		}
+		if err := client.ClusterFailover(ctx).Err(); err != nil {
+			t.Fatalf("manual failover of %s to %s, attempt %d: CLUSTER FAILOVER: %v\n%s",
+				primary.Addr, replica.Addr, attempt, err, c.report())
+		}
+		err := waitFor(manualFailoverWait, promoted)
+		if err == nil {
+			return attempt
+		}
+		if attempt == manualFailoverAttempts {
+			t.Fatalf("manual failover of %s to %s: not promoted after %d attempts of %s: %v\n%s",
+				primary.Addr, replica.Addr, attempt, manualFailoverWait, err, c.report())
+		}
+		t.Logf("manual failover of %s to %s, attempt %d: not promoted after %s (%v); Redis gave it up, sending CLUSTER FAILOVER again\n%s",
+			primary.Addr, replica.Addr, attempt, manualFailoverWait, err, c.report())
+	}
+}
+
+// failoverReady reports nil when every node is healthy (nodeHealthy),
+// sees replica as a replica of primary and no node as failing (PFAIL or
+// FAIL), all nodes are on the same current epoch, and primary lists
+// replica as an online replica.
+func (c *PrivateRedisCluster) failoverReady(replica *RedisServer, replicaID string, primary *RedisServer, primaryID string) error {
+	epoch := ""
+	for _, n := range c.Nodes {
+		info, err := nodeHealthy(n.Addr)
+		if err != nil {
+			return err
+		}
+		if epoch == "" {
+			epoch = info["cluster_current_epoch"]
+		} else if info["cluster_current_epoch"] != epoch {
+			return fmt.Errorf("%s: cluster_current_epoch:%s, another node's is %s", n.Addr, info["cluster_current_epoch"], epoch)
+		}
+		nodes, err := clusterNodes(n.Addr)
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(nodes, "\n") {
+			f := strings.Fields(line)
+			if len(f) < 4 {
+				continue
+			}
+			if strings.Contains(f[2], "fail") {
+				return fmt.Errorf("%s sees a failing node: %s", n.Addr, line)
+			}
+			if f[0] == replicaID && (!strings.Contains(f[2], "slave") || f[3] != primaryID) {
+				return fmt.Errorf("%s does not see %s as a replica of %s yet: %s", n.Addr, replica.Addr, primary.Addr, line)
+			}
+		}
+	}
+	repl, err := infoSection(primary.Addr, "replication")
+	if err != nil {
+		return err
+	}
+	_, port, _ := net.SplitHostPort(replica.Addr)
+	for k, v := range repl {
+		if strings.HasPrefix(k, "slave") && strings.Contains(v, ",port="+port+",") && strings.Contains(v, ",state=online,") {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s does not stream to %s: %v", primary.Addr, replica.Addr, repl)
+}
+
+// report describes every node for a failure message: its CLUSTER NODES
+// line about itself, cluster state, current epoch, role, replication
+// offsets, and the end of its log.
+func (c *PrivateRedisCluster) report() string {
+	var b strings.Builder
+	for _, n := range c.Nodes {
+		fmt.Fprintf(&b, "node %s:\n", n.Addr)
+		if nodes, err := clusterNodes(n.Addr); err != nil {
+			fmt.Fprintf(&b, "  %v\n", err)
+		} else {
+			for _, line := range strings.Split(nodes, "\n") {
+				if strings.Contains(line, "myself") {
+					fmt.Fprintf(&b, "  %s\n", strings.TrimSpace(line))
+				}
+			}
+		}
+		cluster, _ := clusterInfo(n.Addr)
+		repl, _ := infoSection(n.Addr, "replication")
+		fmt.Fprintf(&b, "  cluster_state:%s cluster_current_epoch:%s role:%s master_link_status:%s master_repl_offset:%s slave_repl_offset:%s\n",
+			cluster["cluster_state"], cluster["cluster_current_epoch"], repl["role"], repl["master_link_status"],
+			repl["master_repl_offset"], repl["slave_repl_offset"])
+		log := strings.Split(strings.TrimSpace(n.Log()), "\n")
+		for _, line := range log[max(0, len(log)-15):] {
+			fmt.Fprintf(&b, "  | %s\n", line)
+		}
+	}
+	return b.String()
+}
+
+func clusterNodes(addr string) (string, error) {
+	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	nodes, err := client.ClusterNodes(ctx).Result()
+	if err != nil {
+		return "", fmt.Errorf("%s: cluster nodes: %w", addr, err)
+	}
+	return nodes, nil
+}

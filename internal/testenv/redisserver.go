@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -20,16 +22,18 @@ type RedisServer struct {
 	// Addr is host:port of the server.
 	Addr string
 
-	t    testing.TB
-	args []string
-	cmd  *exec.Cmd
-	done chan struct{}
+	t       testing.TB
+	args    []string
+	logFile string
+	cmd     *exec.Cmd
+	done    chan struct{}
 }
 
 // StartRedisServer starts redis-server with the given configuration
 // directives (for example "--appendonly", "yes"), after --port, --bind,
-// --dir and --save "" (no RDB snapshots unless args set "--save"). Without
-// a redis-server binary the test is skipped, or fails under CI=true.
+// --dir, --logfile (see Log) and --save "" (no RDB snapshots unless args
+// set "--save"). Without a redis-server binary the test is skipped, or
+// fails under CI=true.
 func StartRedisServer(t testing.TB, args ...string) *RedisServer {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
@@ -40,12 +44,14 @@ func StartRedisServer(t testing.TB, args ...string) *RedisServer {
 	if err != nil {
 		t.Fatalf("private redis: %v", err)
 	}
+	dir := t.TempDir()
 	s := &RedisServer{
-		Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		t:    t,
-		args: append([]string{bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", t.TempDir(),
-			"--save", "", "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning"}, args...),
+		Addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		t:       t,
+		logFile: filepath.Join(dir, "redis.log"),
 	}
+	s.args = append([]string{bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir, "--logfile", s.logFile,
+		"--save", "", "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning"}, args...)
 	t.Cleanup(s.Kill)
 	s.Start()
 	return s
@@ -75,7 +81,7 @@ func (s *RedisServer) Start() {
 		}
 		select {
 		case <-s.done:
-			s.t.Fatalf("private redis on %s exited at start: %v", s.Addr, err)
+			s.t.Fatalf("private redis on %s exited at start: %v; its log:\n%s", s.Addr, err, s.Log())
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -94,6 +100,17 @@ func (s *RedisServer) Kill() {
 	_ = s.cmd.Process.Kill()
 	<-s.done
 	s.cmd = nil
+}
+
+// Log returns what the server has logged so far — warnings and worse
+// (--loglevel warning), among them every step of a cluster failover —
+// for a failing test to show.
+func (s *RedisServer) Log() string {
+	b, err := os.ReadFile(s.logFile)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	return string(b)
 }
 
 // Client returns a client of the server, closed when the test ends.

@@ -102,45 +102,51 @@ func NewDeadLetters(pool *pgxpool.Pool, config outbox.Config) (*outbox.DeadLette
 // PoolNotifier returns an outbox.Notifier that holds one connection of
 // pool in LISTEN while the relay runs. The connection is closed, not
 // returned to the pool, when listening ends.
-func PoolNotifier(pool *pgxpool.Pool) outbox.Notifier { return poolNotifier{pool} }
-
-type poolNotifier struct{ pool *pgxpool.Pool }
-
-func (n poolNotifier) Listen(ctx context.Context, channel string, wake func()) error {
-	conn, err := n.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("outbox: relay: listen: %w", err)
-	}
-	// A connection left in LISTEN must not serve other queries: it
-	// leaves the pool and is closed.
-	pc := conn.Hijack()
-	defer pc.Close(context.Background())
-	return listen(ctx, pc, channel, wake)
+func PoolNotifier(pool *pgxpool.Pool) outbox.Notifier {
+	return notifier(func(ctx context.Context, use func(*pgx.Conn) error) error {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("outbox: relay: listen: %w", err)
+		}
+		// A connection left in LISTEN must not serve other queries: it
+		// leaves the pool and is closed.
+		pc := conn.Hijack()
+		defer pc.Close(context.Background())
+		return use(pc)
+	})
 }
 
 // Notifier returns an outbox.Notifier for a relay on database/sql: it
 // holds one connection of db in LISTEN while the relay runs. db must use
 // the pgx/v5 stdlib driver ("pgx"); with another driver Listen fails with
 // errors.ErrUnsupported and the relay polls.
-func Notifier(db *sql.DB) outbox.Notifier { return stdNotifier{db} }
-
-type stdNotifier struct{ db *sql.DB }
-
-func (n stdNotifier) Listen(ctx context.Context, channel string, wake func()) error {
-	conn, err := n.db.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("outbox: relay: listen: %w", err)
-	}
-	defer conn.Close()
-	return conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return fmt.Errorf("LISTEN/NOTIFY needs the pgx/v5 stdlib driver, the connection is %T: %w", dc, errors.ErrUnsupported)
+func Notifier(db *sql.DB) outbox.Notifier {
+	return notifier(func(ctx context.Context, use func(*pgx.Conn) error) error {
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			return fmt.Errorf("outbox: relay: listen: %w", err)
 		}
-		// A listening connection must not go back to the pool:
-		// ErrBadConn makes database/sql close it.
-		return fmt.Errorf("%w: %w", listen(ctx, sc.Conn(), channel, wake), driver.ErrBadConn)
+		defer conn.Close()
+		return conn.Raw(func(dc any) error {
+			sc, ok := dc.(*stdlib.Conn)
+			if !ok {
+				return fmt.Errorf("LISTEN/NOTIFY needs the pgx/v5 stdlib driver, the connection is %T: %w", dc, errors.ErrUnsupported)
+			}
+			// A listening connection must not go back to the pool:
+			// ErrBadConn makes database/sql close it.
+			return fmt.Errorf("%w: %w", use(sc.Conn()), driver.ErrBadConn)
+		})
 	})
+}
+
+// notifier is an outbox.Notifier given by how it gets a connection of
+// its own: it calls use with one that no other query will share, and
+// closes it when use returns.
+type notifier func(ctx context.Context, use func(*pgx.Conn) error) error
+
+// Listen implements outbox.Notifier.
+func (n notifier) Listen(ctx context.Context, channel string, wake func()) error {
+	return n(ctx, func(conn *pgx.Conn) error { return listen(ctx, conn, channel, wake) })
 }
 
 // listen runs LISTEN on conn and calls wake once and after every

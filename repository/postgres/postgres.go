@@ -53,15 +53,13 @@ type VersionStore struct{ s *sqlstore.Versions }
 // driver). It does not create the schema: call Migrate, or apply
 // Migrations with your migration tool.
 func NewRepository(db *sql.DB, config Config) (*Repository, error) {
-	s, err := sqlstore.NewInbox(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
-	return sqlstore.OrNil(&Repository{s}, err)
+	return newRepository(sqlstore.StdDB(db), config)
 }
 
 // NewVersionStore returns a VersionStore over db; like NewRepository, it
 // does not create the table.
 func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
-	s, err := sqlstore.NewVersions(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
-	return sqlstore.OrNil(&VersionStore{s}, err)
+	return newVersionStore(sqlstore.StdDB(db), config)
 }
 
 // NewPgxRepository returns a Repository that runs its own statements
@@ -69,12 +67,22 @@ func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
 // transactions use middleware/pgxinbox; ClaimTx and SaveResultTx still
 // take a database/sql transaction.
 func NewPgxRepository(pool *pgxpool.Pool, config Config) (*Repository, error) {
-	s, err := sqlstore.NewInbox(dialect, pgxexec.Pool(pool), sqlstore.Config(config))
-	return sqlstore.OrNil(&Repository{s}, err)
+	return newRepository(pgxexec.Pool(pool), config)
 }
 
 // NewPgxVersionStore returns a VersionStore over a pgx/v5 pool.
 func NewPgxVersionStore(pool *pgxpool.Pool, config VersionConfig) (*VersionStore, error) {
-	s, err := sqlstore.NewVersions(dialect, pgxexec.Pool(pool), sqlstore.Config(config))
+	return newVersionStore(pgxexec.Pool(pool), config)
+}
+
+// newRepository and newVersionStore make the stores on either driver's
+// pool.
+func newRepository(db sqlstore.DB, config Config) (*Repository, error) {
+	s, err := sqlstore.NewInbox(dialect, db, sqlstore.Config(config))
+	return sqlstore.OrNil(&Repository{s}, err)
+}
+
+func newVersionStore(db sqlstore.DB, config VersionConfig) (*VersionStore, error) {
+	s, err := sqlstore.NewVersions(dialect, db, sqlstore.Config(config))
 	return sqlstore.OrNil(&VersionStore{s}, err)
 }
