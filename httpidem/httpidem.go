@@ -80,8 +80,8 @@ const (
 // Config.Observer for the outcomes and spans). Idempotency is safe for
 // concurrent use.
 type Idempotency struct {
-	config Config
 	once   *once.TwoPhase
+	config Config
 }
 
 // New validates config and returns the middleware.

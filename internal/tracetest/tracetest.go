@@ -5,7 +5,7 @@
 // the SDK in every user's go.sum for the sake of our tests.
 //
 //	tp := tracetest.NewRecorder()
-//	inbox, err := middleware.NewInbox(middleware.Config{…, TracerProvider: tp})
+//	inbox, err := middleware.NewInbox(middleware.Config{…, Observer: tracing.New(tp)})
 //	…
 //	for _, s := range tp.Ended() { s.Name(), s.Attributes(), s.Parent() … }
 //
