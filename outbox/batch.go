@@ -65,18 +65,17 @@ func (r *Relay) ForwardBatch(ctx context.Context) (int, error) {
 // forwardBatch runs forward and reports it to the Observer.
 func (r *Relay) forwardBatch(ctx context.Context) (batchResult, error) {
 	start := time.Now()
-	started := false
-	if s, ok := r.config.Observer.(RelayBatchStarter); ok {
-		ctx, started = s.StartRelayBatch(ctx, RelayBatch{Relay: r.config.Name}), true
-	}
 	res, err := r.forward(ctx)
-	if o := r.config.Observer; o != nil && (started || res.claimed > 0 || (err != nil && ctx.Err() == nil)) {
+	if o := r.config.Observer; o != nil && (res.ctx != nil || res.claimed > 0 || (err != nil && ctx.Err() == nil)) {
 		b := RelayBatch{
 			Relay: r.config.Name, Claimed: res.claimed, Published: len(res.lag), DeadLettered: res.deadLettered,
 			Duration: time.Since(start), Lag: res.lag,
 		}
 		if ctx.Err() == nil {
 			b.Err = err
+		}
+		if res.ctx != nil {
+			ctx = res.ctx // the batch's, from StartRelayBatch
 		}
 		o.ObserveRelayBatch(ctx, b)
 	}
@@ -85,7 +84,10 @@ func (r *Relay) forwardBatch(ctx context.Context) (batchResult, error) {
 
 // batchResult is what one batch committed.
 type batchResult struct {
-	claimed      int
+	claimed int
+	// ctx is the context StartRelayBatch returned, nil if the batch
+	// claimed nothing or the Observer has no RelayBatchStarter.
+	ctx          context.Context
 	lag          []time.Duration // one per published and acknowledged message
 	deadLettered int
 	charged      int // rows charged a failed attempt and kept
@@ -106,11 +108,12 @@ var errNoCommit = errors.New("outbox: relay: nothing to commit")
 // batchOutcome is what one batch's transaction did.
 type batchOutcome struct {
 	claimed int
-	p       *batchPublish // nil when nothing was claimed
-	dead    []deadLetter  // moved to the dead-letter table
-	charged []deadLetter  // charged one attempt, kept
-	pubErr  error         // the publisher's failure, if any
-	err     error         // a database error, or errNoCommit: roll back
+	ctx     context.Context // see batchResult.ctx
+	p       *batchPublish   // nil when nothing was claimed
+	dead    []deadLetter    // moved to the dead-letter table
+	charged []deadLetter    // charged one attempt, kept
+	pubErr  error           // the publisher's failure, if any
+	err     error           // a database error, or errNoCommit: roll back
 }
 
 // forward runs one batch; see ForwardBatch.
@@ -124,7 +127,7 @@ func (r *Relay) forward(ctx context.Context) (batchResult, error) {
 		out = r.batch(ctx, tx)
 		return out.err
 	})
-	res := batchResult{claimed: out.claimed}
+	res := batchResult{claimed: out.claimed, ctx: out.ctx}
 	switch {
 	case !began && err != nil:
 		return res, fmt.Errorf("outbox: relay: begin: %w", err)
@@ -162,14 +165,17 @@ func (r *Relay) logOutcome(out batchOutcome) {
 // err is errNoCommit when there is nothing to write, or a database error
 // that rolls the batch back.
 func (r *Relay) batch(ctx context.Context, tx sqlstore.Executor) batchOutcome {
-	rows, err := r.claim(ctx, tx)
-	out := batchOutcome{claimed: len(rows), err: err}
+	rows, started, err := r.claim(ctx, tx)
+	out := batchOutcome{claimed: len(rows), ctx: started, err: err}
 	if err != nil {
 		return out
 	}
 	if len(rows) == 0 {
 		out.err = errNoCommit
 		return out
+	}
+	if started != nil {
+		ctx = started
 	}
 	out.p = newBatchPublish(r.pub, r.config.IsPermanent, rows)
 	published := out.p.run(publishMode(r.mode.Load()))
@@ -235,22 +241,30 @@ const claimWindows = 4
 // within MaxBatchBytes (at least one row) and reads those rows, sorted by
 // id. On PostgreSQL, rows locked beyond the prefix stay in the table and
 // are skipped by other relays until this batch ends.
-func (r *Relay) claim(ctx context.Context, tx sqlstore.Executor) ([]claimedRow, error) {
+//
+// The batch begins (RelayBatchStarter) when its first window of ids is
+// claimed, so a poll that finds nothing begins nothing; started is the
+// context it returned, nil if it did not begin.
+func (r *Relay) claim(ctx context.Context, tx sqlstore.Executor) (rows []claimedRow, started context.Context, err error) {
 	after := int64(math.MinInt64)
 	for range claimWindows {
 		ids, err := r.claimWindow(ctx, tx, after)
 		if err != nil || len(ids) == 0 {
-			return nil, err
+			return nil, started, err
+		}
+		if s, ok := r.config.Observer.(RelayBatchStarter); ok && started == nil {
+			started = s.StartRelayBatch(ctx, RelayBatch{Relay: r.config.Name})
+			ctx = started
 		}
 		batch, err := r.fetch(ctx, tx, ids)
 		if err != nil || len(batch) > 0 || r.d.claimLocks() {
-			return batch, err
+			return batch, started, err
 		}
 		// MySQL: other relays hold every row of this prefix; look past
 		// it.
 		after = ids[len(ids)-1]
 	}
-	return nil, nil
+	return nil, started, nil
 }
 
 // claimWindow returns the ids of the next rows after id after that fit

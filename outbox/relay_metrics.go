@@ -20,13 +20,15 @@ type RelayObserver interface {
 }
 
 // RelayBatchStarter is the optional part of a RelayObserver, found by
-// type assertion: when RelayConfig.Observer implements it, every batch
-// begins with StartRelayBatch (b holds Relay only) and runs in the
-// context it returns — its statements and the context of the messages
-// it publishes — and every batch so begun is reported to
-// ObserveRelayBatch with that context, also one that claimed nothing or
-// was stopped by its context, so an Observer can start a span here and
-// end it there (see package tracing).
+// type assertion: when RelayConfig.Observer implements it, a batch
+// begins with StartRelayBatch (b holds Relay only) as soon as it has
+// claimed rows, and the rest of it runs in the context it returns — its
+// statements and the context of the messages it publishes. Every batch so
+// begun is reported to ObserveRelayBatch with that context, also one
+// stopped by its context, so an Observer can start a span here and end
+// it there (see package tracing). A poll that finds no row begins no
+// batch, so an idle relay starts nothing; a batch that fails before it
+// claims (the database unreachable) is reported without a start.
 type RelayBatchStarter interface {
 	StartRelayBatch(ctx context.Context, b RelayBatch) context.Context
 }

@@ -33,8 +33,10 @@
 //     error and sets the status to Error.
 //   - "outbox relay <name>" (internal) per relay batch, with
 //     outbox.relay, .claimed, .published and .dead_lettered; the
-//     messages it publishes carry it in their context. A relay that finds
-//     nothing makes a span for each poll too.
+//     messages it publishes carry it in their context. It begins once
+//     the batch has claimed rows, so an idle relay makes no spans; a
+//     batch that fails before claiming (the database unreachable) gets
+//     one with the error.
 //   - "janitor delete expired" (internal) per janitor batch, with
 //     janitor.deleted.
 //

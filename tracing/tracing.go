@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -119,17 +120,27 @@ func (t *Tracer) StartRelayBatch(ctx context.Context, b outbox.RelayBatch) conte
 	if t.tracer == nil {
 		return ctx
 	}
-	name := "outbox relay"
-	if b.Relay != "" {
-		name += " " + b.Relay
+	return t.start(ctx, relayKey{t}, relaySpanName(b), trace.SpanKindInternal, []attribute.KeyValue{attribute.String("outbox.relay", b.Relay)})
+}
+
+func relaySpanName(b outbox.RelayBatch) string {
+	if b.Relay == "" {
+		return "outbox relay"
 	}
-	return t.start(ctx, relayKey{t}, name, trace.SpanKindInternal, []attribute.KeyValue{attribute.String("outbox.relay", b.Relay)})
+	return "outbox relay " + b.Relay
 }
 
 // ObserveRelayBatch ends the span StartRelayBatch put in ctx, with b's
-// counts. It implements outbox.RelayObserver.
+// counts. A failed batch reported without a start (it failed before it
+// claimed a row, e.g. the database is unreachable) gets a span of its
+// own, b.Duration long, so the failure shows in the trace. It implements
+// outbox.RelayObserver.
 func (t *Tracer) ObserveRelayBatch(ctx context.Context, b outbox.RelayBatch) {
 	span := t.started(ctx, relayKey{t})
+	if span == nil && b.Err != nil && t.tracer != nil {
+		_, span = t.tracer.Start(ctx, relaySpanName(b), trace.WithSpanKind(trace.SpanKindInternal),
+			trace.WithTimestamp(time.Now().Add(-b.Duration)), trace.WithAttributes(attribute.String("outbox.relay", b.Relay)))
+	}
 	if span == nil {
 		return
 	}

@@ -189,8 +189,9 @@ func TestNoopProviderStartsNothing(t *testing.T) {
 
 // TestRelayBatchSpans: a relay batch runs in its span, which the
 // messages it publishes carry in their context, and ends with the
-// batch's counts; a batch that claims nothing gets one too, and a
-// failed one records its error.
+// batch's counts; a poll that claims nothing makes no span (an idle relay
+// would make one a poll), a failed batch records its error, and so does
+// one that failed before it claimed anything.
 func TestRelayBatchSpans(t *testing.T) {
 	db := testenv.SQLite(t)
 	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.SQLite})
@@ -219,12 +220,11 @@ func TestRelayBatchSpans(t *testing.T) {
 	require.Zero(t, n)
 
 	spans := named(tp, "outbox relay orders")
-	require.Len(t, spans, 2)
-	full, empty := spans[0], spans[1]
+	require.Len(t, spans, 1, "the empty poll makes no span")
+	full := spans[0]
 	require.Equal(t, map[attribute.Key]string{"outbox.relay": "orders", "outbox.claimed": "2", "outbox.published": "2", "outbox.dead_lettered": "0"}, attributes(full))
-	require.Equal(t, "0", attributes(empty)["outbox.claimed"])
 	require.Equal(t, []trace.SpanContext{full.SpanContext(), full.SpanContext()}, pub.spans, "the messages are published in the batch's span")
-	require.Equal(t, 2, batches.n, "a batch begun is reported, also an empty one")
+	require.Equal(t, 1, batches.n, "the empty poll is not reported")
 
 	// A failed batch.
 	tx, err = db.BeginTx(t.Context(), nil)
@@ -235,8 +235,18 @@ func TestRelayBatchSpans(t *testing.T) {
 	_, err = relay.ForwardBatch(t.Context())
 	require.ErrorIs(t, err, pub.fail)
 	spans = named(tp, "outbox relay orders")
-	require.Len(t, spans, 3)
+	require.Len(t, spans, 2)
+	require.Equal(t, codes.Error, spans[1].Status().Code)
+	require.Equal(t, "1", attributes(spans[1])["outbox.claimed"])
+
+	// A batch that cannot begin: the database is gone.
+	require.NoError(t, db.Close())
+	_, err = relay.ForwardBatch(t.Context())
+	require.Error(t, err)
+	spans = named(tp, "outbox relay orders")
+	require.Len(t, spans, 3, "a batch that failed before claiming gets a span of its own")
 	require.Equal(t, codes.Error, spans[2].Status().Code)
+	require.Equal(t, "0", attributes(spans[2])["outbox.claimed"])
 }
 
 // TestJanitorBatchSpans: each janitor batch gets a span with the count
