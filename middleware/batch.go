@@ -43,9 +43,9 @@ type BatchConfig struct {
 	// DefaultBatchMaxWait (5 ms).
 	MaxWait time.Duration
 	// Fixed keeps every batch's limit at MaxMessages. By default the
-	// limit adapts (1, 2, 4 … MaxMessages) to the time a delivery spends
-	// in the inbox, shrinking to single deliveries where batches lose:
-	// slow round trips to the database, a slow handler. Set Fixed where
+	// limit adapts (1, 2, 4 … MaxMessages) to the deliveries the inbox
+	// completes per second, shrinking to single deliveries where batches
+	// lose: slow round trips to the database, a slow handler. Set Fixed where
 	// batches always win, for example more deliveries in flight than
 	// database connections, to skip the adaptation's probes. Default:
 	// false (adaptive).
