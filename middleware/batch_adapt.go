@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,8 +37,9 @@ import (
 // the best limit's windows on either side of it: a probe is the window
 // at the best before it, one at a neighbour, and one at the best after
 // it; the neighbour becomes the best only if its rate beats the mean of
-// the two around it by batchAdaptMargin (a drift that is linear over the
-// three windows cancels out).
+// the two around it by batchAdaptMargin and by batchAdaptSure times the
+// noise measured between windows at the best (a drift that is linear over
+// the three windows cancels out).
 //
 // The search starts where group commit without the policy stays: at
 // MaxMessages, whose first window warms up connections and statements
@@ -62,11 +64,22 @@ const (
 	batchAdaptMaxBackoff = 3
 	// batchAdaptMargin is how much more a neighbour must complete per
 	// second than the best around it to become the best: it keeps the
-	// window noise from moving the best back and forth, and bounds what
-	// staying can cost: 5 % of the neighbour's throughput. The search
+	// window noise from moving the best back and forth; on a quiet
+	// machine it bounds what staying can cost: 5 % of the neighbour's
+	// throughput (see batchAdaptSure for a busy one). The search
 	// starts at MaxMessages, so within it larger batches stay, for the
 	// CPU they save (fewer commits and round trips a delivery).
 	batchAdaptMargin = 0.05
+	// batchAdaptSure is how many of the window noise's standard
+	// deviations a probe's gain must exceed, beyond the margin, to win.
+	// The noise is measured: the change from one window at the best to
+	// the next. Where the machine is busy it is as large as what the
+	// limits differ by (±40 % at load 20 on two cores), and only a
+	// neighbour that is clearly better wins; one that completes twice
+	// as many always does.
+	batchAdaptSure = 1.5
+	// batchAdaptNoiseWeight is a window's weight in the noise estimate.
+	batchAdaptNoiseWeight = 0.2
 )
 
 // The phases of the policy's windows.
@@ -98,6 +111,12 @@ type batchPolicy struct {
 	probe  int     // the level probed
 	before float64 // the rate at the best in the window before the probe
 	rate   float64 // the probe's rate
+	// last is the rate of the last window at the best, 0 after the best
+	// changed; noise is the mean square of the logarithm of the change
+	// from one such window to the next: twice the variance of a window's
+	// logarithm.
+	last, noise float64
+	samples     int // in noise
 	// explore is the direction (-1 down, +1 up) in which probes go back
 	// to back, after a probe won or at the start; 0: one probe every
 	// batchAdaptProbe<<lost windows.
@@ -201,7 +220,10 @@ func (p *batchPolicy) next(cur int, rate float64) int {
 		p.rate, p.phase = rate, backAtIt
 		return p.best
 	case backAtIt:
-		won := p.rate > (p.before+rate)/2*(1+batchAdaptMargin)
+		p.sample(rate)
+		// The gain's variance: a window's, plus half a window's for
+		// the mean of the two around it.
+		won := math.Log(p.rate/((p.before+rate)/2)) > min(math.Log1p(batchAdaptMargin)+batchAdaptSure*math.Sqrt(0.75*p.noise), math.Ln2)
 		p.since = 1
 		switch {
 		case won:
@@ -211,7 +233,7 @@ func (p *batchPolicy) next(cur int, rate float64) int {
 			if p.probe < p.best && !p.first {
 				p.explore = -1
 			}
-			p.best, p.lost, p.first = p.probe, 0, false
+			p.best, p.lost, p.first, p.last = p.probe, 0, false, 0
 			// Its window before the next probe is yet to come.
 			p.phase = atBest
 			return p.best
@@ -227,6 +249,7 @@ func (p *batchPolicy) next(cur int, rate float64) int {
 		p.phase = atBest
 		// The window just closed is the best's: a probe may follow.
 	default:
+		p.sample(rate)
 		p.since++
 	}
 	if l := p.nextProbe(); l >= 0 {
@@ -234,6 +257,19 @@ func (p *batchPolicy) next(cur int, rate float64) int {
 		return l
 	}
 	return p.best
+}
+
+// sample adds a window at the best to the noise estimate. p.mu is held.
+func (p *batchPolicy) sample(rate float64) {
+	if p.last > 0 {
+		d := math.Log(rate / p.last)
+		if p.samples++; p.samples == 1 {
+			p.noise = d * d
+		} else {
+			p.noise += batchAdaptNoiseWeight * (d*d - p.noise)
+		}
+	}
+	p.last = rate
 }
 
 // nextProbe is the level to probe after a window at the best, or -1 to

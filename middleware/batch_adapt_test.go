@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -205,4 +206,19 @@ func TestBatchPolicyIgnoresADrift(t *testing.T) {
 	require.GreaterOrEqual(t, share(limits, 16), 0.8, "limits %v", limits)
 	require.GreaterOrEqual(t, slices.Min(limits[1:]), 1)
 	require.Subset(t, []int{1, 8, 16}, limits, "the first probe goes to 1, the others to 16's neighbour")
+}
+
+// On a busy machine a window's rate moves by more than the limits
+// differ: the policy stays where it is instead of following the noise.
+func TestBatchPolicyStaysPutInNoise(t *testing.T) {
+	s := newSim()
+	noise := rand.New(rand.NewPCG(1, 2))
+	factor, window := 1.0, -1
+	limits := drive(s, 32, 200, func(int) time.Duration {
+		if s.p.windows != window { // ±40 %, a new draw every window
+			window, factor = s.p.windows, 0.6+0.8*noise.Float64()
+		}
+		return time.Duration(factor * float64(10*time.Millisecond))
+	})
+	require.GreaterOrEqual(t, share(limits, 32), 0.8, "limits %v", limits)
 }
