@@ -222,3 +222,18 @@ func TestBatchPolicyStaysPutInNoise(t *testing.T) {
 	})
 	require.GreaterOrEqual(t, share(limits, 32), 0.8, "limits %v", limits)
 }
+
+// A MaxWait that runs out lowers the capacity by one at most, and sets
+// it where it is unknown; more deliveries inside raise it at once.
+func TestBatchCapacityFallsSlowly(t *testing.T) {
+	var b batcher
+	b.inside = 5
+	b.waitedOut()
+	require.Equal(t, 5, b.capacity, "unknown: what is inside")
+	b.capacity, b.inside = 64, 3
+	b.waitedOut()
+	require.Equal(t, 63, b.capacity, "a wait that ran out while most deliveries were on their way")
+	b.inside = 70
+	b.waitedOut()
+	require.Equal(t, 70, b.capacity)
+}
