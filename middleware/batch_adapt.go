@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,68 +20,112 @@ import (
 // while k deliveries of their own take 3 or 4 each, side by side) or when
 // the handler is slow (the batch runs k of them in series).
 //
-// Both show in one number: the time a delivery spends in the inbox, from
-// the middleware's call to its return. The deliveries in flight are
-// bounded (router handlers × prefetch), so by Little's law a lower mean
-// time is a higher throughput. The policy measures that mean over windows
-// of deliveries at each batch limit of a ladder 1, 2, 4, … MaxMessages,
-// prefers a smaller limit to a larger one only when the smaller measures
-// at least batchAdaptMargin better, keeps to the best, and every
-// batchAdaptProbe windows (more after probes that lost) spends one window
-// at a neighbour of the best to notice when the load has moved the best.
+// Both show in one number: the deliveries the inbox completes per second
+// of wall-clock time, measured over windows of deliveries at each batch
+// limit of a ladder 1, 2, 4, … MaxMessages. (The time a delivery spends
+// in the inbox, measured before, misses what small batches cost outside
+// it: where the process, the router and the database share a few cores,
+// the CPU small batches spend slows the router's goroutines, fewer
+// deliveries are inside at once, and each takes less time in the inbox
+// while fewer complete per second.) A window's clock starts once every
+// delivery that started under an earlier limit has left the inbox, so
+// that the window measures its own limit alone, and it counts only the
+// deliveries that started in it.
+//
+// The load on a shared machine moves a window's rate by more than the
+// limits differ, and it drifts, so a limit is only ever compared with
+// the best limit's windows on either side of it: a probe is the window
+// at the best before it, one at a neighbour, and one at the best after
+// it; the neighbour becomes the best only if its rate beats the mean of
+// the two around it by batchAdaptMargin and by batchAdaptSure times the
+// noise measured between windows at the best (a drift that is linear over
+// the three windows cancels out).
 //
 // The search starts where group commit without the policy stays: at
-// MaxMessages, for a first window of batchAdaptFirst deliveries; then it
-// measures 1, so that a batch that loses is found after two windows, and
-// then each neighbour of the best until the best has measured
-// neighbours. At 1 a delivery does not enter the batcher at all: it is
-// the plain inbox, a transaction of its own.
+// MaxMessages, whose first window warms up connections and statements
+// and is not measured. The first probe goes to 1 (a window at 1 to warm
+// up a connection for every delivery in flight, one measured), so that a
+// batch that loses is found after five windows. From then on it probes
+// neighbours: back to back while they win (explore), in the direction
+// of the last win, and then every batchAdaptProbe windows at the best
+// (more after probes that lost), alternately below and above, to notice
+// when the load has moved the best. At 1 a delivery does not enter the
+// batcher at all: it is the plain inbox, a transaction of its own.
 const (
 	// batchAdaptFirst is the first window's deliveries, at MaxMessages.
 	batchAdaptFirst = 64
 	// batchAdaptWindow is the fewest deliveries a later window holds; a
 	// window at limit k holds at least 2k (two batches).
 	batchAdaptWindow = 32
-	// batchAdaptProbe is how many windows at the best limit come before
-	// one at a neighbour, doubled after every probe that lost, up to
+	// batchAdaptProbe is how many windows at the best limit come between
+	// probes, doubled after every probe that lost, up to
 	// batchAdaptMaxBackoff times: a probe costs what the neighbour loses.
 	batchAdaptProbe      = 8
 	batchAdaptMaxBackoff = 3
-	// batchAdaptMargin is how much lower a smaller limit's mean time must
-	// be to be preferred to a larger one: within it, larger batches win,
-	// for the CPU they save (fewer commits and round trips a delivery),
-	// which on a shared machine is other processes' throughput. It bounds
-	// what the preference can cost: 2 % of the best limit's throughput.
-	batchAdaptMargin = 0.02
-	// batchAdaptWeight is the weight of a window in its level's estimate
-	// while the policy stays at the level: a burst of load elsewhere on
-	// the machine moves the estimate by less than its own size.
-	batchAdaptWeight = 0.3
+	// batchAdaptMargin is how much more a neighbour must complete per
+	// second than the best around it to become the best: it keeps the
+	// window noise from moving the best back and forth; on a quiet
+	// machine it bounds what staying can cost: 5 % of the neighbour's
+	// throughput (see batchAdaptSure for a busy one). The search
+	// starts at MaxMessages, so within it larger batches stay, for the
+	// CPU they save (fewer commits and round trips a delivery).
+	batchAdaptMargin = 0.05
+	// batchAdaptSure is how many of the window noise's standard
+	// deviations a probe's gain must exceed, beyond the margin, to win.
+	// The noise is measured: the change from one window at the best to
+	// the next. Where the machine is busy it is as large as what the
+	// limits differ by (±40 % at load 20 on two cores), and only a
+	// neighbour that is clearly better wins; one that completes twice
+	// as many always does.
+	batchAdaptSure = 1.5
+	// batchAdaptNoiseWeight is a window's weight in the noise estimate.
+	batchAdaptNoiseWeight = 0.2
+)
+
+// The phases of the policy's windows.
+const (
+	atBest   = iota // at the best: a window before a probe
+	probing         // at the neighbour probed
+	backAtIt        // at the best again, after the probe
 )
 
 // batchPolicy chooses the batcher's limit. It has no clock of its own:
-// observe is given each delivery's time.
+// leave is given the time.
 type batchPolicy struct {
 	once   sync.Once
-	levels []int         // the ladder: 1, 2, 4, …, MaxMessages
-	cur    atomic.Int32  // index in levels of the limit in force
-	gen    atomic.Uint64 // the window's number
+	levels []int        // the ladder: 1, 2, 4, …, MaxMessages
+	cur    atomic.Int32 // index in levels of the limit in force
 
-	mu sync.Mutex
-	// est is the mean time per delivery measured at each level: an
-	// exponentially weighted mean (batchAdaptWeight) of the windows in a
-	// row at it, the first after an absence counting alone; 0: not
-	// measured yet.
-	est     []float64
-	sum     time.Duration // the current window's
-	n       int           // the current window's deliveries
-	windows int           // windows measured
-	last    int           // the level of the window before
-	since   int           // windows at the best since the last probe
-	probes  int           // probes made: even go down, odd go up
-	probing bool          // the window was a probe
-	warm    bool          // a window at 1 has warmed its connections up
-	lost    int           // probes lost in a row, up to batchAdaptMaxBackoff
+	mu     sync.Mutex
+	gen    uint64 // the window's number
+	inside int    // deliveries in the inbox, of any window
+	// older is how many of them started in an earlier window; the
+	// window's clock starts when the last of them leaves.
+	older   int
+	from    time.Time // the window's clock started; zero: not yet
+	n       int       // the window's deliveries counted since from
+	windows int       // windows closed
+
+	best   int     // the best level
+	phase  int     // atBest, probing, backAtIt
+	probe  int     // the level probed
+	before float64 // the rate at the best in the window before the probe
+	rate   float64 // the probe's rate
+	// last is the rate of the last window at the best, 0 after the best
+	// changed; noise is the mean square of the logarithm of the change
+	// from one such window to the next: twice the variance of a window's
+	// logarithm.
+	last, noise float64
+	samples     int // in noise
+	// explore is the direction (-1 down, +1 up) in which probes go back
+	// to back, after a probe won or at the start; 0: one probe every
+	// batchAdaptProbe<<lost windows.
+	explore int
+	first   bool // the probe is the first, from MaxMessages to 1
+	since   int  // windows at the best since the last probe
+	probes  int  // periodic probes made: odd go down, even up
+	warm    bool // a window at 1 has warmed its connections up
+	lost    int  // probes lost in a row, up to batchAdaptMaxBackoff
 }
 
 // init builds the ladder up to maxMessages once.
@@ -90,56 +135,63 @@ func (p *batchPolicy) init(maxMessages int) {
 			p.levels = append(p.levels, k)
 		}
 		p.levels = append(p.levels, maxMessages)
-		p.est = make([]float64, len(p.levels))
-		p.cur.Store(int32(len(p.levels) - 1))
+		p.best = len(p.levels) - 1
+		p.cur.Store(int32(p.best))
 	})
 }
 
 // limit is the most deliveries a batch may hold now.
 func (p *batchPolicy) limit() int { return p.levels[p.cur.Load()] }
 
-// window is the number of the window in force, for observe.
-func (p *batchPolicy) window() uint64 { return p.gen.Load() }
-
-// observe adds the time in the inbox of a delivery that started in
-// window w and, when the window is full, chooses the next limit. A
-// delivery that started in an earlier window does not count: it ran,
-// or began to wait, under another limit.
-func (p *batchPolicy) observe(w uint64, took time.Duration) {
+// enter counts a delivery into the inbox and returns its window, for
+// leave, and the limit in force.
+func (p *batchPolicy) enter() (w uint64, limit int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if w != p.gen.Load() {
+	p.inside++
+	return p.gen, p.limit()
+}
+
+// leave counts out a delivery that entered in window w and left the
+// inbox at now and, when the window is full, chooses the next limit. A
+// delivery of an earlier window does not count: it ran, or began to
+// wait, under another limit; the window's clock starts when the last of
+// them has left.
+func (p *batchPolicy) leave(w uint64, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inside--
+	if w != p.gen {
+		if p.older--; p.older == 0 {
+			p.from = now
+		}
 		return
 	}
-	p.sum += took
+	if p.older > 0 {
+		return
+	}
+	if p.from.IsZero() {
+		// The first window: its clock starts at its first delivery out.
+		p.from = now
+		return
+	}
 	p.n++
 	cur := int(p.cur.Load())
 	if p.n < p.windowSize(cur) {
 		return
 	}
 	p.windows++
-	mean := float64(p.sum) / float64(p.n)
-	p.sum, p.n = 0, 0
-	if cur == 0 && !p.warm {
-		// The first window at 1 warms up what it needs and batches did
-		// not: a connection for every delivery in flight, each
-		// preparing its statements. It is not the level's time.
-		p.warm = true
-		p.gen.Add(1)
-		return
+	rate := float64(p.n) / max(now.Sub(p.from), time.Nanosecond).Seconds()
+	p.n = 0
+	p.gen++
+	// Whoever is still inside started in the window just closed.
+	if p.older = p.inside; p.older == 0 {
+		p.from = now
 	}
-	if p.est[cur] == 0 || cur != p.last {
-		// A level just come back to: its old estimate is stale.
-		p.est[cur] = mean
-	} else {
-		p.est[cur] += batchAdaptWeight * (mean - p.est[cur])
-	}
-	p.last = cur
-	p.cur.Store(int32(p.next(cur)))
-	p.gen.Add(1)
+	p.cur.Store(int32(p.next(cur, rate)))
 }
 
-// windowSize is how many deliveries the window at level cur holds.
+// windowSize is how many deliveries the window at level cur counts.
 func (p *batchPolicy) windowSize(cur int) int {
 	if p.windows == 0 {
 		return max(batchAdaptFirst, 2*p.levels[cur])
@@ -147,48 +199,99 @@ func (p *batchPolicy) windowSize(cur int) int {
 	return max(batchAdaptWindow, 2*p.levels[cur])
 }
 
-// next is the level of the next window, after a window at cur. p.mu is
-// held.
-func (p *batchPolicy) next(cur int) int {
-	if p.est[0] == 0 {
+// next is the level of the next window, after a window at cur that
+// completed rate deliveries a second. p.mu is held.
+func (p *batchPolicy) next(cur int, rate float64) int {
+	switch {
+	case p.windows == 1:
+		// The first window warms up what batches need (connections
+		// opened, statements prepared): not MaxMessages' rate. The
+		// first probe, to 1, comes after the next.
+		p.explore = -1
+		return p.best
+	case cur == 0 && !p.warm:
+		// The first window at 1 warms up what single deliveries need
+		// besides: a connection for every delivery in flight.
+		p.warm = true
+		return cur
+	}
+	switch p.phase {
+	case probing:
+		p.rate, p.phase = rate, backAtIt
+		return p.best
+	case backAtIt:
+		p.sample(rate)
+		// The gain's variance: a window's, plus half a window's for
+		// the mean of the two around it.
+		won := math.Log(p.rate/((p.before+rate)/2)) > min(math.Log1p(batchAdaptMargin)+batchAdaptSure*math.Sqrt(0.75*p.noise), math.Ln2)
+		p.since = 1
+		switch {
+		case won:
+			// Go on in the probe's direction; from 1 after the first
+			// probe, up.
+			p.explore = 1
+			if p.probe < p.best && !p.first {
+				p.explore = -1
+			}
+			p.best, p.lost, p.first, p.last = p.probe, 0, false, 0
+			// Its window before the next probe is yet to come.
+			p.phase = atBest
+			return p.best
+		case p.first:
+			// The first probe lost: batches win, look for the best
+			// of them below MaxMessages.
+			p.first, p.explore = false, -1
+		case p.explore != 0:
+			p.explore = 0 // the best's neighbours in that direction lose
+		default:
+			p.lost = min(p.lost+1, batchAdaptMaxBackoff)
+		}
+		p.phase = atBest
+		// The window just closed is the best's: a probe may follow.
+	default:
+		p.sample(rate)
+		p.since++
+	}
+	if l := p.nextProbe(); l >= 0 {
+		p.before, p.probe, p.phase = rate, l, probing
+		return l
+	}
+	return p.best
+}
+
+// sample adds a window at the best to the noise estimate. p.mu is held.
+func (p *batchPolicy) sample(rate float64) {
+	if p.last > 0 {
+		d := math.Log(rate / p.last)
+		if p.samples++; p.samples == 1 {
+			p.noise = d * d
+		} else {
+			p.noise += batchAdaptNoiseWeight * (d*d - p.noise)
+		}
+	}
+	p.last = rate
+}
+
+// nextProbe is the level to probe after a window at the best, or -1 to
+// stay. p.mu is held.
+func (p *batchPolicy) nextProbe() int {
+	if p.windows == 2 { // the window after the one that warmed up
+		p.first = true
 		return 0
 	}
-	// The best level: a smaller one only if clearly better.
-	best := -1
-	for l := len(p.est) - 1; l >= 0; l-- {
-		if e := p.est[l]; e > 0 && (best < 0 || e < p.est[best]*(1-batchAdaptMargin)) {
-			best = l
-		}
-	}
-	// Measure the best's neighbours before keeping to it.
-	for _, l := range []int{best - 1, best + 1} {
-		if l >= 0 && l < len(p.levels) && p.est[l] == 0 {
+	if p.explore != 0 {
+		if l := p.best + p.explore; l >= 0 && l < len(p.levels) {
 			return l
 		}
+		p.explore = 0
 	}
-	if cur != best {
-		// Back from a probe (or the best moved): a probe that lost
-		// makes the next one come twice as late, up to
-		// batchAdaptMaxBackoff doublings.
-		if p.probing && p.lost < batchAdaptMaxBackoff {
-			p.lost++
-		}
-		p.probing, p.since = false, 0
-		return best
-	}
-	if p.probing {
-		p.lost = 0 // the probe won: probe as often as at first
-	}
-	p.probing = false
-	p.since++
 	if p.since < batchAdaptProbe<<p.lost {
-		return best
+		return -1
 	}
 	p.since = 0
 	p.probes++
-	p.probing = true
-	down, up := best-1, best+1
-	if p.probes%2 == 1 {
+	down, up := p.best-1, p.best+1
+	if p.probes%2 == 0 {
 		down, up = up, down
 	}
 	for _, l := range []int{down, up} {
@@ -196,29 +299,24 @@ func (p *batchPolicy) next(cur int) int {
 			return l
 		}
 	}
-	return best
+	return -1
 }
 
 // handleBatched is handle in batch mode: at limit 1 the plain inbox
 // (handle), otherwise the delivery joins the next batch (handleInBatch);
-// either way its time goes to the policy.
+// either way the policy counts it in and out.
 func (i *Inbox) handleBatched(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	if i.batch.fixed {
 		return i.handleInBatch(h, msg)
 	}
-	// The window first: a limit read after it is the window's or a
-	// later one's, and a delivery of a later one is not counted.
-	w := i.batch.policy.window()
-	limit, start := i.batch.limit(), time.Now()
-	var out []*message.Message
-	var err error
+	i.batch.policy.init(i.batch.max)
+	w, limit := i.batch.policy.enter()
+	// Deferred: a handler's panic that leaves the inbox still leaves it.
+	defer func() { i.batch.policy.leave(w, time.Now()) }()
 	if limit == 1 {
-		out, err = i.handle(h, msg)
-	} else {
-		out, err = i.handleInBatch(h, msg)
+		return i.handle(h, msg)
 	}
-	i.batch.policy.observe(w, time.Since(start))
-	return out, err
+	return i.handleInBatch(h, msg)
 }
 
 // limit is the most deliveries the collecting batch may hold: the
