@@ -72,9 +72,8 @@ bench:
 # cut off mid-stream, the outbox relay and its LISTEN connection killed; a
 # ledger counts doubled and lost effects. chaos is the full configuration
 # (thousands of orders, minutes); chaos-ci the small one .ci/run runs,
-# once in the default mode and once with group commit (batches of 8), then
-# the newer surfaces (once, httpidem, the partitioned inbox) on a second
-# private cluster (port 5450). The PostgreSQL failover run (-config
+# once in the default mode and once with group commit (batches of 8);
+# chaos-surfaces the newer surfaces (see below). The PostgreSQL failover run (-config
 # failover, 3-4 minutes, ports 5440-5441) is run by hand.
 chaos:
 	$(GO) run ./internal/chaos/cmd/chaos -config full
