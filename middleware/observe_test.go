@@ -9,7 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -63,13 +62,13 @@ func TestInboxSpansAndLogs(t *testing.T) {
 	require.Equal(t, producer.SpanContext().TraceID(), first.SpanContext().TraceID(), "child of the incoming trace")
 	require.Equal(t, producer.SpanContext().SpanID(), first.Parent().SpanID())
 	require.Equal(t, first.SpanContext().SpanID(), handlerSpan.SpanID(), "the handler runs inside the inbox span")
-	attrs := attributes(first)
+	attrs := first.AttributeStrings()
 	require.Equal(t, "billing", attrs["idempotency.consumer"])
 	require.Equal(t, "order-1", attrs["idempotency.key"])
 	require.Equal(t, "processed", attrs["idempotency.outcome"])
 	require.Equal(t, "transactional", attrs["idempotency.mode"])
-	require.Equal(t, "replayed", attributes(inbox[1])["idempotency.outcome"])
-	require.Equal(t, "payload_mismatch", attributes(inbox[2])["idempotency.outcome"])
+	require.Equal(t, "replayed", inbox[1].AttributeStrings()["idempotency.outcome"])
+	require.Equal(t, "payload_mismatch", inbox[2].AttributeStrings()["idempotency.outcome"])
 	require.Equal(t, codes.Error, inbox[2].Status().Code)
 
 	// The output continues the trace downstream.
@@ -137,14 +136,6 @@ func hasLog(msgs []watermill.CapturedMessage, text, key, correlation string) boo
 		}
 	}
 	return false
-}
-
-func attributes(s *tracetest.Span) map[attribute.Key]string {
-	out := map[attribute.Key]string{}
-	for _, kv := range s.Attributes() {
-		out[kv.Key] = kv.Value.String()
-	}
-	return out
 }
 
 type metadataCarrierForTest message.Metadata

@@ -122,7 +122,7 @@ func TestDeliverySpans(t *testing.T) {
 			require.Equal(t, ok.SpanContext().SpanID(), charge[0].Parent().SpanID(), "the handler's span nests under the delivery's")
 			require.Equal(t, handlerSpan, charge[0].SpanContext())
 
-			attrs := attributes(ok)
+			attrs := ok.AttributeStrings()
 			require.Equal(t, "billing", attrs["idempotency.consumer"])
 			require.Equal(t, e.mode, attrs["idempotency.mode"])
 			require.Equal(t, "processed", attrs["idempotency.outcome"])
@@ -134,7 +134,7 @@ func TestDeliverySpans(t *testing.T) {
 			}
 			require.Equal(t, codes.Unset, ok.Status().Code)
 
-			require.Equal(t, "failed", attributes(failed)["idempotency.outcome"])
+			require.Equal(t, "failed", failed.AttributeStrings()["idempotency.outcome"])
 			require.Equal(t, codes.Error, failed.Status().Code)
 			require.Len(t, failed.Events(), 1, "the error is recorded")
 		})
@@ -222,7 +222,7 @@ func TestRelayBatchSpans(t *testing.T) {
 	spans := named(tp, "outbox relay orders")
 	require.Len(t, spans, 1, "the empty poll makes no span")
 	full := spans[0]
-	require.Equal(t, map[attribute.Key]string{"outbox.relay": "orders", "outbox.claimed": "2", "outbox.published": "2", "outbox.dead_lettered": "0"}, attributes(full))
+	require.Equal(t, map[attribute.Key]string{"outbox.relay": "orders", "outbox.claimed": "2", "outbox.published": "2", "outbox.dead_lettered": "0"}, full.AttributeStrings())
 	require.Equal(t, []trace.SpanContext{full.SpanContext(), full.SpanContext()}, pub.spans, "the messages are published in the batch's span")
 	require.Equal(t, 1, batches.n, "the empty poll is not reported")
 
@@ -237,7 +237,7 @@ func TestRelayBatchSpans(t *testing.T) {
 	spans = named(tp, "outbox relay orders")
 	require.Len(t, spans, 2)
 	require.Equal(t, codes.Error, spans[1].Status().Code)
-	require.Equal(t, "1", attributes(spans[1])["outbox.claimed"])
+	require.Equal(t, "1", spans[1].AttributeStrings()["outbox.claimed"])
 
 	// A batch that cannot begin: the database is gone.
 	require.NoError(t, db.Close())
@@ -246,7 +246,7 @@ func TestRelayBatchSpans(t *testing.T) {
 	spans = named(tp, "outbox relay orders")
 	require.Len(t, spans, 3, "a batch that failed before claiming gets a span of its own")
 	require.Equal(t, codes.Error, spans[2].Status().Code)
-	require.Equal(t, "0", attributes(spans[2])["outbox.claimed"])
+	require.Equal(t, "0", spans[2].AttributeStrings()["outbox.claimed"])
 }
 
 // TestJanitorBatchSpans: each janitor batch gets a span with the count
@@ -267,7 +267,7 @@ func TestJanitorBatchSpans(t *testing.T) {
 	require.Equal(t, 2, n)
 	spans := named(tp, "janitor delete expired")
 	require.Len(t, spans, 1)
-	require.Equal(t, "2", attributes(spans[0])["janitor.deleted"])
+	require.Equal(t, "2", spans[0].AttributeStrings()["janitor.deleted"])
 	require.Equal(t, trace.SpanKindInternal, spans[0].SpanKind())
 }
 
@@ -278,16 +278,6 @@ func named(tp *tracetest.Recorder, name string) []*tracetest.Span {
 		if s.Name() == name {
 			out = append(out, s)
 		}
-	}
-	return out
-}
-
-// attributes returns a span's attributes as strings, the last value of
-// each key.
-func attributes(s *tracetest.Span) map[attribute.Key]string {
-	out := map[attribute.Key]string{}
-	for _, kv := range s.Attributes() {
-		out[kv.Key] = kv.Value.String()
 	}
 	return out
 }

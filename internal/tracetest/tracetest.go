@@ -246,3 +246,13 @@ func (s *Span) Status() Status {
 	defer s.mu.Unlock()
 	return s.status
 }
+
+// AttributeStrings returns s's attributes as strings by key (the last
+// value set), for comparing a span's attributes in one assertion.
+func (s *Span) AttributeStrings() map[attribute.Key]string {
+	out := map[attribute.Key]string{}
+	for _, kv := range s.Attributes() {
+		out[kv.Key] = kv.Value.String()
+	}
+	return out
+}
