@@ -37,7 +37,7 @@ func batchSize(o options, c int) int {
 func groupCommit(o options, c int) func(*middleware.Config) {
 	maxMessages := batchSize(o, c)
 	return func(config *middleware.Config) {
-		config.Batch = middleware.BatchConfig{MaxMessages: maxMessages, MaxWait: o.batchWait}
+		config.Batch = middleware.BatchConfig{MaxMessages: maxMessages, MaxWait: o.batchWait, Fixed: o.batchFixed}
 	}
 }
 

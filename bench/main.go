@@ -85,6 +85,7 @@ type options struct {
 	janitorPause time.Duration
 	batchMax     int
 	batchWait    time.Duration
+	batchFixed   bool
 	rtt          time.Duration
 	pool         int
 	poolC        int
@@ -109,6 +110,7 @@ func main() {
 	flag.DurationVar(&o.janitorPause, "soak-janitor-pause", 0, "soak: janitor Pause (0: the janitor's default)")
 	flag.IntVar(&o.batchMax, "batch-max", 0, "G: Batch.MaxMessages (0: half the concurrency c, at least 1)")
 	flag.DurationVar(&o.batchWait, "batch-wait", middleware.DefaultBatchMaxWait, "G: Batch.MaxWait")
+	flag.BoolVar(&o.batchFixed, "batch-fixed", false, "G: Batch.Fixed (every batch's limit is -batch-max; no adaptation)")
 	flag.IntVar(&o.pool, "pool", 8, "P: the connection pool's size in the connection-limited scenario (A, B and G over p connections)")
 	flag.IntVar(&o.poolC, "pool-c", 64, "P: deliveries in flight in the connection-limited scenario; 0: no such scenario")
 	flag.DurationVar(&o.rtt, "rtt", 0, "network round-trip time added to every round trip to PostgreSQL, MariaDB and Redis (pgbench through a proxy); 0: loopback as it is")

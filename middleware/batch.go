@@ -33,7 +33,11 @@ type BatchConfig struct {
 	// group commit is off and every delivery has its own transaction. Set
 	// it to about half the number of deliveries in flight at once (router
 	// handlers × their prefetch), so that one batch fills while another
-	// runs: a batch runs as soon as it is full. At most MaxBatchMessages.
+	// runs: a batch runs as soon as it is full. With fewer database
+	// connections than deliveries in flight, the deliveries in flight
+	// divided by the connections is enough (a batch waiting for a
+	// connection goes on filling, see ReservingBeginner). At most
+	// MaxBatchMessages.
 	MaxMessages int
 	// MaxWait is the longest the first delivery of a batch waits for
 	// others before the batch runs with what it has: the latency group
@@ -225,6 +229,13 @@ func (b *batcher) lead(ctx context.Context) {
 		t.Stop()
 	}
 
+	// The batch's connection first: while the pool has none free, the
+	// batch goes on filling (this delivery still collects), instead of
+	// every batch queuing for a connection with the few deliveries that
+	// came in meanwhile (measured at 64 in flight over 8 connections:
+	// batches of 2).
+	on, release, err := b.reserve(context.WithoutCancel(ctx))
+
 	b.mu.Lock()
 	var batch, rest []*delivery
 	in := map[string]bool{}
@@ -250,8 +261,28 @@ func (b *batcher) lead(ctx context.Context) {
 		b.leading, b.full = false, nil
 	}
 	b.mu.Unlock()
-	b.run(batch)
+	if err != nil {
+		// No connection to be had: the batch's first attempt fails as a
+		// BEGIN on the pool would, and run decides what comes next.
+		on = failingBeginner{fmt.Errorf("reserve a connection: %w", err)}
+	}
+	b.run(batch, on, release)
 }
+
+// reserve reserves the connection of the next batch (see
+// ReservingBeginner): a Beginner on it, and release. A Beginner that
+// cannot reserve is returned as it is, with no release.
+func (b *batcher) reserve(ctx context.Context) (Beginner, func(), error) {
+	if r, ok := b.inbox.beginner.(ReservingBeginner); ok {
+		return r.Reserve(ctx)
+	}
+	return b.inbox.beginner, nil, nil
+}
+
+// failingBeginner begins nothing: every BeginInbox fails with err.
+type failingBeginner struct{ err error }
+
+func (f failingBeginner) BeginInbox(context.Context) (InboxTx, error) { return nil, f.err }
 
 // waitedOut learns from a MaxWait that ran out: every delivery the
 // subscribers could hand out was inside by then, or as many as are
@@ -275,9 +306,17 @@ func (b *batcher) waitedOut() {
 // with its error and the others run again without it; a failure nobody
 // can be blamed for (the commit, the claim) runs each delivery alone; a
 // deadlock or serialization failure runs the batch again.
-func (b *batcher) run(live []*delivery) {
+//
+// The first attempt begins on on (a reserved connection, see reserve),
+// which release, if not nil, then gives back; any later one on the pool.
+func (b *batcher) run(live []*delivery, on Beginner, release func()) {
 	for attempt := 1; len(live) > 0; attempt++ {
-		rest, failed, err := b.attempt(live)
+		rest, failed, err := b.attempt(live, on)
+		if release != nil {
+			release()
+			release = nil
+		}
+		on = b.inbox.beginner
 		switch {
 		case err == nil:
 			return
@@ -292,7 +331,7 @@ func (b *batcher) run(live []*delivery) {
 		case len(rest) > 1:
 			b.inbox.config.Logger.Info("Inbox: batch failed, running its deliveries one by one", watermill.LogFields{"batch": len(rest), "err": err})
 			for _, d := range rest {
-				b.run([]*delivery{d})
+				b.run([]*delivery{d}, b.inbox.beginner, nil)
 			}
 			return
 		default:
@@ -307,11 +346,11 @@ func (b *batcher) run(live []*delivery) {
 // attempt runs live in one transaction. It returns the deliveries still
 // undecided (duplicates are answered at once), and on error the
 // delivery to blame, if any.
-func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery, err error) {
+func (b *batcher) attempt(live []*delivery, on Beginner) (rest []*delivery, failed *delivery, err error) {
 	// Not bound to a delivery's context, for the reason given in
 	// Inbox.beginClaim.
 	ctx := context.WithoutCancel(live[0].ctx)
-	tx, claims, took, err := b.beginClaim(ctx, live)
+	tx, claims, took, err := b.beginClaim(ctx, on, live)
 	if err != nil {
 		return live, nil, err
 	}
@@ -358,12 +397,12 @@ func (b *batcher) attempt(live []*delivery) (rest []*delivery, failed *delivery,
 // claim each where it cannot (a Beginner's transaction). took is the
 // claim's time, with BEGIN where the two share a round trip. On an error
 // the transaction has ended.
-func (b *batcher) beginClaim(ctx context.Context, live []*delivery) (_ InboxTx, _ []repository.Claim, took time.Duration, _ error) {
+func (b *batcher) beginClaim(ctx context.Context, on Beginner, live []*delivery) (_ InboxTx, _ []repository.Claim, took time.Duration, _ error) {
 	params := make([]repository.ClaimParams, len(live))
 	for k, d := range live {
 		params[k] = d.claim
 	}
-	if cb, ok := b.inbox.config.Beginner.(BatchClaimBeginner); ok {
+	if cb, ok := on.(BatchClaimBeginner); ok {
 		start := time.Now()
 		tx, claims, err := cb.BeginClaimBatch(ctx, params)
 		took = time.Since(start)
@@ -372,7 +411,7 @@ func (b *batcher) beginClaim(ctx context.Context, live []*delivery) (_ InboxTx, 
 		}
 		return tx, claims, took, nil
 	}
-	tx, err := b.inbox.begin(ctx)
+	tx, err := on.BeginInbox(ctx)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("inbox: begin batch transaction: %w", err)
 	}

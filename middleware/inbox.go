@@ -205,6 +205,23 @@ type BatchClaimBeginner interface {
 	BeginClaimBatch(ctx context.Context, params []repository.ClaimParams) (_ InboxTx, claims []repository.Claim, _ error)
 }
 
+// ReservingBeginner is a Beginner that can reserve a connection of its
+// pool ahead of the transactions begun on it. Group commit (Config.Batch)
+// reserves the connection of a batch before it takes the batch's
+// deliveries: while the pool has no connection free, the batch goes on
+// filling, instead of every batch queuing for a connection with the few
+// deliveries that came meanwhile. middleware/pgxinbox's Beginner is one;
+// with Config.DB the inbox reserves a database/sql connection (DB.Conn).
+// A Beginner that is not one has its batches begun on it directly.
+type ReservingBeginner interface {
+	Beginner
+	// Reserve waits for a connection of the pool and returns a Beginner
+	// that begins its transactions, one at a time, on that connection,
+	// and release, which gives the connection back once the last of
+	// them has ended. The Inbox calls release exactly once.
+	Reserve(ctx context.Context) (_ Beginner, release func(), _ error)
+}
+
 // stdTx is an inbox transaction on database/sql.
 type stdTx struct{ protocol.SQLTx }
 
@@ -275,10 +292,12 @@ type Inbox struct {
 	config Config
 	scope  scoping
 	obs    observability
-	batch  *batcher          // nil unless Config.Batch is on
-	reader repository.Reader // nil: no ReadFirst
-	dups   duplicateRates
-	tx     protocol.Transactional[InboxTx]
+	// beginner is Config.Beginner, or one on Config.DB.
+	beginner Beginner
+	batch    *batcher          // nil unless Config.Batch is on
+	reader   repository.Reader // nil: no ReadFirst
+	dups     duplicateRates
+	tx       protocol.Transactional[InboxTx]
 }
 
 // NewInbox validates config and returns an Inbox.
@@ -298,6 +317,10 @@ func NewInbox(config Config) (*Inbox, error) {
 		obs:    newObservability("transactional", config.Logger, config.Observer),
 		reader: reader,
 		dups:   duplicateRates{above: above},
+	}
+	i.beginner = config.Beginner
+	if i.beginner == nil {
+		i.beginner = sqlBeginner{config.DB, config.TxOptions, config.Repository}
 	}
 	i.tx = protocol.Transactional[InboxTx]{Prefix: "inbox", Begin: i.begin}
 	if cb, ok := config.Beginner.(ClaimBeginner); ok {
@@ -426,15 +449,47 @@ func (i *Inbox) outputs(ctx context.Context, tx InboxTx, scope, key string, out 
 }
 
 // begin begins a transaction on Beginner, or on DB.
-func (i *Inbox) begin(ctx context.Context) (InboxTx, error) {
-	if i.config.Beginner != nil {
-		return i.config.Beginner.BeginInbox(ctx)
-	}
-	tx, err := protocol.BeginSQL(i.config.DB, i.config.TxOptions, i.config.Repository)(ctx)
+// begin begins an inbox transaction on Config.DB or Config.Beginner.
+func (i *Inbox) begin(ctx context.Context) (InboxTx, error) { return i.beginner.BeginInbox(ctx) }
+
+// sqlBeginner begins inbox transactions on Config.DB.
+type sqlBeginner struct {
+	db   *sql.DB
+	opts *sql.TxOptions
+	repo repository.Transactional
+}
+
+func (s sqlBeginner) BeginInbox(ctx context.Context) (InboxTx, error) {
+	tx, err := protocol.BeginSQL(s.db, s.opts, s.repo)(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return stdTx{tx}, nil
+}
+
+// Reserve takes a connection of the pool (DB.Conn): no round trip while
+// one is idle.
+func (s sqlBeginner) Reserve(ctx context.Context) (Beginner, func(), error) {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return connBeginner{conn, s.opts, s.repo}, func() { _ = conn.Close() }, nil
+}
+
+// connBeginner begins inbox transactions on one reserved connection.
+type connBeginner struct {
+	conn *sql.Conn
+	opts *sql.TxOptions
+	repo repository.Transactional
+}
+
+func (c connBeginner) BeginInbox(ctx context.Context) (InboxTx, error) {
+	tx, err := c.conn.BeginTx(ctx, c.opts)
+	if err != nil {
+		return nil, err
+	}
+	return stdTx{protocol.SQLTx{Tx: tx, Repo: c.repo}}, nil
 }
 
 // beginDelivery starts observing msg and resolves its scope and key. A

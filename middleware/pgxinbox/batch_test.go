@@ -82,3 +82,46 @@ func TestBeginClaimBatch(t *testing.T) {
 	require.Equal(t, `k'3\`, rec.Key)
 	require.Zero(t, pool.Stat().AcquiredConns())
 }
+
+// TestBatchOnAReservedConnection: a batch runs on the connection it
+// reserved (middleware.ReservingBeginner), claims, handlers' writes,
+// a duplicate's conditional claim and COMMIT included: on a pool of one
+// connection, any statement sent through the pool instead would wait
+// for the batch's own connection for ever. Every connection goes back
+// to the pool.
+func TestBatchOnAReservedConnection(t *testing.T) {
+	pool, repo := claimPool(t, 1, nil)
+	beginner := pgxinbox.Beginner(pool, repo, pgx.TxOptions{})
+	require.Implements(t, (*middleware.ReservingBeginner)(nil), beginner)
+	inbox, err := middleware.NewInbox(middleware.Config{
+		Beginner: beginner, Consumer: "billing",
+		Batch: middleware.BatchConfig{MaxMessages: 8, MaxWait: time.Millisecond, Fixed: true},
+	})
+	require.NoError(t, err)
+	var runs atomic.Int64
+	mw := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		tx, _ := pgxinbox.TxFromContext(msg.Context())
+		_, err := tx.Exec(msg.Context(), `INSERT INTO charges VALUES ($1, 10)`, msg.UUID)
+		return nil, err
+	})
+	deliver := func(from, to int) {
+		errs := make([]error, to-from)
+		var wg sync.WaitGroup
+		for k := from; k < to; k++ {
+			wg.Go(func() { _, errs[k-from] = mw(message.NewMessage(fmt.Sprintf("k-%d", k), []byte("p"))) })
+		}
+		wg.Wait()
+		for k, err := range errs {
+			require.NoError(t, err, "delivery of k-%d", from+k)
+		}
+	}
+	deliver(0, 32)
+	deliver(16, 48) // half of them copies: the batches fall back to the conditional claim
+	require.EqualValues(t, 48, runs.Load())
+	var charges, distinct int
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT COUNT(*), COUNT(DISTINCT order_id) FROM charges`).Scan(&charges, &distinct))
+	require.Equal(t, 48, charges)
+	require.Equal(t, charges, distinct)
+	require.Zero(t, pool.Stat().AcquiredConns())
+}

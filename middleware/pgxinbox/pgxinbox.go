@@ -76,17 +76,64 @@ type beginner struct {
 	pool *pgxpool.Pool
 	repo Store
 	opts pgx.TxOptions
+	// held, if set, is a connection reserved from pool (Reserve): every
+	// transaction begins on it, and ending one does not release it.
+	held *pgxpool.Conn
 }
 
 func (b beginner) BeginInbox(ctx context.Context) (middleware.InboxTx, error) {
 	if b.pool == nil || b.repo == nil {
 		return nil, errNil
 	}
-	tx, err := b.pool.BeginTx(ctx, b.opts)
+	tx, err := b.begin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return inboxTx{tx, b.repo}, nil
+}
+
+// Reserve implements middleware.ReservingBeginner: it acquires a
+// connection of the pool for a group commit's batch.
+func (b beginner) Reserve(ctx context.Context) (middleware.Beginner, func(), error) {
+	if b.pool == nil || b.repo == nil {
+		return nil, nil, errNil
+	}
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	b.held = conn
+	return b, conn.Release, nil
+}
+
+// begin begins a transaction on the held connection or the pool.
+func (b beginner) begin(ctx context.Context) (pgx.Tx, error) {
+	if b.held != nil {
+		return b.held.Conn().BeginTx(ctx, b.opts)
+	}
+	return b.pool.BeginTx(ctx, b.opts)
+}
+
+// querier runs a statement outside any transaction: on the held
+// connection or the pool.
+func (b beginner) querier() pgxexec.Querier {
+	if b.held != nil {
+		return b.held.Conn()
+	}
+	return b.pool
+}
+
+// acquire returns the held connection, or one acquired from the pool:
+// then acquired is what to release.
+func (b beginner) acquire(ctx context.Context) (_ *pgx.Conn, acquired *pgxpool.Conn, _ error) {
+	if b.held != nil {
+		return b.held.Conn(), nil, nil
+	}
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn.Conn(), conn, nil
 }
 
 // BeginClaim implements middleware.ClaimBeginner: BEGIN and the claim, a
@@ -109,7 +156,7 @@ func (b beginner) BeginClaim(ctx context.Context, p repository.ClaimParams) (mid
 	if !repository.IsUniqueViolation(err) {
 		return nil, repository.Claim{}, err
 	}
-	rec, err := b.repo.GetOn(ctx, pgxexec.Exec(b.pool), p.Consumer, p.Key)
+	rec, err := b.repo.GetOn(ctx, pgxexec.Exec(b.querier()), p.Consumer, p.Key)
 	if errors.Is(err, repository.ErrNotFound) {
 		// Deleted since it collided (cleanup): the broker retries and the
 		// next claim decides.
@@ -143,7 +190,7 @@ func (b beginner) BeginClaimBatch(ctx context.Context, params []repository.Claim
 	if !repository.IsUniqueViolation(err) {
 		return nil, nil, err
 	}
-	if tx, err = b.pool.BeginTx(ctx, b.opts); err != nil {
+	if tx, err = b.begin(ctx); err != nil {
 		return nil, nil, err
 	}
 	claims, err := b.repo.ClaimBatchOn(ctx, pgxexec.Exec(tx), params)
@@ -165,24 +212,26 @@ func (b beginner) beginClaiming(ctx context.Context, params []repository.ClaimPa
 	if err != nil {
 		return nil, err
 	}
-	conn, err := b.pool.Acquire(ctx)
+	conn, acquired, err := b.acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	tx, err := b.sendClaim(ctx, conn.Conn(), query, args)
+	tx, err := b.sendClaim(ctx, conn, query, args)
 	if sqldialect.SQLState(err) == "26000" { // invalid_sql_statement_name
 		var begin pgx.Batch
 		begin.BeginTx(b.opts)
 		for _, name := range []string{begin.QueuedQueries[0].SQL, claimName(query)} {
-			_ = conn.Conn().Deallocate(ctx, name)
+			_ = conn.Deallocate(ctx, name)
 		}
-		tx, err = b.sendClaim(ctx, conn.Conn(), query, args)
+		tx, err = b.sendClaim(ctx, conn, query, args)
 	}
 	if err != nil {
-		conn.Release() // the pool drops a connection a failed rollback closed
+		if acquired != nil {
+			acquired.Release() // the pool drops a connection a failed rollback closed
+		}
 		return nil, err
 	}
-	return pooledTx{tx, conn}, nil
+	return pooledTx{tx, acquired}, nil
 }
 
 // sendClaim sends BEGIN and the claim as one pgx.Batch (Batch.BeginTx):
@@ -232,6 +281,7 @@ func claimName(query string) string {
 
 // pooledTx is a pgx.Tx begun on a connection acquired from the pool: it
 // returns the connection when the transaction ends, as pgxpool.Tx does.
+// On a reserved connection conn is nil: it stays reserved.
 type pooledTx struct {
 	pgx.Tx
 	conn *pgxpool.Conn
@@ -239,18 +289,22 @@ type pooledTx struct {
 
 func (t pooledTx) Commit(ctx context.Context) error {
 	err := t.Tx.Commit(ctx)
-	if !errors.Is(err, pgx.ErrTxClosed) {
-		t.conn.Release()
-	}
+	t.release(err)
 	return err
 }
 
 func (t pooledTx) Rollback(ctx context.Context) error {
 	err := t.Tx.Rollback(ctx)
-	if !errors.Is(err, pgx.ErrTxClosed) {
+	t.release(err)
+	return err
+}
+
+// release gives the connection back once the transaction has ended: err
+// is not ErrTxClosed (the first Commit or Rollback).
+func (t pooledTx) release(err error) {
+	if t.conn != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		t.conn.Release()
 	}
-	return err
 }
 
 type inboxTx struct {

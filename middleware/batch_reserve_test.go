@@ -1,0 +1,110 @@
+package middleware
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+)
+
+// TestBatchFillsWhileItWaitsForAConnection: a batch reserves its
+// connection before it takes its deliveries, so the deliveries that come
+// while the pool has none free join it. Taking them first, the batch
+// would queue for the connection holding only the delivery that came
+// first, and the others would form batches of their own behind it (at
+// 64 in flight over 8 connections: batches of 2).
+func TestBatchFillsWhileItWaitsForAConnection(t *testing.T) {
+	for _, backend := range []string{"postgres", "sqlite"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			db, repo := reserveTestStore(t, backend)
+			db.SetMaxOpenConns(1)
+			var (
+				mu    sync.Mutex
+				sizes []int
+			)
+			inbox, err := NewInbox(Config{
+				DB: db, Repository: repo, Consumer: "billing", Logger: watermill.NopLogger{},
+				Batch: BatchConfig{MaxMessages: 8, MaxWait: time.Millisecond, Fixed: true},
+				Observer: reserveObserver(func(d Delivery) {
+					mu.Lock()
+					defer mu.Unlock()
+					sizes = append(sizes, d.Batch)
+				}),
+			})
+			require.NoError(t, err)
+			ran := make(chan struct{}, 8)
+			mw := inbox.Middleware(func(*message.Message) ([]*message.Message, error) {
+				ran <- struct{}{}
+				return nil, nil
+			})
+
+			// The test holds the pool's only connection.
+			hold, err := db.Conn(t.Context())
+			require.NoError(t, err)
+			// Given back on failure too, before the table is dropped.
+			t.Cleanup(func() { _ = hold.Close() })
+			errs := make(chan error, 8)
+			deliver := func(k int) {
+				go func() {
+					_, err := mw(message.NewMessage(fmt.Sprintf("m-%d", k), []byte(`{}`)))
+					errs <- err
+				}()
+			}
+			deliver(0)
+			// The first delivery's batch waits for a connection (its
+			// MaxWait of 1 ms ran out with nothing else to take) ...
+			require.Eventually(t, func() bool { return db.Stats().WaitCount >= 1 }, time.Minute, time.Millisecond)
+			// ... while seven more come in: they join it.
+			for k := 1; k < 8; k++ {
+				deliver(k)
+			}
+			require.Eventually(t, func() bool {
+				inbox.batch.mu.Lock()
+				defer inbox.batch.mu.Unlock()
+				return len(inbox.batch.pending) == 8
+			}, 30*time.Second, time.Millisecond, "the first delivery is still pending, collecting the batch")
+			require.NoError(t, hold.Close())
+			for range 8 {
+				require.NoError(t, <-errs)
+			}
+			require.Len(t, ran, 8)
+			require.Equal(t, []int{8, 8, 8, 8, 8, 8, 8, 8}, sizes, "one batch of all eight")
+		})
+	}
+}
+
+// reserveObserver observes deliveries with a function.
+type reserveObserver func(Delivery)
+
+func (f reserveObserver) ObserveDelivery(_ context.Context, d Delivery) { f(d) }
+
+// reserveTestStore opens backend's database and an inbox table of its own.
+func reserveTestStore(t *testing.T, backend string) (*sql.DB, repository.Transactional) {
+	t.Helper()
+	if backend == "sqlite" {
+		db := testenv.SQLite(t)
+		repo, err := sqlite.NewRepository(db, sqlite.Config{Table: "inbox"})
+		require.NoError(t, err)
+		require.NoError(t, repo.Migrate(t.Context()))
+		return db, repo
+	}
+	db := testenv.Postgres(t)
+	table := "inbox_reserve_" + watermill.NewShortUUID()
+	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
+	require.NoError(t, err)
+	require.NoError(t, repo.Migrate(t.Context()))
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
+	return db, repo
+}
