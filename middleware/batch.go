@@ -229,14 +229,32 @@ func (b *batcher) lead(ctx context.Context) {
 		t.Stop()
 	}
 
-	// The batch's connection first: while the pool has none free, the
-	// batch goes on filling (this delivery still collects), instead of
-	// every batch queuing for a connection with the few deliveries that
-	// came in meanwhile (measured at 64 in flight over 8 connections:
-	// batches of 2).
-	on, release, err := b.reserve(context.WithoutCancel(ctx))
-
+	// A batch not yet full takes its connection first: while the pool
+	// has none free, the batch goes on filling (this delivery still
+	// collects), instead of every batch queuing for a connection with
+	// the few deliveries that came in meanwhile (measured at 64 in flight
+	// over 8 connections: batches of 2). A full batch is taken at once,
+	// so that the next one fills while it waits.
 	b.mu.Lock()
+	filled := len(b.pending) >= b.limit()
+	b.mu.Unlock()
+	on, release := b.inbox.beginner, func() {}
+	if !filled {
+		var err error
+		if on, release, err = b.reserve(context.WithoutCancel(ctx)); err != nil {
+			// No connection to be had: the batch's first attempt fails
+			// as a BEGIN on the pool would, and run decides what next.
+			on, release = failingBeginner{fmt.Errorf("reserve a connection: %w", err)}, func() {}
+		}
+	}
+	b.run(b.take(), on, release)
+}
+
+// take takes the next batch out of the pending deliveries and passes the
+// collecting on to the oldest left.
+func (b *batcher) take() []*delivery {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	var batch, rest []*delivery
 	in := map[string]bool{}
 	for _, d := range b.pending {
@@ -260,23 +278,17 @@ func (b *batcher) lead(ctx context.Context) {
 	} else {
 		b.leading, b.full = false, nil
 	}
-	b.mu.Unlock()
-	if err != nil {
-		// No connection to be had: the batch's first attempt fails as a
-		// BEGIN on the pool would, and run decides what comes next.
-		on = failingBeginner{fmt.Errorf("reserve a connection: %w", err)}
-	}
-	b.run(batch, on, release)
+	return batch
 }
 
 // reserve reserves the connection of the next batch (see
 // ReservingBeginner): a Beginner on it, and release. A Beginner that
-// cannot reserve is returned as it is, with no release.
+// cannot reserve is returned as it is.
 func (b *batcher) reserve(ctx context.Context) (Beginner, func(), error) {
 	if r, ok := b.inbox.beginner.(ReservingBeginner); ok {
 		return r.Reserve(ctx)
 	}
-	return b.inbox.beginner, nil, nil
+	return b.inbox.beginner, func() {}, nil
 }
 
 // failingBeginner begins nothing: every BeginInbox fails with err.
@@ -308,13 +320,12 @@ func (b *batcher) waitedOut() {
 // deadlock or serialization failure runs the batch again.
 //
 // The first attempt begins on on (a reserved connection, see reserve),
-// which release, if not nil, then gives back; any later one on the pool.
+// which release then gives back; any later one on the pool.
 func (b *batcher) run(live []*delivery, on Beginner, release func()) {
 	for attempt := 1; len(live) > 0; attempt++ {
 		rest, failed, err := b.attempt(live, on)
-		if release != nil {
+		if attempt == 1 {
 			release()
-			release = nil
 		}
 		on = b.inbox.beginner
 		switch {
@@ -331,7 +342,7 @@ func (b *batcher) run(live []*delivery, on Beginner, release func()) {
 		case len(rest) > 1:
 			b.inbox.config.Logger.Info("Inbox: batch failed, running its deliveries one by one", watermill.LogFields{"batch": len(rest), "err": err})
 			for _, d := range rest {
-				b.run([]*delivery{d}, b.inbox.beginner, nil)
+				b.run([]*delivery{d}, b.inbox.beginner, func() {})
 			}
 			return
 		default:
