@@ -3,7 +3,7 @@
 // promises when things break. Run it with
 //
 //	make chaos      # go run ./internal/chaos/cmd/chaos -config full
-//	make chaos-ci   # the small configuration .ci/run uses
+//	make chaos-ci   # the small configuration .ci/run uses, then -config surfaces
 //
 // # What runs
 //
@@ -101,7 +101,11 @@
 // an operator); and the intervention records. Then Run's transactional
 // phase runs on postgres.PartitionedRepository, its table spelled t by
 // half the workers and public.t by the others, while a janitor drops
-// expired partitions seeded before the phase (JanitorTally).
+// expired partitions seeded before the phase (JanitorTally). Every pool
+// on the cluster dials through a dialer (Config.DialTimeout): a dial
+// outlives the call that needed it, so that the dials callers with a
+// 0.67 s StoreTimeout gave up on cannot fill the server's accept queue
+// after a fault and lock every new connection out.
 //
 // # Failover
 //

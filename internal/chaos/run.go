@@ -128,7 +128,7 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 // config and returns it with an admin connection; done closes the
 // connection, stops the cluster and unlocks it.
 func openPrivate(ctx context.Context, config Config) (_ cluster, admin *sql.DB, done func(), err error) {
-	cl := cluster{version: config.PGVersion, name: config.PGCluster, port: config.PGPort}
+	cl := cluster{version: config.PGVersion, name: config.PGCluster, port: config.PGPort, connectTimeout: config.DialTimeout}
 	unlock, err := lockCluster(cl, config.Out)
 	if err != nil {
 		return cl, nil, nil, err
@@ -150,7 +150,7 @@ func openPrivate(ctx context.Context, config Config) (_ cluster, admin *sql.DB, 
 		return cl, nil, nil, err
 	}
 	undo = append(undo, func() { stopOnReturn(ctx, config.Out, "the private cluster", cl.stop) })
-	if admin, err = openDB(cl.DSN("chaos-admin"), 4); err != nil {
+	if admin, err = openDB(cl.DSN("chaos-admin"), 4, config.DialTimeout); err != nil {
 		return cl, nil, nil, err
 	}
 	undo = append(undo, func() { _ = admin.Close() })
@@ -361,7 +361,7 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration ti
 	base := spec{
 		Mode: mode, Names: n, DSN: "", LedgerPath: e.ledgerPath, AMQPURL: e.config.AMQPURL,
 		ExitAfterCommit: e.config.ExitAfterCommit, Lease: e.config.Lease, EffectDelay: e.config.EffectDelay,
-		Policy: e.config.TwoPhasePolicy,
+		Policy: e.config.TwoPhasePolicy, DialTimeout: e.config.DialTimeout,
 	}
 	if mode == Transactional {
 		base.Batch = e.config.Batch

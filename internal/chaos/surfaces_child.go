@@ -291,7 +291,7 @@ func runCaller(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 // openSurface opens a keyed child's stores: the private cluster (at most
 // maxConns connections), its inbox table there and the SQLite ledger.
 func openSurface(s spec, maxConns int) (db, ledger *sql.DB, repo *postgres.Repository, closeAll func(), err error) {
-	if db, err = openDB(s.DSN, maxConns); err != nil {
+	if db, err = openDB(s.DSN, maxConns, s.DialTimeout); err != nil {
 		return nil, nil, nil, nil, err
 	}
 	if ledger, err = sqlite.Open(s.LedgerPath); err != nil {
@@ -321,11 +321,14 @@ type charge struct {
 // effect is applyExternal and whose response is 201 with the effect's
 // token, until ctx ends.
 func runServer(ctx context.Context, s spec, logger watermill.LoggerAdapter) error {
-	_, ledger, repo, closeAll, err := openSurface(s, 16)
+	db, ledger, repo, closeAll, err := openSurface(s, 16)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
+	probing := make(chan struct{})
+	go func() { defer close(probing); pingEvery(ctx, db, probeEvery) }()
+	defer func() { <-probing }()
 	idem, err := httpidem.New(httpidem.Config{Repository: repo, Namespace: "chaos", Global: true, Lease: s.Lease, OnExpiredLease: s.Policy, Logger: logger})
 	if err != nil {
 		return err
@@ -368,6 +371,28 @@ func runServer(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 	defer cancel()
 	return srv.Shutdown(sctx)
 }
+
+// pingEvery pings db every interval until ctx ends, as a deployed server's
+// readiness probe would. It keeps a connection of each server open once
+// the callers are done, so that a pg_terminate_backend fault still dealt
+// then finds one to hit: the keyed scenarios wait for every fault kind.
+func pingEvery(ctx context.Context, db *sql.DB, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, interval)
+		_ = db.PingContext(pctx)
+		cancel()
+	}
+}
+
+// probeEvery is how often a server pings its database.
+const probeEvery = 250 * time.Millisecond
 
 // httpAttempt sends one POST /charge for key to one of the servers, and
 // classifies the answer as a client following the draft would: 201 and
