@@ -86,6 +86,7 @@ type options struct {
 	batchMax     int
 	batchWait    time.Duration
 	batchFixed   bool
+	poolN        int
 	rtt          time.Duration
 	pool         int
 	poolC        int
@@ -112,6 +113,7 @@ func main() {
 	flag.DurationVar(&o.batchWait, "batch-wait", middleware.DefaultBatchMaxWait, "G: Batch.MaxWait")
 	flag.BoolVar(&o.batchFixed, "batch-fixed", false, "G: Batch.Fixed (every batch's limit is -batch-max; no adaptation)")
 	flag.IntVar(&o.pool, "pool", 8, "P: the connection pool's size in the connection-limited scenario (A, B and G over p connections)")
+	flag.IntVar(&o.poolN, "pool-n", 10000, "P: messages per run in the connection-limited scenario (more than -n: group commit's adaptation spends its first few hundred deliveries probing, a large share of a run of 2,000 at 64 in flight)")
 	flag.IntVar(&o.poolC, "pool-c", 64, "P: deliveries in flight in the connection-limited scenario; 0: no such scenario")
 	flag.DurationVar(&o.rtt, "rtt", 0, "network round-trip time added to every round trip to PostgreSQL, MariaDB and Redis (pgbench through a proxy); 0: loopback as it is")
 	flag.Parse()
@@ -384,12 +386,12 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		conn.SetMaxIdleConns(o.pool)
 		limited := postgresDB(conn, poolRT)
 		scenarios = append(scenarios,
-			scenario{"P", poolLabel("A bare handler"), "postgres", func(c int) (result, error) { return scenarioBare(ctx, limited, o.n, c) }},
-			scenario{"P", poolLabel("B inbox"), "postgres", func(c int) (result, error) { return scenarioInbox(ctx, limited, o.n, c) }},
+			scenario{"P", poolLabel("A bare handler"), "postgres", func(c int) (result, error) { return scenarioBare(ctx, limited, o.poolN, c) }},
+			scenario{"P", poolLabel("B inbox"), "postgres", func(c int) (result, error) { return scenarioInbox(ctx, limited, o.poolN, c) }},
 			scenario{"P", poolLabel("G inbox, group commit"), "postgres", func(c int) (result, error) {
-				return scenarioInbox(ctx, limited, o.n, c, groupCommit(o, c))
+				return scenarioInbox(ctx, limited, o.poolN, c, groupCommit(o, c))
 			}})
-		notes = append(notes, fmt.Sprintf("P: %d deliveries in flight over a pool of %d connections (A, B and G on database/sql)", o.poolC, o.pool))
+		notes = append(notes, fmt.Sprintf("P: %d deliveries in flight over a pool of %d connections (A, B and G on database/sql), %d messages per run", o.poolC, o.pool, o.poolN))
 	}
 	if lite != nil {
 		scenarios = append(scenarios,
