@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/brokers"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 // Scenario M is A and B end to end on a real broker: the same handler
@@ -31,7 +32,8 @@ import (
 // last one's end, so it holds what a consumer costs: the broker's
 // delivery and ack, the handler and the inbox.
 //
-//	M  A's handler and B's (inbox) on RabbitMQ, NATS JetStream and Kafka
+//	M  A's handler, B's (inbox) and G's (group commit) on RabbitMQ, NATS
+//	   JetStream and Kafka
 
 // broker is one message broker of scenario M.
 type broker struct {
@@ -104,8 +106,9 @@ func availableBrokers(ctx context.Context) ([]broker, []string) {
 }
 
 // scenarioBroker is M: n messages through br at concurrency c, handled by
-// A's handler, or by B's behind the inbox.
-func scenarioBroker(ctx context.Context, d *database, br broker, n, c int, inbox bool) (result, error) {
+// A's handler, or by B's behind the inbox (configured by mutate: group
+// commit).
+func scenarioBroker(ctx context.Context, d *database, br broker, n, c int, inbox bool, mutate ...func(*middleware.Config)) (result, error) {
 	t := &tables{d: d}
 	defer t.drop()
 	b, err := newBusiness(ctx, d, t, "bench_m")
@@ -114,7 +117,7 @@ func scenarioBroker(ctx context.Context, d *database, br broker, n, c int, inbox
 	}
 	h := message.HandlerFunc(b.bare)
 	if inbox {
-		in, _, _, err := newInbox(ctx, d, t, nil, 0)
+		in, _, _, err := newInbox(ctx, d, t, nil, 0, mutate...)
 		if err != nil {
 			return result{}, err
 		}
@@ -195,6 +198,9 @@ var brokerRatios = []ratio{
 	{"M/ inbox vs bare on RabbitMQ", "≥ 0.9", "M inbox", "rabbitmq", "M bare handler", "rabbitmq", fInbox, fBare},
 	{"M/ inbox vs bare on NATS JetStream", "≥ 0.9", "M inbox", "nats", "M bare handler", "nats", fInbox, fBare},
 	{"M/ inbox vs bare on Kafka (kfake)", "≥ 0.9", "M inbox", "kafka", "M bare handler", "kafka", fInbox, fBare},
+	{"M/ group commit vs bare on RabbitMQ", "", "M inbox, group commit", "rabbitmq", "M bare handler", "rabbitmq", fGroup, fBare},
+	{"M/ group commit vs bare on NATS JetStream", "", "M inbox, group commit", "nats", "M bare handler", "nats", fGroup, fBare},
+	{"M/ group commit vs bare on Kafka (kfake)", "", "M inbox, group commit", "kafka", "M bare handler", "kafka", fGroup, fBare},
 }
 
 // printBrokerSplit prints, for M, where a delivery's time goes: the

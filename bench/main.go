@@ -424,7 +424,10 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		for _, br := range brs {
 			scenarios = append(scenarios,
 				scenario{"M", "M bare handler", br.name, func(c int) (result, error) { return scenarioBroker(ctx, pg, br, o.n, c, false) }},
-				scenario{"M", "M inbox", br.name, func(c int) (result, error) { return scenarioBroker(ctx, pg, br, o.n, c, true) }})
+				scenario{"M", "M inbox", br.name, func(c int) (result, error) { return scenarioBroker(ctx, pg, br, o.n, c, true) }},
+				scenario{"M", "M inbox, group commit", br.name, func(c int) (result, error) {
+					return scenarioBroker(ctx, pg, br, o.n, c, true, groupCommit(o, c))
+				}})
 		}
 	}
 	runPgbench := func(c, kind int) (result, error) {
