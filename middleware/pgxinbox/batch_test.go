@@ -34,12 +34,7 @@ func TestBeginClaimBatch(t *testing.T) {
 	})
 	require.NoError(t, err)
 	var runs atomic.Int64
-	mw := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		runs.Add(1)
-		tx, _ := pgxinbox.TxFromContext(msg.Context())
-		_, err := tx.Exec(msg.Context(), `INSERT INTO charges VALUES ($1, 10)`, msg.UUID)
-		return []*message.Message{message.NewMessage("out-"+msg.UUID, msg.Payload)}, err
-	})
+	mw := inbox.Middleware(charge(&runs, true))
 	deliver := func(keys []string) [][]*message.Message {
 		outs, errs := make([][]*message.Message, len(keys)), make([]error, len(keys))
 		var wg sync.WaitGroup
@@ -99,12 +94,7 @@ func TestBatchOnAReservedConnection(t *testing.T) {
 	})
 	require.NoError(t, err)
 	var runs atomic.Int64
-	mw := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		runs.Add(1)
-		tx, _ := pgxinbox.TxFromContext(msg.Context())
-		_, err := tx.Exec(msg.Context(), `INSERT INTO charges VALUES ($1, 10)`, msg.UUID)
-		return nil, err
-	})
+	mw := inbox.Middleware(charge(&runs, false))
 	deliver := func(from, to int) {
 		errs := make([]error, to-from)
 		var wg sync.WaitGroup
@@ -124,4 +114,18 @@ func TestBatchOnAReservedConnection(t *testing.T) {
 	require.Equal(t, 48, charges)
 	require.Equal(t, charges, distinct)
 	require.Zero(t, pool.Stat().AcquiredConns())
+}
+
+// charge is a handler that counts its runs and writes a charge through
+// the inbox's pgx.Tx; with output, it returns one message.
+func charge(runs *atomic.Int64, output bool) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		tx, _ := pgxinbox.TxFromContext(msg.Context())
+		_, err := tx.Exec(msg.Context(), `INSERT INTO charges VALUES ($1, 10)`, msg.UUID)
+		if !output {
+			return nil, err
+		}
+		return []*message.Message{message.NewMessage("out-"+msg.UUID, msg.Payload)}, err
+	}
 }
