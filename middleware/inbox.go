@@ -207,10 +207,10 @@ type BatchClaimBeginner interface {
 
 // ReservingBeginner is a Beginner that can reserve a connection of its
 // pool ahead of the transactions begun on it. Group commit (Config.Batch)
-// reserves the connection of a batch before it takes the batch's
-// deliveries: while the pool has no connection free, the batch goes on
-// filling, instead of every batch queuing for a connection with the few
-// deliveries that came meanwhile. middleware/pgxinbox's Beginner is one;
+// reserves the connection of a batch that is not full yet before it
+// takes the batch's deliveries: while the pool has no connection free,
+// the batch goes on filling, instead of every batch queuing for a
+// connection with the few deliveries that came meanwhile. middleware/pgxinbox's Beginner is one;
 // with Config.DB the inbox reserves a database/sql connection (DB.Conn).
 // A Beginner that is not one has its batches begun on it directly.
 type ReservingBeginner interface {
@@ -448,7 +448,6 @@ func (i *Inbox) outputs(ctx context.Context, tx InboxTx, scope, key string, out 
 	return out, result, nil
 }
 
-// begin begins a transaction on Beginner, or on DB.
 // begin begins an inbox transaction on Config.DB or Config.Beginner.
 func (i *Inbox) begin(ctx context.Context) (InboxTx, error) { return i.beginner.BeginInbox(ctx) }
 
