@@ -22,8 +22,7 @@ import (
 // connection before it takes its deliveries, so the deliveries that come
 // while the pool has none free join it. Taking them first, the batch
 // would queue for the connection holding only the delivery that came
-// first, and the others would form batches of their own behind it (at
-// 64 in flight over 8 connections: batches of 2).
+// first, and the others would form batches of their own behind it.
 func TestBatchFillsWhileItWaitsForAConnection(t *testing.T) {
 	for _, backend := range []string{"postgres", "sqlite"} {
 		t.Run(backend, func(t *testing.T) {
