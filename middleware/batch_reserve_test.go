@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,4 +107,32 @@ func reserveTestStore(t *testing.T, backend string) (*sql.DB, repository.Transac
 	require.NoError(t, repo.Migrate(t.Context()))
 	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
 	return db, repo
+}
+
+// TestBatchReserveFailureFailsTheDeliveries: with the database gone, a
+// batch can neither reserve a connection nor begin on the pool; its
+// deliveries fail with that error (the broker redelivers them), none
+// hangs, and no handler runs.
+func TestBatchReserveFailureFailsTheDeliveries(t *testing.T) {
+	db, repo := reserveTestStore(t, "sqlite")
+	inbox, err := NewInbox(Config{
+		DB: db, Repository: repo, Consumer: "billing", Logger: watermill.NopLogger{},
+		Batch: BatchConfig{MaxMessages: 4, MaxWait: time.Millisecond, Fixed: true},
+	})
+	require.NoError(t, err)
+	var ran atomic.Int64
+	mw := inbox.Middleware(func(*message.Message) ([]*message.Message, error) { ran.Add(1); return nil, nil })
+	require.NoError(t, db.Close())
+	errs := make(chan error, 4)
+	for k := range 4 {
+		go func() {
+			_, err := mw(message.NewMessage(fmt.Sprintf("m-%d", k), []byte(`{}`)))
+			errs <- err
+		}()
+	}
+	for range 4 {
+		err := <-errs
+		require.ErrorContains(t, err, "inbox: begin batch transaction: sql: database is closed")
+	}
+	require.Zero(t, ran.Load())
 }
