@@ -2,11 +2,13 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -40,7 +42,7 @@ func StartRedisServer(t testing.TB, args ...string) *RedisServer {
 	if err != nil {
 		Missing(t, "redis-server binary (for a private Redis)", err)
 	}
-	port, err := freePort()
+	port, err := freePort(slices.Contains(args, "--cluster-enabled"))
 	if err != nil {
 		t.Fatalf("private redis: %v", err)
 	}
@@ -120,13 +122,32 @@ func (s *RedisServer) Client() *redis.Client {
 	return client
 }
 
+// clusterBusOffset is how far above its port a cluster node listens for
+// the cluster bus.
+const clusterBusOffset = 10000
+
 // freePort returns a TCP port that was free a moment ago. The kernel
-// hands out ephemeral ports, far from the shared services' ports.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
+// hands out ephemeral ports, far from the shared services' ports. With
+// bus, the port's cluster bus port is a valid port and was free too: an
+// ephemeral port above 55535 has none, and redis-server refuses it.
+func freePort(bus bool) (int, error) {
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("free port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		ok := !bus
+		if bus && port+clusterBusOffset <= 65535 {
+			if bl, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+clusterBusOffset))); err == nil {
+				_ = bl.Close()
+				ok = true
+			}
+		}
+		_ = l.Close()
+		if ok {
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("free port: none with a free cluster bus port in 100 tries")
 }
