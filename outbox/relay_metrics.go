@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/fanout"
@@ -89,20 +90,31 @@ type RelayBatch struct {
 }
 
 // RelayObservers returns a RelayObserver reporting to every one of obs,
-// in turn; its backlog samples go to those implementing BacklogObserver,
-// and each implementing RelayBatchStarter starts the batch in the
-// context the one before returned. Nil entries are skipped. Being a
-// RelayBatchStarter itself, it is reported every batch the relay begins.
-func RelayObservers(obs ...RelayObserver) RelayObserver { return relayObservers(obs) }
+// in turn; each implementing RelayBatchStarter starts the batch in the
+// context the one before returned. It is a BacklogObserver only if one
+// of obs is, and its backlog samples go to those: the relay samples no
+// backlog for observers that take none. Nil entries are skipped. Being
+// a RelayBatchStarter itself, it is reported every batch the relay
+// begins.
+func RelayObservers(obs ...RelayObserver) RelayObserver {
+	if slices.ContainsFunc(obs, func(o RelayObserver) bool { _, ok := o.(BacklogObserver); return ok }) {
+		return backlogObservers{obs}
+	}
+	return relayObservers(obs)
+}
 
 type relayObservers []RelayObserver
+
+// backlogObservers are relay observers of which one at least takes
+// backlog samples.
+type backlogObservers struct{ relayObservers }
 
 func (o relayObservers) ObserveRelayBatch(ctx context.Context, b RelayBatch) {
 	fanout.Report(ctx, o, b, RelayObserver.ObserveRelayBatch)
 }
 
-func (o relayObservers) ObserveBacklog(ctx context.Context, b Backlog) {
-	fanout.Report(ctx, o, b, BacklogObserver.ObserveBacklog)
+func (o backlogObservers) ObserveBacklog(ctx context.Context, b Backlog) {
+	fanout.Report(ctx, o.relayObservers, b, BacklogObserver.ObserveBacklog)
 }
 
 func (o relayObservers) StartRelayBatch(ctx context.Context, b RelayBatch) context.Context {

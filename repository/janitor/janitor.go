@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -106,12 +107,21 @@ type BatchStarter interface {
 }
 
 // Observers returns an Observer reporting to every one of obs, in turn;
-// its samples go to those implementing SampleObserver, and each
-// implementing BatchStarter starts the batch in the context the one
-// before returned. Nil entries are skipped.
-func Observers(obs ...Observer) Observer { return observers(obs) }
+// each implementing BatchStarter starts the batch in the context the one
+// before returned. It is a SampleObserver only if one of obs is, and
+// its samples go to those: no records are counted for observers that
+// take no samples. Nil entries are skipped.
+func Observers(obs ...Observer) Observer {
+	if slices.ContainsFunc(obs, func(o Observer) bool { _, ok := o.(SampleObserver); return ok }) {
+		return samplingObservers{obs}
+	}
+	return observers(obs)
+}
 
 type observers []Observer
+
+// samplingObservers are observers of which one at least takes samples.
+type samplingObservers struct{ observers }
 
 func (o observers) StartJanitorBatch(ctx context.Context, b Batch) context.Context {
 	return fanout.Start(ctx, o, b, BatchStarter.StartJanitorBatch)
@@ -121,8 +131,8 @@ func (o observers) ObserveJanitorBatch(ctx context.Context, b Batch) {
 	fanout.Report(ctx, o, b, Observer.ObserveJanitorBatch)
 }
 
-func (o observers) ObserveRecordCounts(ctx context.Context, s Sample) {
-	fanout.Report(ctx, o, s, SampleObserver.ObserveRecordCounts)
+func (o samplingObservers) ObserveRecordCounts(ctx context.Context, s Sample) {
+	fanout.Report(ctx, o.observers, s, SampleObserver.ObserveRecordCounts)
 }
 
 // Config configures a Janitor. Zero fields take the documented defaults.
