@@ -39,42 +39,29 @@ VARIANTS=${VARIANTS:-"A base noexp nolease pkonly brin collc reorder nocompl pla
 
 psql_() { psql "$DSN" -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 
+# COLUMNS are the inbox's columns as migration 0001 creates them, one a
+# line (the primary key left out), read from the migration itself.
+MIGRATION=${MIGRATION:-"$(dirname "$0")/../repository/postgres/migrations/inbox/0001_create_inbox.up.sql"}
+COLUMNS=$(sed -n '/^CREATE TABLE/,/^);/p' "$MIGRATION" | grep -E '^    [a-z_]+ ')
+# REORDERED are the same with the fixed-width ones first: no alignment
+# padding (variant reorder).
+REORDERED=$(for c in created_at expires_at completed_at lease_until attempts consumer dedup_key state payload_hash result lease_owner; do
+	grep -E "^    $c " <<<"$COLUMNS"
+done)
+[ "$(sort <<<"$REORDERED")" = "$(sort <<<"$COLUMNS")" ] || {
+	echo "sqlcost.sh: the reorder variant's column list no longer matches $MIGRATION" >&2
+	exit 1
+}
+
 # columns prints the inbox's columns (migration 0001) for a variant.
 columns() {
-	local coll="" pk="PRIMARY KEY (consumer, dedup_key)"
-	[ "$1" = collc ] && coll=' COLLATE "C"'
-	[ "$1" = nopk ] && pk="CHECK (true)"
-	if [ "$1" = reorder ]; then # fixed-width columns first: no alignment padding
-		cat <<EOF
-    created_at   TIMESTAMPTZ  NOT NULL,
-    expires_at   TIMESTAMPTZ  NOT NULL,
-    completed_at TIMESTAMPTZ,
-    lease_until  TIMESTAMPTZ,
-    attempts     INTEGER      NOT NULL DEFAULT 1,
-    consumer     VARCHAR(255) NOT NULL,
-    dedup_key    VARCHAR(255) NOT NULL,
-    state        VARCHAR(16)  NOT NULL,
-    payload_hash BYTEA,
-    result       BYTEA,
-    lease_owner  VARCHAR(255),
-    $pk
-EOF
-		return
-	fi
-	cat <<EOF
-    consumer     VARCHAR(255)$coll NOT NULL,
-    dedup_key    VARCHAR(255)$coll NOT NULL,
-    state        VARCHAR(16)  NOT NULL,
-    payload_hash BYTEA,
-    result       BYTEA,
-    attempts     INTEGER      NOT NULL DEFAULT 1,
-    lease_owner  VARCHAR(255),
-    lease_until  TIMESTAMPTZ,
-    created_at   TIMESTAMPTZ  NOT NULL,
-    completed_at TIMESTAMPTZ,
-    expires_at   TIMESTAMPTZ  NOT NULL,
-    $pk
-EOF
+	local lines=$COLUMNS pk="PRIMARY KEY (consumer, dedup_key)"
+	case $1 in
+	collc) lines=$(sed -E 's/^(    (consumer|dedup_key) +VARCHAR\(255\))/\1 COLLATE "C"/' <<<"$lines") ;;
+	nopk) pk="CHECK (true)" ;;
+	reorder) lines=$REORDERED ;;
+	esac
+	printf '%s\n    %s\n' "$lines" "$pk"
 }
 
 # ddl prints the inbox table $2 of variant $1 with its indexes.
