@@ -241,12 +241,7 @@ func (b *batcher) lead(ctx context.Context) {
 	b.mu.Unlock()
 	on, release := b.inbox.beginner, func() {}
 	if !filled {
-		var err error
-		if on, release, err = b.reserve(context.WithoutCancel(ctx)); err != nil {
-			// No connection to be had: the batch's first attempt fails
-			// as a BEGIN on the pool would, and run decides what next.
-			on, release = failingBeginner{fmt.Errorf("reserve a connection: %w", err)}, func() {}
-		}
+		on, release = b.reserve(context.WithoutCancel(ctx))
 	}
 	b.run(b.take(), on, release)
 }
@@ -284,12 +279,19 @@ func (b *batcher) take() []*delivery {
 
 // reserve reserves the connection of the next batch (see
 // ReservingBeginner): a Beginner on it, and release. A Beginner that
-// cannot reserve is returned as it is.
-func (b *batcher) reserve(ctx context.Context) (Beginner, func(), error) {
-	if r, ok := b.inbox.beginner.(ReservingBeginner); ok {
-		return r.Reserve(ctx)
+// cannot reserve is returned as it is. With no connection to be had, the
+// Beginner fails with that error: the batch's first attempt fails as a
+// BEGIN on the pool would, and run decides what next.
+func (b *batcher) reserve(ctx context.Context) (Beginner, func()) {
+	r, ok := b.inbox.beginner.(ReservingBeginner)
+	if !ok {
+		return b.inbox.beginner, func() {}
 	}
-	return b.inbox.beginner, func() {}, nil
+	on, release, err := r.Reserve(ctx)
+	if err != nil {
+		return failingBeginner{fmt.Errorf("reserve a connection: %w", err)}, func() {}
+	}
+	return on, release
 }
 
 // failingBeginner begins nothing: every BeginInbox fails with err.

@@ -320,7 +320,7 @@ func NewInbox(config Config) (*Inbox, error) {
 	}
 	i.beginner = config.Beginner
 	if i.beginner == nil {
-		i.beginner = sqlBeginner{config.DB, config.TxOptions, config.Repository}
+		i.beginner = sqlBeginner{db: config.DB, opts: config.TxOptions, repo: config.Repository}
 	}
 	i.tx = protocol.Transactional[InboxTx]{Prefix: "inbox", Begin: i.begin}
 	if cb, ok := config.Beginner.(ClaimBeginner); ok {
@@ -456,14 +456,21 @@ type sqlBeginner struct {
 	db   *sql.DB
 	opts *sql.TxOptions
 	repo repository.Transactional
+	// held, if set, is a connection of db that Reserve took: every
+	// transaction begins on it.
+	held *sql.Conn
 }
 
 func (s sqlBeginner) BeginInbox(ctx context.Context) (InboxTx, error) {
-	tx, err := protocol.BeginSQL(s.db, s.opts, s.repo)(ctx)
+	begin := s.db.BeginTx
+	if s.held != nil {
+		begin = s.held.BeginTx
+	}
+	tx, err := begin(ctx, s.opts)
 	if err != nil {
 		return nil, err
 	}
-	return stdTx{tx}, nil
+	return stdTx{protocol.SQLTx{Tx: tx, Repo: s.repo}}, nil
 }
 
 // Reserve takes a connection of the pool (DB.Conn): no round trip while
@@ -473,22 +480,8 @@ func (s sqlBeginner) Reserve(ctx context.Context) (Beginner, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return connBeginner{conn, s.opts, s.repo}, func() { _ = conn.Close() }, nil
-}
-
-// connBeginner begins inbox transactions on one reserved connection.
-type connBeginner struct {
-	conn *sql.Conn
-	opts *sql.TxOptions
-	repo repository.Transactional
-}
-
-func (c connBeginner) BeginInbox(ctx context.Context) (InboxTx, error) {
-	tx, err := c.conn.BeginTx(ctx, c.opts)
-	if err != nil {
-		return nil, err
-	}
-	return stdTx{protocol.SQLTx{Tx: tx, Repo: c.repo}}, nil
+	s.held = conn
+	return s, func() { _ = conn.Close() }, nil
 }
 
 // beginDelivery starts observing msg and resolves its scope and key. A

@@ -106,22 +106,20 @@ func (b beginner) Reserve(ctx context.Context) (middleware.Beginner, func(), err
 	return b, conn.Release, nil
 }
 
-// begin begins a transaction on the held connection or the pool.
-func (b beginner) begin(ctx context.Context) (pgx.Tx, error) {
-	if b.held != nil {
-		return b.held.Conn().BeginTx(ctx, b.opts)
-	}
-	return b.pool.BeginTx(ctx, b.opts)
-}
-
-// querier runs a statement outside any transaction: on the held
-// connection or the pool.
-func (b beginner) querier() pgxexec.Querier {
+// on is where statements and transactions run: the held connection, or
+// the pool.
+func (b beginner) on() interface {
+	pgxexec.Querier
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+} {
 	if b.held != nil {
 		return b.held.Conn()
 	}
 	return b.pool
 }
+
+// begin begins a transaction on the held connection or the pool.
+func (b beginner) begin(ctx context.Context) (pgx.Tx, error) { return b.on().BeginTx(ctx, b.opts) }
 
 // acquire returns the held connection, or one acquired from the pool:
 // then acquired is what to release.
@@ -156,7 +154,7 @@ func (b beginner) BeginClaim(ctx context.Context, p repository.ClaimParams) (mid
 	if !repository.IsUniqueViolation(err) {
 		return nil, repository.Claim{}, err
 	}
-	rec, err := b.repo.GetOn(ctx, pgxexec.Exec(b.querier()), p.Consumer, p.Key)
+	rec, err := b.repo.GetOn(ctx, pgxexec.Exec(b.on()), p.Consumer, p.Key)
 	if errors.Is(err, repository.ErrNotFound) {
 		// Deleted since it collided (cleanup): the broker retries and the
 		// next claim decides.
