@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/fanout"
@@ -97,7 +96,7 @@ type RelayBatch struct {
 // a RelayBatchStarter itself, it is reported every batch the relay
 // begins.
 func RelayObservers(obs ...RelayObserver) RelayObserver {
-	if slices.ContainsFunc(obs, func(o RelayObserver) bool { _, ok := o.(BacklogObserver); return ok }) {
+	if fanout.Any[BacklogObserver](obs) {
 		return backlogObservers{obs}
 	}
 	return relayObservers(obs)

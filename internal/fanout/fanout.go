@@ -30,3 +30,15 @@ func Start[O, P, V any](ctx context.Context, obs []O, v V, start func(P, context
 	}
 	return ctx
 }
+
+// Any reports whether one of obs implements P, so that a combinator
+// offers an optional part, one that makes its caller do work, only when
+// one of its observers takes it.
+func Any[P, O any](obs []O) bool {
+	for _, o := range obs {
+		if _, ok := any(o).(P); ok {
+			return true
+		}
+	}
+	return false
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -112,7 +111,7 @@ type BatchStarter interface {
 // its samples go to those: no records are counted for observers that
 // take no samples. Nil entries are skipped.
 func Observers(obs ...Observer) Observer {
-	if slices.ContainsFunc(obs, func(o Observer) bool { _, ok := o.(SampleObserver); return ok }) {
+	if fanout.Any[SampleObserver](obs) {
 		return samplingObservers{obs}
 	}
 	return observers(obs)
