@@ -45,16 +45,19 @@ import (
 // MaxMessages, whose first window warms up connections and statements
 // and is not measured. The first probe goes to 1 (a window at 1 to warm
 // up a connection for every delivery in flight, one measured), so that a
-// batch that loses is found after five windows. From then on it probes
+// batch that loses is found after four windows: a first probe that
+// completes twice as many deliveries a second as the window at
+// MaxMessages before it wins at once, without the window after it (at
+// MaxMessages, where batches lose by that much, the dearest window of
+// the search; no drift or noise doubles a rate from one window to the
+// next but one). From then on it probes
 // neighbours: back to back while they win (explore), in the direction
 // of the last win, and then every batchAdaptProbe windows at the best
 // (more after probes that lost), alternately below and above, to notice
 // when the load has moved the best. At 1 a delivery does not enter the
 // batcher at all: it is the plain inbox, a transaction of its own.
 const (
-	// batchAdaptFirst is the first window's deliveries, at MaxMessages.
-	batchAdaptFirst = 64
-	// batchAdaptWindow is the fewest deliveries a later window holds; a
+	// batchAdaptWindow is the fewest deliveries a window holds; a
 	// window at limit k holds at least 2k (two batches).
 	batchAdaptWindow = 32
 	// batchAdaptProbe is how many windows at the best limit come between
@@ -193,9 +196,6 @@ func (p *batchPolicy) leave(w uint64, now time.Time) {
 
 // windowSize is how many deliveries the window at level cur counts.
 func (p *batchPolicy) windowSize(cur int) int {
-	if p.windows == 0 {
-		return max(batchAdaptFirst, 2*p.levels[cur])
-	}
 	return max(batchAdaptWindow, 2*p.levels[cur])
 }
 
@@ -218,6 +218,11 @@ func (p *batchPolicy) next(cur int, rate float64) int {
 	switch p.phase {
 	case probing:
 		p.rate, p.phase = rate, backAtIt
+		if p.first && rate >= 2*p.before {
+			// The first probe doubled the rate: it wins now (see
+			// above).
+			return p.adopt()
+		}
 		return p.best
 	case backAtIt:
 		p.sample(rate)
@@ -227,16 +232,7 @@ func (p *batchPolicy) next(cur int, rate float64) int {
 		p.since = 1
 		switch {
 		case won:
-			// Go on in the probe's direction; from 1 after the first
-			// probe, up.
-			p.explore = 1
-			if p.probe < p.best && !p.first {
-				p.explore = -1
-			}
-			p.best, p.lost, p.first, p.last = p.probe, 0, false, 0
-			// Its window before the next probe is yet to come.
-			p.phase = atBest
-			return p.best
+			return p.adopt()
 		case p.first:
 			// The first probe lost: batches win, look for the best
 			// of them below MaxMessages.
@@ -256,6 +252,20 @@ func (p *batchPolicy) next(cur int, rate float64) int {
 		p.before, p.probe, p.phase = rate, l, probing
 		return l
 	}
+	return p.best
+}
+
+// adopt makes the probed level the best, after its probe won, and
+// returns it. p.mu is held.
+func (p *batchPolicy) adopt() int {
+	// Go on in the probe's direction; from 1 after the first probe, up.
+	p.explore = 1
+	if p.probe < p.best && !p.first {
+		p.explore = -1
+	}
+	p.best, p.lost, p.first, p.last = p.probe, 0, false, 0
+	// Its window before the next probe is yet to come.
+	p.phase = atBest
 	return p.best
 }
 

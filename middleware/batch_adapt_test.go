@@ -93,9 +93,9 @@ func TestBatchPolicyLadder(t *testing.T) {
 func TestBatchPolicyShrinksWhenRoundTripsAreSlow(t *testing.T) {
 	s := newSim()
 	limits := drive(s, 8, 60, func(k int) time.Duration { return time.Duration(k+3) * time.Millisecond })
-	require.Equal(t, []int{8, 8, 1, 1, 8, 1, 2, 1}, limits[:8],
-		"MaxMessages (to warm up, then before the probe), 1 (a window to warm up, one to measure), MaxMessages after it; 1 won: its neighbour, between two windows at 1")
-	steady := limits[8:]
+	require.Equal(t, []int{8, 8, 1, 1, 1, 2, 1}, limits[:7],
+		"MaxMessages (to warm up, then before the probe), 1 (a window to warm up, one to measure); 1 more than doubled the rate and won at once: its neighbour, between two windows at 1")
+	steady := limits[7:]
 	require.GreaterOrEqual(t, share(steady, 1), float64(batchAdaptProbe)/(batchAdaptProbe+1)-0.01, "limits %v", steady)
 	require.Subset(t, []int{1, 2}, steady, "a probe goes to a neighbour of the best only")
 
@@ -115,6 +115,15 @@ func TestBatchPolicyShrinksWhenRoundTripsAreSlow(t *testing.T) {
 	require.GreaterOrEqual(t, len(gaps), 4, "limits %v", steady)
 	require.True(t, slices.IsSorted(gaps), "gaps between probes %v", gaps)
 	require.Equal(t, batchAdaptProbe<<batchAdaptMaxBackoff, gaps[len(gaps)-1], "gaps between probes %v", gaps)
+}
+
+// A first probe that wins by less than twice the rate is compared with
+// the windows on either side of it, as every other probe is.
+func TestBatchPolicyFirstProbeWinsAtOnceOnlyByTwice(t *testing.T) {
+	// 1 completes 1.5 times as many deliveries a second as 8.
+	limits := drive(newSim(), 8, 8, func(k int) time.Duration { return time.Millisecond + time.Duration(k-1)*time.Millisecond/14 })
+	require.Equal(t, []int{8, 8, 1, 1, 8, 1, 2, 1}, limits,
+		"MaxMessages, 1 (warm up, measure), MaxMessages after it; 1 won: its neighbour, between two windows at 1")
 }
 
 // A slow handler: a batch runs k of them in series.
