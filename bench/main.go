@@ -443,6 +443,9 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 			scenario{"F", fGroup, "postgres", func(c int) (result, error) { return runPgbench(c, pgbenchGroup) }},
 			scenario{"F", fGroupPipe, "postgres", func(c int) (result, error) { return runPgbench(c, pgbenchGroupPipelined) }})
 	}
+	scenarios = append(scenarios, scenario{"F", fGroupGo, "pgx", func(c int) (result, error) {
+		return scenarioGoGroup(ctx, px, o.n, c, batchSize(o, c))
+	}})
 
 	ratios := slices.Concat(baseRatios, batchRatios, brokerRatios)
 	concurrency := slices.Clone(o.concurrency)

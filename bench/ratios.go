@@ -25,6 +25,9 @@ const (
 	fInbox     = "F pgbench B's SQL"
 	fGroup     = "FG pgbench G's SQL"
 	fGroupPipe = "FGP pgbench G's SQL, pipelined"
+	// fGroupGo is not pgbench but Go (pgx) sending G's statements in
+	// FG's shape (scenarioGoGroup), backend pgx.
+	fGroupGo = "FGX Go (pgx) G's SQL"
 )
 
 // baseRatios are the built-in ratio lines, in print order.
