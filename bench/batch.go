@@ -41,6 +41,32 @@ func groupCommit(o options, c int) func(*middleware.Config) {
 	}
 }
 
+// poolBatchSize is G's Batch.MaxMessages in the connection-limited
+// scenario P: what BatchConfig.MaxMessages' doc advises with fewer
+// connections than deliveries in flight, the deliveries in flight divided
+// by the connections (-batch-max, if set).
+func poolBatchSize(o options, c int) int {
+	if o.batchMax > 0 {
+		return o.batchMax
+	}
+	return max(c/o.pool, 1)
+}
+
+// poolGroupCommit is G's configuration in P, as BatchConfig's docs advise
+// where batches always win (more deliveries in flight than connections):
+// poolBatchSize, Fixed. The adaptive configuration runs beside it
+// (gAdaptive).
+func poolGroupCommit(o options, c int) func(*middleware.Config) {
+	maxMessages := poolBatchSize(o, c)
+	return func(config *middleware.Config) {
+		config.Batch = middleware.BatchConfig{MaxMessages: maxMessages, MaxWait: o.batchWait, Fixed: true}
+	}
+}
+
+// gAdaptive labels G in P configured as everywhere else (groupCommit:
+// MaxMessages c/2, adaptive).
+const gAdaptive = "G inbox, group commit, adaptive c/2"
+
 // batchRatios are G's lines in the ratio table, and the
 // connection-limited scenario's (P: c deliveries in flight over a pool of
 // p < c connections).
@@ -59,8 +85,9 @@ var batchRatios = []ratio{
 	{"G/E  sqlite group commit vs sqlite inbox", "", "G inbox, group commit", "sqlite", "E inbox", "sqlite", "", ""},
 	{"G/E  mariadb group commit vs mariadb inbox", "", "G inbox, group commit", "mariadb", "E inbox", "mariadb", "", ""},
 	{"P: B/A inbox vs bare, pool p < c", "≥ 0.9", poolLabel("B inbox"), "postgres", poolLabel("A bare handler"), "postgres", "", ""},
-	{"P: G/A group commit vs bare, pool p < c", "≥ 1.5", poolLabel("G inbox, group commit"), "postgres", poolLabel("A bare handler"), "postgres", "", ""},
-	{"P: G/B group commit vs inbox, pool p < c", "", poolLabel("G inbox, group commit"), "postgres", poolLabel("B inbox"), "postgres", "", ""},
+	{"P: G/A group commit vs bare, pool p < c (MaxMessages c/p, Fixed)", "≥ 1.5", poolLabel("G inbox, group commit"), "postgres", poolLabel("A bare handler"), "postgres", "", ""},
+	{"P: G/B group commit vs inbox, pool p < c (MaxMessages c/p, Fixed)", "", poolLabel("G inbox, group commit"), "postgres", poolLabel("B inbox"), "postgres", "", ""},
+	{"P: G/A group commit vs bare, pool p < c (adaptive from c/2)", "", poolLabel(gAdaptive), "postgres", poolLabel("A bare handler"), "postgres", "", ""},
 }
 
 // poolLabel is the label of scenario label in the connection-limited run.

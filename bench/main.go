@@ -389,9 +389,13 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 			scenario{"P", poolLabel("A bare handler"), "postgres", func(c int) (result, error) { return scenarioBare(ctx, limited, o.poolN, c) }},
 			scenario{"P", poolLabel("B inbox"), "postgres", func(c int) (result, error) { return scenarioInbox(ctx, limited, o.poolN, c) }},
 			scenario{"P", poolLabel("G inbox, group commit"), "postgres", func(c int) (result, error) {
+				return scenarioInbox(ctx, limited, o.poolN, c, poolGroupCommit(o, c))
+			}},
+			scenario{"P", poolLabel(gAdaptive), "postgres", func(c int) (result, error) {
 				return scenarioInbox(ctx, limited, o.poolN, c, groupCommit(o, c))
 			}})
-		notes = append(notes, fmt.Sprintf("P: %d deliveries in flight over a pool of %d connections (A, B and G on database/sql), %d messages per run", o.poolC, o.pool, o.poolN))
+		notes = append(notes, fmt.Sprintf("P: %d deliveries in flight over a pool of %d connections (A, B and G on database/sql), %d messages per run; G as BatchConfig's docs advise for p < c (MaxMessages c/p = %d, Fixed), and G adaptive from MaxMessages %d",
+			o.poolC, o.pool, o.poolN, poolBatchSize(o, o.poolC), batchSize(o, o.poolC)))
 	}
 	if lite != nil {
 		scenarios = append(scenarios,
