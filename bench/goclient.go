@@ -75,7 +75,10 @@ func scenarioGoGroup(ctx context.Context, p *pgxDB, n, c, k int) (result, error)
 				return errors.New("a fresh key was not claimed")
 			}
 		}
-		q, _ := pgxinbox.TxFromContext(tx.WithTx(ctx))
+		q, ok := pgxinbox.TxFromContext(tx.WithTx(ctx))
+		if !ok {
+			return errors.New("no pgx transaction in the batch's context")
+		}
 		for _, m := range msgs[i*k : (i+1)*k] {
 			if _, err := q.Exec(ctx, b.insertSQL, m.UUID, len(m.Payload)); err != nil {
 				return err
