@@ -462,15 +462,15 @@ type sqlBeginner struct {
 }
 
 func (s sqlBeginner) BeginInbox(ctx context.Context) (InboxTx, error) {
-	begin := s.db.BeginTx
+	var on protocol.TxBeginner = s.db
 	if s.held != nil {
-		begin = s.held.BeginTx
+		on = s.held
 	}
-	tx, err := begin(ctx, s.opts)
+	tx, err := protocol.BeginSQL(on, s.opts, s.repo)(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return stdTx{protocol.SQLTx{Tx: tx, Repo: s.repo}}, nil
+	return stdTx{tx}, nil
 }
 
 // Reserve takes a connection of the pool (DB.Conn): no round trip while

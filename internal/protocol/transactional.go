@@ -40,8 +40,14 @@ func (t SQLTx) Commit(context.Context) error { return t.Tx.Commit() }
 // Rollback rolls back.
 func (t SQLTx) Rollback(context.Context) error { return t.Tx.Rollback() }
 
+// TxBeginner begins database/sql transactions: a *sql.DB, or one of its
+// connections (*sql.Conn).
+type TxBeginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
 // BeginSQL begins transactions on db.
-func BeginSQL(db *sql.DB, opts *sql.TxOptions, repo repository.Transactional) func(context.Context) (SQLTx, error) {
+func BeginSQL(db TxBeginner, opts *sql.TxOptions, repo repository.Transactional) func(context.Context) (SQLTx, error) {
 	return func(ctx context.Context) (SQLTx, error) {
 		tx, err := db.BeginTx(ctx, opts)
 		if err != nil {
