@@ -26,30 +26,25 @@ import (
 //	   commit for the deliveries in flight
 
 // batchSize is G's Batch.MaxMessages at concurrency c (and the k of FG).
-func batchSize(o options, c int) int {
-	if o.batchMax > 0 {
-		return o.batchMax
-	}
-	return max(c/2, 1)
-}
-
-// groupCommit is G's configuration at concurrency c.
-func groupCommit(o options, c int) func(*middleware.Config) {
-	maxMessages := batchSize(o, c)
-	return func(config *middleware.Config) {
-		config.Batch = middleware.BatchConfig{MaxMessages: maxMessages, MaxWait: o.batchWait, Fixed: o.batchFixed}
-	}
-}
+func batchSize(o options, c int) int { return orBatchMax(o, max(c/2, 1)) }
 
 // poolBatchSize is G's Batch.MaxMessages in the connection-limited
 // scenario P: what BatchConfig.MaxMessages' doc advises with fewer
 // connections than deliveries in flight, the deliveries in flight divided
-// by the connections (-batch-max, if set).
-func poolBatchSize(o options, c int) int {
+// by the connections.
+func poolBatchSize(o options, c int) int { return orBatchMax(o, max(c/o.pool, 1)) }
+
+// orBatchMax is -batch-max if set, else maxMessages.
+func orBatchMax(o options, maxMessages int) int {
 	if o.batchMax > 0 {
 		return o.batchMax
 	}
-	return max(c/o.pool, 1)
+	return maxMessages
+}
+
+// groupCommit is G's configuration at concurrency c.
+func groupCommit(o options, c int) func(*middleware.Config) {
+	return withBatch(o, batchSize(o, c), o.batchFixed)
 }
 
 // poolGroupCommit is G's configuration in P, as BatchConfig's docs advise
@@ -57,9 +52,13 @@ func poolBatchSize(o options, c int) int {
 // poolBatchSize, Fixed. The adaptive configuration runs beside it
 // (gAdaptive).
 func poolGroupCommit(o options, c int) func(*middleware.Config) {
-	maxMessages := poolBatchSize(o, c)
+	return withBatch(o, poolBatchSize(o, c), true)
+}
+
+// withBatch turns group commit on with maxMessages and fixed.
+func withBatch(o options, maxMessages int, fixed bool) func(*middleware.Config) {
 	return func(config *middleware.Config) {
-		config.Batch = middleware.BatchConfig{MaxMessages: maxMessages, MaxWait: o.batchWait, Fixed: true}
+		config.Batch = middleware.BatchConfig{MaxMessages: maxMessages, MaxWait: o.batchWait, Fixed: fixed}
 	}
 }
 

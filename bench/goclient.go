@@ -11,7 +11,6 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository"
-	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
 // scenarioGoGroup is FGX: G's statements on pgx in G's shape, as FG sends
@@ -31,12 +30,8 @@ func scenarioGoGroup(ctx context.Context, p *pgxDB, n, c, k int) (result, error)
 	if err != nil {
 		return result{}, err
 	}
-	table := t.add("bench_inbox_" + randomSuffix())
-	repo, err := postgres.NewPgxRepository(p.pool, postgres.Config{Table: table})
+	repo, err := p.newRepo(ctx, t)
 	if err != nil {
-		return result{}, err
-	}
-	if err := repo.Migrate(ctx); err != nil {
 		return result{}, err
 	}
 	begin, ok := pgxinbox.Beginner(p.pool, repo, pgx.TxOptions{}).(middleware.BatchClaimBeginner)

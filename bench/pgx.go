@@ -89,12 +89,8 @@ func scenarioBarePgx(ctx context.Context, p *pgxDB, n, c int) (result, error) {
 // newPgxInbox returns an inbox on a fresh table whose transactions are
 // pgx's (pgxinbox.Beginner: BEGIN and the claim in one round trip).
 func (p *pgxDB) newInbox(ctx context.Context, t *tables, mutate ...func(*middleware.Config)) (*middleware.Inbox, error) {
-	table := t.add("bench_inbox_" + randomSuffix())
-	repo, err := postgres.NewPgxRepository(p.pool, postgres.Config{Table: table})
+	repo, err := p.newRepo(ctx, t)
 	if err != nil {
-		return nil, err
-	}
-	if err := repo.Migrate(ctx); err != nil {
 		return nil, err
 	}
 	config := middleware.Config{Beginner: pgxinbox.Beginner(p.pool, repo, pgx.TxOptions{}), Repository: repo, Consumer: "bench"}
@@ -102,6 +98,15 @@ func (p *pgxDB) newInbox(ctx context.Context, t *tables, mutate ...func(*middlew
 		m(&config)
 	}
 	return middleware.NewInbox(config)
+}
+
+// newRepo returns a pgx repository on a fresh, migrated inbox table.
+func (p *pgxDB) newRepo(ctx context.Context, t *tables) (*postgres.Repository, error) {
+	repo, err := postgres.NewPgxRepository(p.pool, postgres.Config{Table: t.add("bench_inbox_" + randomSuffix())})
+	if err != nil {
+		return nil, err
+	}
+	return repo, repo.Migrate(ctx)
 }
 
 // inboxRun creates a business table and a pgx inbox for one run.
