@@ -78,6 +78,8 @@ var batchRatios = []ratio{
 	{"FGP/FG G's SQL pipelined vs serial (pgbench)", "", fGroupPipe, "postgres", fGroup, "postgres", "", ""},
 	{"G/FGX group commit vs Go (pgx) running G's SQL", "", "G inbox, group commit", "pgx", fGroupGo, "pgx", "", ""},
 	{"FGX/FG Go (pgx) vs pgbench, both running G's SQL", "", fGroupGo, "pgx", fGroup, "postgres", "", ""},
+	{"G/FGR group commit vs a hand-written batcher behind the router (pgx)", "", "G inbox, group commit", "pgx", fGroupRouter, "pgx", "", ""},
+	{"FGR/FGX G's SQL router-fed vs free-running (pgx)", "", fGroupRouter, "pgx", fGroupGo, "pgx", "", ""},
 	{"G/W  group commit vs watermill-sql (batch 100; W pre-published)", "", "G inbox, group commit", "postgres", "W watermill-sql (batch 100)", "postgres", "", ""},
 	{"G/A  group commit vs bare (pgx)", "", "G inbox, group commit", "pgx", "A bare handler", "pgx", fGroup, fBare},
 	{"G/B  group commit vs inbox (pgx)", "≥ 0.95", "G inbox, group commit", "pgx", "B inbox", "pgx", fGroup, fInbox},

@@ -6,11 +6,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
 // scenarioGoGroup is FGX: G's statements on pgx in G's shape, as FG sends
@@ -34,9 +36,9 @@ func scenarioGoGroup(ctx context.Context, p *pgxDB, n, c, k int) (result, error)
 	if err != nil {
 		return result{}, err
 	}
-	begin, ok := pgxinbox.Beginner(p.pool, repo, pgx.TxOptions{}).(middleware.BatchClaimBeginner)
-	if !ok {
-		return result{}, errors.New("pgxinbox.Beginner claims no batch")
+	begin, err := batchClaimBeginner(p, repo)
+	if err != nil {
+		return result{}, err
 	}
 	clients := max(c/k, 1)
 	perClient := max(n/(clients*k), 1)
@@ -60,26 +62,7 @@ func scenarioGoGroup(ctx context.Context, p *pgxDB, n, c, k int) (result, error)
 	)
 	run := func(i int) error {
 		start := time.Now()
-		tx, claims, err := begin.BeginClaimBatch(ctx, batches[i])
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		for _, cl := range claims {
-			if !cl.Claimed {
-				return errors.New("a fresh key was not claimed")
-			}
-		}
-		q, ok := pgxinbox.TxFromContext(tx.WithTx(ctx))
-		if !ok {
-			return errors.New("no pgx transaction in the batch's context")
-		}
-		for _, m := range msgs[i*k : (i+1)*k] {
-			if _, err := q.Exec(ctx, b.insertSQL, m.UUID, len(m.Payload)); err != nil {
-				return err
-			}
-		}
-		if err := tx.Commit(ctx); err != nil {
+		if err := groupTx(ctx, begin, b, batches[i], msgs[i*k:(i+1)*k]); err != nil {
 			return err
 		}
 		latencies[i] = time.Since(start)
@@ -103,4 +86,154 @@ func scenarioGoGroup(ctx context.Context, p *pgxDB, n, c, k int) (result, error)
 		return result{}, err
 	}
 	return result{n: len(msgs), elapsed: elapsed, latencies: latencies, roundTrips: trips}, b.expect(ctx, len(msgs))
+}
+
+// batchClaimBeginner is pgxinbox's Beginner on p's pool and repo, which
+// begins a transaction and claims a batch's keys in one round trip.
+func batchClaimBeginner(p *pgxDB, repo *postgres.Repository) (middleware.BatchClaimBeginner, error) {
+	begin, ok := pgxinbox.Beginner(p.pool, repo, pgx.TxOptions{}).(middleware.BatchClaimBeginner)
+	if !ok {
+		return nil, errors.New("pgxinbox.Beginner claims no batch")
+	}
+	return begin, nil
+}
+
+// groupTx is one transaction of G's statements for msgs, whose claims are
+// params: BEGIN and the claim in one round trip, an INSERT each, COMMIT.
+func groupTx(ctx context.Context, begin middleware.BatchClaimBeginner, b *business, params []repository.ClaimParams, msgs []*message.Message) error {
+	tx, claims, err := begin.BeginClaimBatch(ctx, params)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	for _, cl := range claims {
+		if !cl.Claimed {
+			return errors.New("a fresh key was not claimed")
+		}
+	}
+	q, ok := pgxinbox.TxFromContext(tx.WithTx(ctx))
+	if !ok {
+		return errors.New("no pgx transaction in the batch's context")
+	}
+	for _, m := range msgs {
+		if _, err := q.Exec(ctx, b.insertSQL, m.UUID, len(m.Payload)); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// scenarioRouterGroup is FGR: FGX's transactions (groupTx) fed by the
+// harness's router, as G is (deliver: c deliveries in flight, each
+// acknowledged before its feeder publishes the next), and grouped by the
+// simplest batcher one would write by hand (plainBatcher): k deliveries,
+// or fewer after wait, in one transaction, run by the delivery that filled
+// it. No inbox middleware, no adaptation, no observation: G ÷ FGR is what
+// the inbox's batcher and middleware cost against hand-written group
+// commit behind the same router, and FGR ÷ FGX what feeding batches from
+// a router costs (a batch fills only as earlier batches' deliveries are
+// acknowledged and replaced). Latencies are the handler chain's, as G's.
+func scenarioRouterGroup(ctx context.Context, p *pgxDB, n, c, k int, wait time.Duration) (result, error) {
+	t := &tables{d: p.pg}
+	defer t.drop()
+	b, err := newBusiness(ctx, p.pg, t, "bench_fgr")
+	if err != nil {
+		return result{}, err
+	}
+	repo, err := p.newRepo(ctx, t)
+	if err != nil {
+		return result{}, err
+	}
+	begin, err := batchClaimBeginner(p, repo)
+	if err != nil {
+		return result{}, err
+	}
+	pb := &plainBatcher{k: min(k, c), wait: wait, run: func(msgs []*message.Message) error {
+		now := time.Now()
+		params := make([]repository.ClaimParams, len(msgs))
+		for j, m := range msgs {
+			params[j] = repository.ClaimParams{Consumer: "bench", Key: m.UUID, PayloadHash: repository.HashPayload(m.Payload), Now: now, ExpiresAt: now.Add(7 * 24 * time.Hour)}
+		}
+		return groupTx(context.WithoutCancel(ctx), begin, b, params, msgs)
+	}}
+	r, err := p.deliver(ctx, pb.handle, newMessages(n), c)
+	if err != nil {
+		return result{}, err
+	}
+	return r, b.expect(ctx, n)
+}
+
+// plainBatcher is group commit as one writes it by hand: a delivery joins
+// the pending batch; the one that fills it to k runs it, and a batch not
+// full after wait (from its first delivery) runs on the timer's
+// goroutine. Every delivery returns its batch's error.
+type plainBatcher struct {
+	k    int
+	wait time.Duration
+	run  func([]*message.Message) error
+
+	mu      sync.Mutex
+	pending []*plainDelivery
+	gen     uint64 // the pending batch's number
+	timer   *time.Timer
+}
+
+type plainDelivery struct {
+	msg  *message.Message
+	done chan error
+}
+
+func (pb *plainBatcher) handle(msg *message.Message) ([]*message.Message, error) {
+	d := &plainDelivery{msg: msg, done: make(chan error, 1)}
+	pb.mu.Lock()
+	pb.pending = append(pb.pending, d)
+	if len(pb.pending) == 1 && pb.k > 1 {
+		gen := pb.gen
+		pb.timer = time.AfterFunc(pb.wait, func() { pb.flush(gen) })
+	}
+	var batch []*plainDelivery
+	if len(pb.pending) >= pb.k {
+		batch = pb.take()
+	}
+	pb.mu.Unlock()
+	if batch != nil {
+		pb.exec(batch)
+	}
+	return nil, <-d.done
+}
+
+// flush runs batch gen if it is still pending: its wait ran out.
+func (pb *plainBatcher) flush(gen uint64) {
+	pb.mu.Lock()
+	var batch []*plainDelivery
+	if pb.gen == gen && len(pb.pending) > 0 {
+		batch = pb.take()
+	}
+	pb.mu.Unlock()
+	if batch != nil {
+		pb.exec(batch)
+	}
+}
+
+// take empties the pending batch and returns it. pb.mu is held.
+func (pb *plainBatcher) take() []*plainDelivery {
+	batch := pb.pending
+	pb.pending = nil
+	pb.gen++
+	if pb.timer != nil {
+		pb.timer.Stop()
+		pb.timer = nil
+	}
+	return batch
+}
+
+func (pb *plainBatcher) exec(batch []*plainDelivery) {
+	msgs := make([]*message.Message, len(batch))
+	for j, d := range batch {
+		msgs[j] = d.msg
+	}
+	err := pb.run(msgs)
+	for _, d := range batch {
+		d.done <- err
+	}
 }

@@ -449,6 +449,8 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	}
 	scenarios = append(scenarios, scenario{"F", fGroupGo, "pgx", func(c int) (result, error) {
 		return scenarioGoGroup(ctx, px, o.n, c, batchSize(o, c))
+	}}, scenario{"F", fGroupRouter, "pgx", func(c int) (result, error) {
+		return scenarioRouterGroup(ctx, px, o.n, c, batchSize(o, c), o.batchWait)
 	}})
 
 	ratios := slices.Concat(baseRatios, batchRatios, brokerRatios)

@@ -28,6 +28,9 @@ const (
 	// fGroupGo is not pgbench but Go (pgx) sending G's statements in
 	// FG's shape (scenarioGoGroup), backend pgx.
 	fGroupGo = "FGX Go (pgx) G's SQL"
+	// fGroupRouter is FGX's transactions fed by the router and grouped
+	// by a hand-written batcher (scenarioRouterGroup), backend pgx.
+	fGroupRouter = "FGR Go (pgx) G's SQL, router-fed"
 )
 
 // baseRatios are the built-in ratio lines, in print order.

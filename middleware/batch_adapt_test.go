@@ -246,3 +246,25 @@ func TestBatchCapacityFallsSlowly(t *testing.T) {
 	b.waitedOut()
 	require.Equal(t, 70, b.capacity)
 }
+
+// Every delivery the subscribers hand out being inside starts the
+// collecting batch early only while fewer batches run than the capacity
+// fills at the limit: otherwise batches of one, once running side by
+// side (after a window at limit 1), would each keep the next delivery
+// that comes back from waiting for the others, and never merge again.
+func TestBatchStartsEarlyOnlyBesideFewerBatchesThanTheCapacityFills(t *testing.T) {
+	b := batcher{max: 8, fixed: true, capacity: 16, inside: 16, pending: []*delivery{{}}}
+	b.running = 15 // fifteen batches of one, and one delivery back
+	require.False(t, b.complete(), "it waits for the others to come back")
+	b.running = 2
+	require.False(t, b.complete(), "16 in flight at limit 8 fill two batches")
+	b.running = 1
+	require.True(t, b.complete(), "the other batch runs beside one")
+	b.inside = 15
+	require.False(t, b.complete(), "a delivery may still join")
+	b.running, b.pending = 15, make([]*delivery, 8)
+	require.True(t, b.complete(), "a full batch runs whatever else does")
+
+	b = batcher{max: 8, fixed: true, capacity: 12, inside: 12, running: 1, pending: make([]*delivery, 4)}
+	require.True(t, b.complete(), "12 in flight at limit 8: the 4 run beside the 8")
+}
