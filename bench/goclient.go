@@ -12,7 +12,6 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository"
-	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
 // scenarioGoGroup is FGX: G's statements on pgx in G's shape, as FG sends
@@ -28,15 +27,7 @@ import (
 func scenarioGoGroup(ctx context.Context, p *pgxDB, n, c, k int) (result, error) {
 	t := &tables{d: p.pg}
 	defer t.drop()
-	b, err := newBusiness(ctx, p.pg, t, "bench_fgx")
-	if err != nil {
-		return result{}, err
-	}
-	repo, err := p.newRepo(ctx, t)
-	if err != nil {
-		return result{}, err
-	}
-	begin, err := batchClaimBeginner(p, repo)
+	b, begin, err := p.groupTables(ctx, t, "bench_fgx")
 	if err != nil {
 		return result{}, err
 	}
@@ -50,8 +41,7 @@ func scenarioGoGroup(ctx context.Context, p *pgxDB, n, c, k int) (result, error)
 	for i := range batches {
 		params := make([]repository.ClaimParams, k)
 		for j := range params {
-			m := msgs[i*k+j]
-			params[j] = repository.ClaimParams{Consumer: "bench", Key: m.UUID, PayloadHash: repository.HashPayload(m.Payload), Now: now, ExpiresAt: now.Add(7 * 24 * time.Hour)}
+			params[j] = benchClaim(msgs[i*k+j], now)
 		}
 		batches[i] = params
 	}
@@ -88,14 +78,30 @@ func scenarioGoGroup(ctx context.Context, p *pgxDB, n, c, k int) (result, error)
 	return result{n: len(msgs), elapsed: elapsed, latencies: latencies, roundTrips: trips}, b.expect(ctx, len(msgs))
 }
 
-// batchClaimBeginner is pgxinbox's Beginner on p's pool and repo, which
-// begins a transaction and claims a batch's keys in one round trip.
-func batchClaimBeginner(p *pgxDB, repo *postgres.Repository) (middleware.BatchClaimBeginner, error) {
+// groupTables creates a business table (prefix) and an inbox table for
+// one run of G's SQL from Go, and returns the business table and
+// pgxinbox's Beginner on the inbox, which begins a transaction and claims
+// a batch's keys in one round trip.
+func (p *pgxDB) groupTables(ctx context.Context, t *tables, prefix string) (*business, middleware.BatchClaimBeginner, error) {
+	b, err := newBusiness(ctx, p.pg, t, prefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	repo, err := p.newRepo(ctx, t)
+	if err != nil {
+		return nil, nil, err
+	}
 	begin, ok := pgxinbox.Beginner(p.pool, repo, pgx.TxOptions{}).(middleware.BatchClaimBeginner)
 	if !ok {
-		return nil, errors.New("pgxinbox.Beginner claims no batch")
+		return nil, nil, errors.New("pgxinbox.Beginner claims no batch")
 	}
-	return begin, nil
+	return b, begin, nil
+}
+
+// benchClaim is the claim of m's key at now, as the harness's inboxes
+// make it.
+func benchClaim(m *message.Message, now time.Time) repository.ClaimParams {
+	return repository.ClaimParams{Consumer: "bench", Key: m.UUID, PayloadHash: repository.HashPayload(m.Payload), Now: now, ExpiresAt: now.Add(7 * 24 * time.Hour)}
 }
 
 // groupTx is one transaction of G's statements for msgs, whose claims are
@@ -136,15 +142,7 @@ func groupTx(ctx context.Context, begin middleware.BatchClaimBeginner, b *busine
 func scenarioRouterGroup(ctx context.Context, p *pgxDB, n, c, k int, wait time.Duration) (result, error) {
 	t := &tables{d: p.pg}
 	defer t.drop()
-	b, err := newBusiness(ctx, p.pg, t, "bench_fgr")
-	if err != nil {
-		return result{}, err
-	}
-	repo, err := p.newRepo(ctx, t)
-	if err != nil {
-		return result{}, err
-	}
-	begin, err := batchClaimBeginner(p, repo)
+	b, begin, err := p.groupTables(ctx, t, "bench_fgr")
 	if err != nil {
 		return result{}, err
 	}
@@ -152,7 +150,7 @@ func scenarioRouterGroup(ctx context.Context, p *pgxDB, n, c, k int, wait time.D
 		now := time.Now()
 		params := make([]repository.ClaimParams, len(msgs))
 		for j, m := range msgs {
-			params[j] = repository.ClaimParams{Consumer: "bench", Key: m.UUID, PayloadHash: repository.HashPayload(m.Payload), Now: now, ExpiresAt: now.Add(7 * 24 * time.Hour)}
+			params[j] = benchClaim(m, now)
 		}
 		return groupTx(context.WithoutCancel(ctx), begin, b, params, msgs)
 	}}
