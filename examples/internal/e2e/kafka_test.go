@@ -49,8 +49,14 @@ func TestKafka(t *testing.T) {
 	require.LessOrEqual(t, l.InstancesDown, crashes)
 	require.Equal(t, l.InstancesDown, l.Restarts, "each crashed member replaced by a new one")
 	require.GreaterOrEqual(t, b.Duplicates(), resent+crashes, "producer re-sends and crash redeliveries")
-	require.Equal(t, 1, b[middleware.OutcomePayloadMismatch])
+	// The bad messages are poisoned and acked like any other; one whose
+	// offset the crashed member held uncommitted comes again to the
+	// partition's next owner, and is poisoned again (seen in CI: two
+	// payload mismatches for one bad message).
+	require.GreaterOrEqual(t, b[middleware.OutcomePayloadMismatch], 1)
+	require.LessOrEqual(t, b[middleware.OutcomePayloadMismatch], 1+l.InstancesDown, "once, and again at most once per member down")
 	require.GreaterOrEqual(t, b[middleware.OutcomeNoKey], 1)
+	require.LessOrEqual(t, b[middleware.OutcomeNoKey], 1+l.InstancesDown, "once, and again at most once per member down")
 
 	require.Equal(t, orders, l.ChargedOrders, "every order charged")
 	require.Zero(t, l.DoubleCharged, "no order charged twice")
