@@ -259,8 +259,9 @@ func (b *batcher) lead(ctx context.Context) {
 	if !filled {
 		on, release = b.reserve(context.WithoutCancel(ctx))
 	}
-	b.run(b.take(), on, release)
-	b.finished()
+	batch := b.take()
+	defer b.finished()
+	b.run(batch, on, release)
 }
 
 // finished counts out a batch that lead ran: one fewer runs, which may
