@@ -124,10 +124,20 @@ type batcher struct {
 // those run waits for the others, until the limit or MaxWait. b.mu is
 // held.
 func (b *batcher) complete() bool {
-	if len(b.pending) >= b.limit() {
+	limit := b.limit()
+	if len(b.pending) >= limit {
 		return true
 	}
-	return b.capacity > 0 && b.inside >= b.capacity && b.running < (b.capacity+b.limit()-1)/b.limit()
+	return b.capacity > 0 && b.inside >= b.capacity && b.running < (b.capacity+limit-1)/limit
+}
+
+// wakeIfComplete tells the delivery collecting the batch that it is
+// complete, if it is and the delivery has not been told. b.mu is held.
+func (b *batcher) wakeIfComplete() {
+	if b.full != nil && b.complete() {
+		close(b.full)
+		b.full = nil
+	}
 }
 
 // delivery is one message waiting for, or running in, a batch.
@@ -192,9 +202,8 @@ func (b *batcher) submit(d *delivery) {
 	if first {
 		b.leading = true
 		b.full = make(chan struct{})
-	} else if b.full != nil && b.complete() {
-		close(b.full)
-		b.full = nil
+	} else {
+		b.wakeIfComplete()
 	}
 	b.mu.Unlock()
 	if first {
@@ -270,10 +279,7 @@ func (b *batcher) finished() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.running--
-	if b.full != nil && b.complete() {
-		close(b.full)
-		b.full = nil
-	}
+	b.wakeIfComplete()
 }
 
 // take takes the next batch out of the pending deliveries and passes the
@@ -297,10 +303,7 @@ func (b *batcher) take() []*delivery {
 	b.running++
 	if len(rest) > 0 {
 		b.full = make(chan struct{})
-		if b.complete() {
-			close(b.full)
-			b.full = nil
-		}
+		b.wakeIfComplete()
 		close(rest[0].lead)
 	} else {
 		b.leading, b.full = false, nil
