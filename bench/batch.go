@@ -80,6 +80,9 @@ var batchRatios = []ratio{
 	{"FGX/FG Go (pgx) vs pgbench, both running G's SQL", "", fGroupGo, "pgx", fGroup, "postgres", "", ""},
 	{"G/FGR group commit vs a hand-written batcher behind the router (pgx)", "", "G inbox, group commit", "pgx", fGroupRouter, "pgx", "", ""},
 	{"FGR/FGX G's SQL router-fed vs free-running (pgx)", "", fGroupRouter, "pgx", fGroupGo, "pgx", "", ""},
+	// FGR/FG is G/FG's bound behind the router: group commit with no
+	// inbox at all, the same SQL, driver and router as G.
+	{"FGR/FG G/FG's bound behind the router: hand-written batcher (pgx) vs pgbench", "", fGroupRouter, "pgx", fGroup, "postgres", "", ""},
 	{"G/W  group commit vs watermill-sql (batch 100; W pre-published)", "", "G inbox, group commit", "postgres", "W watermill-sql (batch 100)", "postgres", "", ""},
 	{"G/A  group commit vs bare (pgx)", "", "G inbox, group commit", "pgx", "A bare handler", "pgx", fGroup, fBare},
 	{"G/B  group commit vs inbox (pgx)", "≥ 0.95", "G inbox, group commit", "pgx", "B inbox", "pgx", fGroup, fInbox},
