@@ -61,6 +61,13 @@ import (
 )
 
 // row is one line of the table.
+// cell is one scenario on one backend at one concurrency: a line of the
+// table, run once a repetition.
+type cell struct {
+	label, backend string
+	c              int
+}
+
 type row struct {
 	id, label, backend string
 	c                  int
@@ -466,10 +473,6 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	// Repetition, then concurrency, are the outer loops, so a change of
 	// background load during the run affects every scenario rather than
 	// one; each cell keeps the run with the median throughput.
-	type cell struct {
-		label, backend string
-		c              int
-	}
 	runs := map[cell][]row{}
 	start := time.Now()
 	for rep := range o.repeat {
@@ -508,7 +511,7 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 		return a.c - b.c
 	})
 	printTable(w, rows)
-	printRatios(w, rows, concurrency, ratios)
+	printRatios(w, runs, concurrency, ratios)
 	printBatchLatency(w, rows, o.concurrency, o.batchWait)
 	printBrokerSplit(w, rows)
 	fmt.Fprintf(w, "\npeak RSS (getrusage maxrss) of the bench process: %.1f MiB\n", mib(peakRSS()))
@@ -540,6 +543,29 @@ func median(rs []row) row {
 	s := slices.Clone(rs)
 	slices.SortFunc(s, func(a, b row) int { return cmpFloat(a.r.rate(), b.r.rate()) })
 	return s[len(s)/2]
+}
+
+// pairedRatio is the median of num's throughput over den's in each
+// repetition where both ran without error (runs in repetition order); 0
+// where none did. With an even count it is the mean of the middle two.
+func pairedRatio(num, den []row) float64 {
+	var rs []float64
+	for i := range min(len(num), len(den)) {
+		n, d := num[i], den[i]
+		if n.err != nil || d.err != nil || safeRate(n.r) == 0 || safeRate(d.r) == 0 {
+			continue
+		}
+		rs = append(rs, n.r.rate()/d.r.rate())
+	}
+	if len(rs) == 0 {
+		return 0
+	}
+	slices.Sort(rs)
+	if m := len(rs) / 2; len(rs)%2 == 0 {
+		return (rs[m-1] + rs[m]) / 2
+	} else {
+		return rs[m]
+	}
 }
 
 func cmpFloat(a, b float64) int {
@@ -593,17 +619,19 @@ func fmtDur(d time.Duration) string {
 // each cell with the same ratio of the SQL alone (pgbench replaying each
 // side's statements) in parentheses where the line has one: the bound
 // the statements allow before any Go runs.
-func printRatios(w io.Writer, rows []row, conc []int, ratios []ratio) {
-	rate := func(label, backend string, c int) float64 {
-		for _, r := range rows {
-			if r.label == label && r.backend == backend && r.c == c && r.err == nil {
-				return r.r.rate()
-			}
-		}
-		return 0
+//
+// A cell is the median over the repetitions of the ratio within one
+// (pairedRatio): both sides ran minutes apart at most, while the
+// machine's throughput moves by up to 2× from one repetition to the
+// next, so a ratio of the table's medians, taken from different
+// repetitions, can say 0.81 where the three pairs say 0.81, 1.16 and
+// 1.00 (G ÷ B at c = 1, where G runs B's code).
+func printRatios(w io.Writer, runs map[cell][]row, conc []int, ratios []ratio) {
+	rate := func(num, numBackend, den, denBackend string, c int) float64 {
+		return pairedRatio(runs[cell{num, numBackend, c}], runs[cell{den, denBackend, c}])
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "ratio (SQL bound: the same ratio of pgbench replaying each side's statements)")
+	fmt.Fprintln(w, "ratio (SQL bound: the same ratio of pgbench replaying each side's statements; each cell the median of the ratios within a repetition)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "ratio\ttarget")
 	for _, c := range conc {
@@ -614,19 +642,19 @@ func printRatios(w io.Writer, rows []row, conc []int, ratios []ratio) {
 		var cells []string
 		any := false
 		for _, c := range conc {
-			num, den := rate(q.num, q.numBackend, c), rate(q.den, q.denBackend, c)
-			if num == 0 || den == 0 {
+			r := rate(q.num, q.numBackend, q.den, q.denBackend, c)
+			if r == 0 {
 				cells = append(cells, "-")
 				continue
 			}
 			any = true
-			cell := fmt.Sprintf("%.2f", num/den)
+			text := fmt.Sprintf("%.2f", r)
 			if q.boundNum != "" {
-				if bn, bd := rate(q.boundNum, "postgres", c), rate(q.boundDen, "postgres", c); bn > 0 && bd > 0 {
-					cell += fmt.Sprintf(" (%.2f)", bn/bd)
+				if b := rate(q.boundNum, "postgres", q.boundDen, "postgres", c); b > 0 {
+					text += fmt.Sprintf(" (%.2f)", b)
 				}
 			}
-			cells = append(cells, cell)
+			cells = append(cells, text)
 		}
 		if !any {
 			continue
