@@ -60,7 +60,6 @@ import (
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
-// row is one line of the table.
 // cell is one scenario on one backend at one concurrency: a line of the
 // table, run once a repetition.
 type cell struct {
@@ -68,6 +67,7 @@ type cell struct {
 	c              int
 }
 
+// row is one line of the table.
 type row struct {
 	id, label, backend string
 	c                  int
@@ -561,11 +561,11 @@ func pairedRatio(num, den []row) float64 {
 		return 0
 	}
 	slices.Sort(rs)
-	if m := len(rs) / 2; len(rs)%2 == 0 {
+	m := len(rs) / 2
+	if len(rs)%2 == 0 {
 		return (rs[m-1] + rs[m]) / 2
-	} else {
-		return rs[m]
 	}
+	return rs[m]
 }
 
 func cmpFloat(a, b float64) int {
