@@ -80,6 +80,7 @@ type options struct {
 	repeat       int
 	concurrency  []int
 	only         map[string]bool
+	backends     map[string]bool
 	pgbench      string
 	cpuProfile   string
 	memProfile   string
@@ -101,11 +102,12 @@ type options struct {
 
 func main() {
 	var o options
-	var conc, only string
+	var conc, only, backends string
 	flag.IntVar(&o.n, "n", 2000, "messages per run")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs per scenario and concurrency; the table shows the run with the median throughput")
 	flag.StringVar(&conc, "c", "1,4,16", "comma-separated handler concurrencies")
 	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (A,B,C,N,R,W,D,E,F,G,P,M; M is A and B on RabbitMQ, NATS JetStream and Kafka, N and R are B and C with the adaptive read off and with ReadFirst, P is A, B and G over a pool of -pool connections at -pool-c); default all")
+	flag.StringVar(&backends, "backends", "", "comma-separated backends to run (postgres, pgx, sqlite, mariadb, redis+pg, rabbitmq, nats, kafka); default all. The database/sql and pgx pools each keep up to the largest -c + 4 connections: where the two exceed PostgreSQL's max_connections (at -c 64 against the default 100), run postgres and pgx apart")
 	flag.StringVar(&o.pgbench, "pgbench", "/usr/bin/pgbench", "path of pgbench (scenario F); skipped if missing")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile at the end to this file")
@@ -135,6 +137,12 @@ func main() {
 		o.only = map[string]bool{}
 		for _, s := range strings.Split(only, ",") {
 			o.only[strings.ToUpper(strings.TrimSpace(s))] = true
+		}
+	}
+	if backends != "" {
+		o.backends = map[string]bool{}
+		for _, s := range strings.Split(backends, ",") {
+			o.backends[strings.ToLower(strings.TrimSpace(s))] = true
 		}
 	}
 	if o.n < 1 || o.repeat < 1 {
@@ -478,8 +486,10 @@ func runComparison(ctx context.Context, o options, w io.Writer) error {
 	for rep := range o.repeat {
 		for _, c := range concurrency {
 			for _, s := range scenarios {
-				// P runs at -pool-c alone; the others at every -c.
-				if !want(s.id) || (s.id == "P" && c != o.poolC) || (s.id != "P" && !slices.Contains(o.concurrency, c)) {
+				// P runs at -pool-c alone, the others at every -c; -backends
+				// leaves the others out.
+				if !want(s.id) || (o.backends != nil && !o.backends[s.backend]) ||
+					(s.id == "P" && c != o.poolC) || (s.id != "P" && !slices.Contains(o.concurrency, c)) {
 					continue
 				}
 				if err := ctx.Err(); err != nil {
