@@ -133,18 +133,8 @@ func main() {
 		}
 		o.concurrency = append(o.concurrency, c)
 	}
-	if only != "" {
-		o.only = map[string]bool{}
-		for _, s := range strings.Split(only, ",") {
-			o.only[strings.ToUpper(strings.TrimSpace(s))] = true
-		}
-	}
-	if backends != "" {
-		o.backends = map[string]bool{}
-		for _, s := range strings.Split(backends, ",") {
-			o.backends[strings.ToLower(strings.TrimSpace(s))] = true
-		}
-	}
+	o.only = commaSet(only, strings.ToUpper)
+	o.backends = commaSet(backends, strings.ToLower)
 	if o.n < 1 || o.repeat < 1 {
 		fatalf("-n and -repeat must be positive")
 	}
@@ -256,6 +246,19 @@ func configurePool(db *sql.DB, conc []int) {
 	m := slices.Max(conc) + 4
 	db.SetMaxOpenConns(m)
 	db.SetMaxIdleConns(m)
+}
+
+// commaSet is the set of the comma-separated names in list, each trimmed
+// and put through norm; nil for an empty list (no filter).
+func commaSet(list string, norm func(string) string) map[string]bool {
+	if list == "" {
+		return nil
+	}
+	set := map[string]bool{}
+	for _, s := range strings.Split(list, ",") {
+		set[norm(strings.TrimSpace(s))] = true
+	}
+	return set
 }
 
 func runComparison(ctx context.Context, o options, w io.Writer) error {
