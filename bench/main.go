@@ -640,7 +640,7 @@ func fmtDur(d time.Duration) string {
 // repetitions, can say 0.81 where the three pairs say 0.81, 1.16 and
 // 1.00 (G ÷ B at c = 1, where G runs B's code).
 func printRatios(w io.Writer, runs map[cell][]row, conc []int, ratios []ratio) {
-	rate := func(num, numBackend, den, denBackend string, c int) float64 {
+	ratioAt := func(num, numBackend, den, denBackend string, c int) float64 {
 		return pairedRatio(runs[cell{num, numBackend, c}], runs[cell{den, denBackend, c}])
 	}
 	fmt.Fprintln(w)
@@ -655,7 +655,7 @@ func printRatios(w io.Writer, runs map[cell][]row, conc []int, ratios []ratio) {
 		var cells []string
 		any := false
 		for _, c := range conc {
-			r := rate(q.num, q.numBackend, q.den, q.denBackend, c)
+			r := ratioAt(q.num, q.numBackend, q.den, q.denBackend, c)
 			if r == 0 {
 				cells = append(cells, "-")
 				continue
@@ -663,7 +663,7 @@ func printRatios(w io.Writer, runs map[cell][]row, conc []int, ratios []ratio) {
 			any = true
 			text := fmt.Sprintf("%.2f", r)
 			if q.boundNum != "" {
-				if b := rate(q.boundNum, "postgres", q.boundDen, "postgres", c); b > 0 {
+				if b := ratioAt(q.boundNum, "postgres", q.boundDen, "postgres", c); b > 0 {
 					text += fmt.Sprintf(" (%.2f)", b)
 				}
 			}
