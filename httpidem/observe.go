@@ -5,9 +5,11 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/watermill-idempotent/internal/fanout"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
@@ -20,6 +22,7 @@ type observation struct {
 	start    time.Time
 	claimed  time.Duration // until the handler started; 0: it did not
 	observer middleware.Observer
+	logger   watermill.LoggerAdapter
 }
 
 // begin starts observing a request: its context continues the span in
@@ -33,9 +36,10 @@ func (m *Idempotency) begin(r *http.Request, route string) (*observation, contex
 	o := &observation{
 		d:        middleware.Delivery{Consumer: m.config.Namespace, Mode: "http", HTTPRoute: route},
 		observer: m.config.Observer,
+		logger:   m.config.Logger,
 	}
 	if s, ok := o.observer.(middleware.DeliveryStarter); ok {
-		ctx = s.StartDelivery(ctx, o.d)
+		ctx = fanout.Started(ctx, s, o.d, middleware.DeliveryStarter.StartDelivery, o.logger, o.fields())
 	}
 	o.start = time.Now()
 	return o, ctx
@@ -55,6 +59,10 @@ func (o *observation) end(ctx context.Context, outcome middleware.Outcome, statu
 		o.d.Claim = o.d.Total
 	}
 	if o.observer != nil {
-		o.observer.ObserveDelivery(ctx, o.d)
+		fanout.Reported(ctx, o.observer, o.d, middleware.Observer.ObserveDelivery, o.logger, o.fields())
 	}
+}
+
+func (o *observation) fields() watermill.LogFields {
+	return watermill.LogFields{"namespace": o.d.Consumer, "route": o.d.HTTPRoute, "key": o.d.Key, "outcome": string(o.d.Outcome)}
 }

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
+	"github.com/idemkit/watermill-idempotent/internal/backends"
 	"github.com/idemkit/watermill-idempotent/internal/tracetest"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
@@ -151,4 +152,23 @@ func (d *deliveries) counts() map[string]int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return maps.Clone(d.n)
+}
+
+// TestObserverPanicDoesNotFailTheRequest: an Observer panicking in
+// StartDelivery or ObserveDelivery changes nothing for the request: the
+// response is the handler's, then the replay.
+func TestObserverPanicDoesNotFailTheRequest(t *testing.T) {
+	for _, where := range []string{"start", "observe"} {
+		t.Run(where, func(t *testing.T) {
+			obs := &backends.Lifecycle{PanicOnStart: where == "start", PanicOnObserve: where == "observe"}
+			srv := server(t, memory.NewRepository(), newShop(), httpidem.Config{Observer: obs})
+			first := send(t, srv.Client(), srv.URL, request{"POST", "/orders", "alice", "k-1", `{"n":1}`})
+			require.Equal(t, http.StatusCreated, first.status)
+			again := send(t, srv.Client(), srv.URL, request{"POST", "/orders", "alice", "k-1", `{"n":1}`})
+			require.Equal(t, http.StatusCreated, again.status)
+			require.Equal(t, "true", again.header.Get(httpidem.HeaderReplayed))
+			require.Equal(t, 2, obs.Started())
+			require.Equal(t, []middleware.Outcome{middleware.OutcomeProcessed, middleware.OutcomeReplayed}, obs.Outcomes())
+		})
+	}
 }

@@ -157,6 +157,7 @@ type delivery struct {
 	existing *repository.Record // a duplicate: replay it
 	ran      ran                // what the handler left, once committed
 	err      error              // nil once committed
+	panicked any                // what the handler panicked with; err says so too
 }
 
 // handleInBatch is handle in batch mode: the delivery joins the next
@@ -186,7 +187,14 @@ func (i *Inbox) handleInBatch(h message.HandlerFunc, msg *message.Message) ([]*m
 	if obs.fields != nil && obs.d.Batch > 0 { // built only for a logger that writes it
 		fields = watermill.LogFields{"batch": obs.d.Batch}
 	}
-	return answer(ctx, obs, protocol.Answer{Kind: protocol.Ran, Err: d.err}, d.ran, fields)
+	out, err := answer(ctx, obs, protocol.Answer{Kind: protocol.Ran, Err: d.err}, d.ran, fields)
+	if d.panicked != nil {
+		// Raised on this delivery's own goroutine, once its batch has
+		// decided, as the plain inbox raises it: a Recoverer sees a
+		// handler's panic whatever the batch limit.
+		panic(d.panicked)
+	}
+	return out, err
 }
 
 // submit queues d and returns once d is done, leading batches when its
@@ -494,13 +502,11 @@ func claimAll(ctx context.Context, tx InboxTx, params []repository.ClaimParams) 
 // runOne runs d's handler on the shared transaction and stores its result
 // there, as handle does for a delivery of its own.
 func (b *batcher) runOne(tx InboxTx, d *delivery) (err error) {
-	original := d.msg.Context()
 	defer func() {
 		if r := recover(); r != nil {
-			d.msg.SetContext(original) // runHandler restores it only when the handler returns
 			// The panic stays this delivery's: the others of the batch
-			// run again without it.
-			err = fmt.Errorf("inbox: handler panicked: %v", r)
+			// run again without it, and handleInBatch raises it again.
+			d.panicked, err = r, fmt.Errorf("inbox: handler panicked: %v", r)
 		}
 	}()
 	r, result, err := b.inbox.runHandler(d.ctx, tx, d.h, d.msg, d.scope, d.key)

@@ -384,7 +384,11 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.
 	if a.Kind != protocol.Unclaimed {
 		rate.observe(a.Kind != protocol.Ran)
 	}
-	return answer(ctx, obs, a, r, nil)
+	out, err := answer(ctx, obs, a, r, nil)
+	if a.Panic != nil {
+		panic(a.Panic) // rolled back and reported: now for Recoverer or the process, as without the inbox
+	}
+	return out, err
 }
 
 // ran is what a handler that ran left: the messages for the router to
@@ -403,8 +407,10 @@ type ran struct {
 func (i *Inbox) runHandler(ctx context.Context, tx InboxTx, h message.HandlerFunc, msg *message.Message, scope, key string) (r ran, result []byte, err error) {
 	original := msg.Context()
 	msg.SetContext(withScope(withKey(tx.WithTx(withInboxTx(ctx)), key), scope))
-	out, err := h(msg)
-	msg.SetContext(original)
+	out, err := func() ([]*message.Message, error) {
+		defer msg.SetContext(original) // a panic too leaves the message as it came
+		return h(msg)
+	}()
 	r.stale = errors.Is(err, ErrStaleVersion)
 	if err != nil && !r.stale {
 		return ran{}, nil, err

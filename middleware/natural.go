@@ -106,8 +106,12 @@ func (n *NaturalKey) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		obs, ctx := n.obs.begin(msg, name)
 		original := msg.Context()
 		msg.SetContext(ctx)
-		out, err := h(msg)
+		out, panicked, err := runRecovered(h, msg)
 		msg.SetContext(original)
+		if panicked != nil {
+			_ = obs.end(ctx, OutcomeFailed, err, nil)
+			panic(panicked) // reported: now for Recoverer or the process, as without NaturalKey
+		}
 		switch {
 		case err == nil:
 			return out, obs.end(ctx, OutcomeProcessed, nil, nil)
@@ -120,4 +124,16 @@ func (n *NaturalKey) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		// The row is the marker: acknowledged; the error is only logged.
 		return nil, obs.end(ctx, OutcomeDuplicate, nil, watermill.LogFields{"err": err})
 	}
+}
+
+// runRecovered runs h, recovering its panic: panicked is what it
+// panicked with, and err says so.
+func runRecovered(h message.HandlerFunc, msg *message.Message) (out []*message.Message, panicked any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			out, panicked, err = nil, r, fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	out, err = h(msg)
+	return out, nil, err
 }

@@ -207,11 +207,11 @@ func (o observability) begin(msg *message.Message, scope string) (*observation, 
 		// there is none.
 		ctx = o.propagator.Extract(ctx, metadataCarrier(msg.Metadata))
 	}
-	if o.starter != nil {
-		ctx = o.starter.StartDelivery(ctx, obs.d)
-	}
 	if !o.quiet {
 		obs.fields = watermill.LogFields{"consumer": scope, "message_uuid": msg.UUID, "correlation_id": correlationID}
+	}
+	if o.starter != nil {
+		ctx = fanout.Started(ctx, o.starter, obs.d, DeliveryStarter.StartDelivery, o.logger, obs.fields)
 	}
 	obs.start = time.Now()
 	return obs, ctx
@@ -257,7 +257,7 @@ func (obs *observation) end(ctx context.Context, outcome Outcome, err error, ext
 		obs.log(outcome, err, extra)
 	}
 	if obs.observer != nil {
-		obs.observer.ObserveDelivery(ctx, obs.d)
+		fanout.Reported(ctx, obs.observer, obs.d, Observer.ObserveDelivery, obs.logger, obs.fields)
 	}
 	return err
 }

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/idemkit/watermill-idempotent/internal/fanout"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -40,20 +43,29 @@ const modeOnce = "once"
 // key, reported to observer. Otherwise it starts the call with
 // observer's DeliveryStarter, if any, and returns the context the call
 // runs in.
-func begin(ctx context.Context, observer middleware.Observer, scope, key string, noFunc bool) (context.Context, error) {
+func (c calls) begin(ctx context.Context, key string, noFunc bool) (context.Context, error) {
 	if noFunc {
 		return ctx, errNilFunc
 	}
-	if s, ok := observer.(middleware.DeliveryStarter); ok {
-		ctx = s.StartDelivery(ctx, middleware.Delivery{Consumer: scope, Mode: modeOnce, Key: key})
+	if s, ok := c.observer.(middleware.DeliveryStarter); ok {
+		ctx = fanout.Started(ctx, s, middleware.Delivery{Consumer: c.scope, Mode: modeOnce, Key: key}, middleware.DeliveryStarter.StartDelivery, c.logger, c.fields(key))
 	}
 	if key == "" {
-		if observer != nil {
-			observer.ObserveDelivery(ctx, middleware.Delivery{Consumer: scope, Mode: modeOnce, Outcome: middleware.OutcomeNoKey, Err: ErrNoKey})
-		}
+		c.report(ctx, middleware.Delivery{Consumer: c.scope, Mode: modeOnce, Outcome: middleware.OutcomeNoKey, Err: ErrNoKey})
 		return ctx, ErrNoKey
 	}
 	return ctx, nil
+}
+
+// report tells the observer, if any, how a call ended.
+func (c calls) report(ctx context.Context, d middleware.Delivery) {
+	if c.observer != nil {
+		fanout.Reported(ctx, c.observer, d, middleware.Observer.ObserveDelivery, c.logger, c.fields(d.Key))
+	}
+}
+
+func (c calls) fields(key string) watermill.LogFields {
+	return watermill.LogFields{"scope": c.scope, "key": key}
 }
 
 // checkScope tells why scope cannot be stored as a consumer, or nil.
@@ -71,13 +83,11 @@ func checkScope(field, scope string) error {
 // ran, the stored one when a completed call is replayed, or the answer's
 // error. It reports the call to observer (if any) first. A panic of fn
 // goes on up.
-func result(ctx context.Context, observer middleware.Observer, start time.Time, scope, key string, a protocol.Answer) (Result, error) {
-	if observer != nil {
-		observer.ObserveDelivery(ctx, middleware.Delivery{
-			Consumer: scope, Mode: modeOnce, Key: key, Outcome: middleware.Outcome(a.Outcome()), Err: a.Err,
-			Claim: a.Claim, Total: time.Since(start),
-		})
-	}
+func (c calls) result(ctx context.Context, start time.Time, key string, a protocol.Answer) (Result, error) {
+	c.report(ctx, middleware.Delivery{
+		Consumer: c.scope, Mode: modeOnce, Key: key, Outcome: middleware.Outcome(a.Outcome()), Err: a.Err,
+		Claim: a.Claim, Total: time.Since(start),
+	})
 	if a.Panic != nil {
 		panic(a.Panic)
 	}
@@ -95,6 +105,7 @@ func result(ctx context.Context, observer middleware.Observer, start time.Time, 
 type calls struct {
 	scope    string
 	observer middleware.Observer
+	logger   watermill.LoggerAdapter
 }
 
 // do answers one call: it refuses a call without a key or a function
@@ -102,11 +113,11 @@ type calls struct {
 // the observer started it in and returns the answer's result (result).
 func (c calls) do(ctx context.Context, key string, noFunc bool, run func(ctx context.Context) protocol.Answer) (Result, error) {
 	start := time.Now()
-	ctx, err := begin(ctx, c.observer, c.scope, key, noFunc)
+	ctx, err := c.begin(ctx, key, noFunc)
 	if err != nil {
 		return Result{}, err
 	}
-	return result(ctx, c.observer, start, c.scope, key, run(ctx))
+	return c.result(ctx, start, key, run(ctx))
 }
 
 // keyCtx carries the key and scope of the running call to fn.

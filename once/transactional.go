@@ -89,7 +89,7 @@ func NewTransactional(config TxConfig) (*Transactional, error) {
 		return nil, err
 	}
 	return &Transactional{
-		calls: calls{config.Scope, config.Observer}, now: config.Now, retention: config.Retention,
+		calls: calls{config.Scope, config.Observer, config.Logger}, now: config.Now, retention: config.Retention,
 		tx: protocol.Transactional[protocol.SQLTx]{
 			Prefix: "once", Begin: protocol.BeginSQL(config.DB, config.TxOptions, config.Repository),
 		},

@@ -113,7 +113,7 @@ func NewTwoPhase(config Config) (*TwoPhase, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &TwoPhase{calls{config.Scope, config.Observer}, protocol.NewTwoPhase(config.protocol(), "Once", "once", true)}, nil
+	return &TwoPhase{calls{config.Scope, config.Observer, config.Logger}, protocol.NewTwoPhase(config.protocol(), "Once", "once", true)}, nil
 }
 
 // Do runs fn once per key, with no input fingerprint: DoInput(ctx, key,

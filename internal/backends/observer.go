@@ -3,6 +3,7 @@ package backends
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
@@ -36,3 +37,35 @@ func (d *Deliveries) Outcomes() []middleware.Outcome {
 	}
 	return out
 }
+
+// Lifecycle is a Deliveries that also starts each delivery
+// (middleware.DeliveryStarter) and counts the starts, so that a test can
+// check every started delivery ended. PanicOnStart and PanicOnObserve
+// make it panic in either call, after recording it, to check that an
+// observer's panic changes nothing for the delivery.
+type Lifecycle struct {
+	Deliveries
+	PanicOnStart, PanicOnObserve bool
+
+	started atomic.Int64
+}
+
+// StartDelivery implements middleware.DeliveryStarter.
+func (l *Lifecycle) StartDelivery(ctx context.Context, _ middleware.Delivery) context.Context {
+	l.started.Add(1)
+	if l.PanicOnStart {
+		panic("observer panics in StartDelivery")
+	}
+	return ctx
+}
+
+// ObserveDelivery implements middleware.Observer.
+func (l *Lifecycle) ObserveDelivery(ctx context.Context, d middleware.Delivery) {
+	l.Deliveries.ObserveDelivery(ctx, d)
+	if l.PanicOnObserve {
+		panic("observer panics in ObserveDelivery")
+	}
+}
+
+// Started is how many deliveries StartDelivery was called for.
+func (l *Lifecycle) Started() int { return int(l.started.Load()) }

@@ -8,7 +8,13 @@
 //	}
 package fanout
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
 
 // Report calls report for each of obs implementing P, in order. Nil
 // entries implement nothing.
@@ -42,3 +48,35 @@ func Any[P, O any](obs []O) bool {
 	}
 	return false
 }
+
+// Started calls start(s, ctx, v) and returns the context it returned; if
+// it panics, the panic is logged and ctx is returned: the delivery or
+// batch goes on without what the starter would have added. Entry points
+// start their deliveries and batches through it.
+func Started[S, V any](ctx context.Context, s S, v V, start func(S, context.Context, V) context.Context, logger watermill.LoggerAdapter, fields watermill.LogFields) context.Context {
+	started := ctx
+	if p := safely(func() { started = start(s, ctx, v) }); p != nil {
+		logger.Error("Observer panicked starting a delivery; it goes on without it", panicError(p), fields)
+		return ctx
+	}
+	return started
+}
+
+// Reported calls report(o, ctx, v); a panic is logged, not raised. An
+// observer that panics must not change what happens to what it reports:
+// a panic after a commit would make the broker redeliver a message whose
+// effects committed, on every redelivery and replay. Entry points report
+// their deliveries and batches through it.
+func Reported[O, V any](ctx context.Context, o O, v V, report func(O, context.Context, V), logger watermill.LoggerAdapter, fields watermill.LogFields) {
+	if p := safely(func() { report(o, ctx, v) }); p != nil {
+		logger.Error("Observer panicked reporting an outcome; the outcome stands", panicError(p), fields)
+	}
+}
+
+func safely(call func()) (panicked any) {
+	defer func() { panicked = recover() }()
+	call()
+	return nil
+}
+
+func panicError(p any) error { return fmt.Errorf("panic: %v\n%s", p, debug.Stack()) }

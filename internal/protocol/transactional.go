@@ -80,7 +80,9 @@ type Transactional[T Tx] struct {
 // Run claims p's key in a new transaction and, on a fresh claim, runs fn
 // in it, stores the result fn returns (nil: none) and commits. A
 // duplicate is answered with Duplicate. fn's error or panic, a failed
-// store or commit roll everything back (a panic goes on up).
+// store or commit roll everything back. A panic of fn is recovered and
+// returned in Answer.Panic (with an error in Err), so that the entry
+// point reports the call like any other before it re-raises the panic.
 func (t Transactional[T]) Run(ctx context.Context, p repository.ClaimParams, fn func(ctx context.Context, tx T) ([]byte, error)) Answer {
 	tx, claim, took, err := t.claim(ctx, p)
 	if err != nil {
@@ -98,7 +100,10 @@ func (t Transactional[T]) Run(ctx context.Context, p repository.ClaimParams, fn 
 		a.Claim = took
 		return a
 	}
-	result, err := fn(ctx, tx)
+	result, panicked, err := t.runFn(ctx, tx, fn)
+	if panicked != nil {
+		return Answer{Kind: Ran, Err: err, Panic: panicked, Claim: took}
+	}
 	if err == nil {
 		// The function's work is done: finish the bookkeeping even if the
 		// call is being cancelled, rather than throw that work away.
@@ -111,6 +116,18 @@ func (t Transactional[T]) Run(ctx context.Context, p repository.ClaimParams, fn 
 	}
 	committed = err == nil
 	return Answer{Kind: Ran, Err: err, Claim: took, Result: result}
+}
+
+// runFn runs fn on tx, recovering its panic: the deferred rollback in Run
+// then ends the transaction, and Run answers.
+func (t Transactional[T]) runFn(ctx context.Context, tx T, fn func(ctx context.Context, tx T) ([]byte, error)) (result []byte, panicked any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			panicked, err = r, fmt.Errorf("%s: handler panicked: %v", t.Prefix, r)
+		}
+	}()
+	result, err = fn(ctx, tx)
+	return result, nil, err
 }
 
 // Save stores result as the key's result in tx; nil stores nothing.
