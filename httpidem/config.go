@@ -121,9 +121,13 @@ type Config struct {
 	OnExpiredLease middleware.ExpiredLeasePolicy
 	// StoreTimeout bounds each store call of a request: the claim, every
 	// lease extension and every attempt to store the response or release
-	// the key. A hung call is abandoned after it, so the client is not
-	// kept waiting by it once the handler has returned. Default: Lease/3,
-	// as in middleware.TwoPhaseConfig. Must be shorter than Lease.
+	// the key. A hung call is abandoned after it, and a request waits for
+	// the store for at most about 2 × StoreTimeout besides the handler's
+	// time: storing the response (or releasing the key) goes on in the
+	// background after that (see Idempotency.Drain), and a store that
+	// does not answer the claim is a 503 within StoreTimeout. Default:
+	// Lease/3, as in middleware.TwoPhaseConfig. Must be shorter than
+	// Lease.
 	StoreTimeout time.Duration
 	// FinishRetry bounds how storing the response (and releasing the key
 	// after a response that is not stored) is retried after a store

@@ -28,6 +28,8 @@ type shop struct {
 	blocked  map[string]chan struct{} // ?block=name: entered signal
 	release  map[string]chan struct{}
 	panicked map[string]int // ?panic=name: panic on the first run only
+	// onServe, if set, runs at the start of every request.
+	onServe atomic.Pointer[func()]
 }
 
 func newShop() *shop {
@@ -46,6 +48,9 @@ func (s *shop) hold(name string) (entered <-chan struct{}, release func()) {
 }
 
 func (s *shop) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f := s.onServe.Load(); f != nil {
+		(*f)()
+	}
 	n := s.runs.Add(1)
 	body, _ := io.ReadAll(r.Body)
 	q := r.URL.Query()
@@ -90,6 +95,13 @@ func principal(r *http.Request) (string, error) {
 // server serves the shop behind the middleware configured by cfg.
 func server(t *testing.T, repo repository.TwoPhase, s *shop, cfg httpidem.Config) *httptest.Server {
 	t.Helper()
+	srv, _ := serverWith(t, repo, s, cfg)
+	return srv
+}
+
+// serverWith is server, also returning the middleware.
+func serverWith(t *testing.T, repo repository.TwoPhase, s *shop, cfg httpidem.Config) (*httptest.Server, *httpidem.Idempotency) {
+	t.Helper()
 	cfg.Repository = repo
 	if cfg.Namespace == "" {
 		cfg.Namespace = "orders-api"
@@ -111,7 +123,7 @@ func server(t *testing.T, repo repository.TwoPhase, s *shop, cfg httpidem.Config
 	mux.Handle("GET /orders", idem.Middleware(s))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	return srv
+	return srv, idem
 }
 
 type reply struct {

@@ -101,6 +101,13 @@ func New(config Config) (*Idempotency, error) {
 	return &Idempotency{config: config, once: o}, nil
 }
 
+// Drain waits until the store writes that earlier requests left running
+// in the background have ended, or ctx ends (its error then): a request
+// waits for the store for at most about 2 × StoreTimeout besides its
+// handler's time (see once.TwoPhase.Drain). Call it after the server has
+// shut down.
+func (m *Idempotency) Drain(ctx context.Context) error { return m.once.Drain(ctx) }
+
 // Middleware wraps next.
 func (m *Idempotency) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

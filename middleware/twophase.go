@@ -83,13 +83,17 @@ type TwoPhaseConfig struct {
 	// finds it with repository.Operator.ListStuck. Default:
 	// DefaultMaxResultBytes (1 MiB).
 	MaxResultBytes int
-	// StoreTimeout bounds each store call made while and after the handler
-	// runs: every lease extension and every Complete or Release attempt. A
-	// hung call is abandoned (its context cancelled) after it, so it can
-	// neither hold the delivery nor outlive the handler. Default: Lease/3
-	// (the default ExtendEvery; not a shorter ExtendEvery you set, which
-	// would leave a slow store no time to answer). Must be shorter than
-	// Lease.
+	// StoreTimeout bounds each store call: the claim, every lease
+	// extension and every Complete or Release attempt. A hung call is
+	// abandoned (its context cancelled) after it, so it can neither hold
+	// the delivery nor outlive the handler, and a claim that waited (on a
+	// lock, a slow store) comes back while its lease lasts. A delivery
+	// waits for the store for at most about 2 × StoreTimeout besides the
+	// handler's own time: a Complete or Release not answered by then goes
+	// on in the background (see Drain) and the delivery fails, to be
+	// redelivered. Default: Lease/3 (the default ExtendEvery; not a
+	// shorter ExtendEvery you set, which would leave a slow store no time
+	// to answer). Must be shorter than Lease.
 	StoreTimeout time.Duration
 	// FinishRetry bounds how Complete (and Release after a handler error)
 	// is retried after a store error. Default: see FinishRetry.
@@ -167,9 +171,19 @@ func NewTwoPhaseInbox(config TwoPhaseConfig) (*TwoPhaseInbox, error) {
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
 		obs:    newObservability("two-phase", config.Logger, config.Observer),
-		proto:  protocol.NewTwoPhase(config.protocol(), "Inbox", "inbox", false),
+		proto:  protocol.NewTwoPhase(config.protocol(), "Inbox", "inbox"),
 	}, nil
 }
+
+// Drain waits until the store writes that earlier deliveries left
+// running in the background have ended, or ctx ends (its error then). A
+// delivery waits for the store for at most about 2 × StoreTimeout
+// besides the handler's own time; a Complete or Release the store has
+// not answered by then goes on in the background, retried as
+// FinishRetry allows, and the delivery fails (the broker redelivers; the
+// copy finds the key in progress, then completed). Call Drain after the
+// router has stopped, before the process exits.
+func (i *TwoPhaseInbox) Drain(ctx context.Context) error { return i.proto.Leases.Drain(ctx) }
 
 // Middleware wraps h; add it to a router or a single handler.
 func (i *TwoPhaseInbox) Middleware(h message.HandlerFunc) message.HandlerFunc {

@@ -17,7 +17,9 @@ import "time"
 // 0.4, 0.8 and 1.6 s, then 2 s four times) plus the attempts themselves,
 // each bounded by TwoPhaseConfig.StoreTimeout: long enough to ride out a
 // connection pool reconnecting after its connections were cut, or a
-// database failing over, and well inside the default 30 s lease.
+// database failing over, and well inside the default 30 s lease. The
+// delivery waits for the first 2 × StoreTimeout of them (at least one
+// attempt); the rest go on in the background (TwoPhaseInbox.Drain).
 type FinishRetry struct {
 	// MaxAttempts is the most calls, the first included; 1 turns retrying
 	// off. Default: 10.

@@ -219,18 +219,21 @@ func TestTwoPhaseFinishRetryConfig(t *testing.T) {
 // committed but answered with a connection error would leave the key in
 // progress with nobody working on it — busy until the lease expired, then
 // poisoned under Intervene although the effect never ran. The attempt
-// releases it (fenced by its owner), so the redelivery runs at once.
+// releases it (fenced by its owner) in the background, without holding
+// the delivery, so the redelivery runs once that is done.
 func TestTwoPhaseAcquireWhoseAnswerWasLostIsReleased(t *testing.T) {
 	forEachLeaseStore(t, func(t *testing.T, real leaseRepo) {
 		repo := &flakyRepo{leaseRepo: real, dead: unreachable(t)}
 		repo.failAcquire.Store(1)
 		api, runs := &paymentAPI{}, &atomic.Int64{}
-		mw := newTwoPhase(t, repo, fastRetry).Middleware(chargeAPI(api, runs))
+		inbox := newTwoPhase(t, repo, fastRetry)
+		mw := inbox.Middleware(chargeAPI(api, runs))
 		msg := message.NewMessage(watermill.NewUUID(), []byte("p"))
 
 		_, err := mw(msg)
 		require.Error(t, err)
 		require.False(t, middleware.IsPermanent(err))
+		require.NoError(t, inbox.Drain(t.Context()))
 		_, err = real.Get(t.Context(), "payments", msg.UUID)
 		require.ErrorIs(t, err, repository.ErrNotFound, "the unanswered claim is released")
 

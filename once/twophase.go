@@ -41,7 +41,11 @@ type Config struct {
 	// StoreTimeout bounds each store call: the claim, every lease
 	// extension and every Complete or Release attempt. A hung call is
 	// abandoned (its context cancelled) after it, so it can neither hold
-	// Do nor outlive fn. Default: Lease/3, as in
+	// Do nor outlive fn. Do waits for the store for at most about 2 ×
+	// StoreTimeout besides fn's own time: a Complete or Release not
+	// answered by then goes on in the background (see Drain), and Do
+	// returns an error (a retry finds the key in progress, then
+	// completed). Default: Lease/3, as in
 	// middleware.TwoPhaseConfig (not a shorter ExtendEvery you set, which
 	// would leave a slow store no time to answer). Must be shorter than
 	// Lease.
@@ -113,8 +117,16 @@ func NewTwoPhase(config Config) (*TwoPhase, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &TwoPhase{calls{config.Scope, config.Observer, config.Logger}, protocol.NewTwoPhase(config.protocol(), "Once", "once", true)}, nil
+	return &TwoPhase{calls{config.Scope, config.Observer, config.Logger}, protocol.NewTwoPhase(config.protocol(), "Once", "once")}, nil
 }
+
+// Drain waits until the store writes that earlier calls left running in
+// the background have ended, or ctx ends (its error then). A call waits
+// for the store for at most about 2 × StoreTimeout besides fn's own
+// time; a Complete or Release the store has not answered by then goes
+// on in the background, retried as FinishRetry allows. Call Drain before
+// the process exits, so that a result already computed is stored.
+func (o *TwoPhase) Drain(ctx context.Context) error { return o.proto.Leases.Drain(ctx) }
 
 // Do runs fn once per key, with no input fingerprint: DoInput(ctx, key,
 // nil, fn).
@@ -153,8 +165,10 @@ func (o *TwoPhase) Do(ctx context.Context, key string, fn Func) (Result, error) 
 //     lost meanwhile) is the store's error returned — fn's effect
 //     happened, and the key stays in progress until its lease expires.
 //
-// Every store call is bounded by StoreTimeout; when fn returns, a lease
-// extension in flight is abandoned, so Do returns without waiting for it.
+// Every store call is bounded by StoreTimeout, and Do waits for the
+// store for at most about 2 × StoreTimeout besides fn's time (see
+// StoreTimeout); when fn returns, a lease extension in flight is
+// abandoned, so Do returns without waiting for it.
 // An empty key is ErrNoKey.
 func (o *TwoPhase) DoInput(ctx context.Context, key string, input []byte, fn Func) (Result, error) {
 	return o.do(ctx, key, fn == nil, func(ctx context.Context) protocol.Answer {

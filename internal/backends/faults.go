@@ -61,3 +61,70 @@ func (f *Faulty) Extend(ctx context.Context, p repository.LeaseParams) error {
 	}
 	return f.TwoPhase.Extend(ctx, p)
 }
+
+// Hanging wraps a real backend; while Hang is set, every call waits
+// until its context ends and returns its error, as a store that stops
+// answering (a partition, a frozen server) does to a client that bounds
+// its calls. Calls counts the calls that hung.
+type Hanging struct {
+	TwoPhase
+	Hang  atomic.Bool
+	Calls atomic.Int64
+}
+
+func (h *Hanging) hang(ctx context.Context) error {
+	if !h.Hang.Load() {
+		return nil
+	}
+	h.Calls.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// Acquire hangs while Hang is set.
+func (h *Hanging) Acquire(ctx context.Context, p repository.AcquireParams) (repository.Acquisition, error) {
+	if err := h.hang(ctx); err != nil {
+		return repository.Acquisition{}, err
+	}
+	return h.TwoPhase.Acquire(ctx, p)
+}
+
+// Reclaim hangs while Hang is set.
+func (h *Hanging) Reclaim(ctx context.Context, p repository.ReclaimParams) (repository.Record, error) {
+	if err := h.hang(ctx); err != nil {
+		return repository.Record{}, err
+	}
+	return h.TwoPhase.Reclaim(ctx, p)
+}
+
+// Extend hangs while Hang is set.
+func (h *Hanging) Extend(ctx context.Context, p repository.LeaseParams) error {
+	if err := h.hang(ctx); err != nil {
+		return err
+	}
+	return h.TwoPhase.Extend(ctx, p)
+}
+
+// Complete hangs while Hang is set.
+func (h *Hanging) Complete(ctx context.Context, p repository.CompleteParams) error {
+	if err := h.hang(ctx); err != nil {
+		return err
+	}
+	return h.TwoPhase.Complete(ctx, p)
+}
+
+// Release hangs while Hang is set.
+func (h *Hanging) Release(ctx context.Context, p repository.LeaseParams) error {
+	if err := h.hang(ctx); err != nil {
+		return err
+	}
+	return h.TwoPhase.Release(ctx, p)
+}
+
+// Get hangs while Hang is set.
+func (h *Hanging) Get(ctx context.Context, consumer, key string) (repository.Record, error) {
+	if err := h.hang(ctx); err != nil {
+		return repository.Record{}, err
+	}
+	return h.TwoPhase.Get(ctx, consumer, key)
+}
