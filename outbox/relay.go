@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/settings"
@@ -24,6 +23,7 @@ const (
 	DefaultBatchSize           = 500
 	DefaultMaxBatchBytes       = 16 << 20
 	DefaultMaxAttempts         = 10
+	DefaultMinRefusalSpan      = 5 * time.Minute
 	DefaultCloseTimeout        = 30 * time.Second
 	DefaultPollInterval        = 100 * time.Millisecond
 	DefaultNotifyPollInterval  = time.Second
@@ -64,10 +64,25 @@ type RelayConfig struct {
 	MaxBatchBytes int
 	// MaxAttempts is how many failed publishes are charged to a row
 	// before it is moved to the dead-letter table (see ForwardBatch for
-	// when a failure is charged; a presumed publisher outage is not).
-	// Rows whose metadata cannot be decoded are moved at once. Default:
-	// DefaultMaxAttempts (10).
+	// when a failure is charged; a refusal while the row's topic accepts
+	// nothing else is not). Rows whose metadata cannot be decoded are
+	// moved at once. Default: DefaultMaxAttempts (10).
 	MaxAttempts int
+	// MinRefusalSpan is the least time from the first refused Publish
+	// call that held a row to the refusal that moves it to the
+	// dead-letter table, when that refusal's error is not known to be
+	// permanent (IsPermanent). A row's charges say its topic accepted
+	// other messages while the row was refused; they do not say the row
+	// is to blame rather than its partition (a Kafka leader election,
+	// a broker restarting behind a load balancer), which a refusal
+	// outlasting such events does. A row charged MaxAttempts-1 times
+	// waits for the span without further charges (Run backs off
+	// meanwhile); a row refused with a permanent error does not wait.
+	// Default: DefaultMinRefusalSpan (5 minutes): longer than leader
+	// elections and rolling restarts, short enough that a poison row
+	// refused with an error no one classified is set aside within
+	// minutes (it holds back no other row meanwhile).
+	MinRefusalSpan time.Duration
 	// IsPermanent reports whether a Publish error means the message can
 	// never be published (over the broker's size limit, an invalid
 	// topic), so the row is charged the attempt even when the publisher
@@ -144,6 +159,7 @@ func (c *RelayConfig) setDefaults() {
 	settings.Default(&c.BatchSize, DefaultBatchSize)
 	settings.Default(&c.MaxBatchBytes, DefaultMaxBatchBytes)
 	settings.Default(&c.MaxAttempts, DefaultMaxAttempts)
+	settings.Default(&c.MinRefusalSpan, DefaultMinRefusalSpan)
 	settings.Default(&c.CloseTimeout, DefaultCloseTimeout)
 	if c.PollInterval == 0 {
 		if c.notify() {
@@ -189,6 +205,7 @@ func (c RelayConfig) Validate() error {
 	}
 	errs = append(errs, settings.Positive("RelayConfig.MaxBatchBytes", c.MaxBatchBytes))
 	errs = append(errs, settings.Positive("RelayConfig.MaxAttempts", c.MaxAttempts))
+	errs = append(errs, settings.Positive("RelayConfig.MinRefusalSpan", c.MinRefusalSpan))
 	errs = append(errs, settings.Positive("RelayConfig.CloseTimeout", c.CloseTimeout))
 	errs = append(errs, settings.Positive("RelayConfig.PollInterval", c.PollInterval))
 	errs = append(errs, settings.Positive("RelayConfig.RetryInterval", c.RetryInterval))
@@ -229,8 +246,11 @@ type Relay struct {
 	deadLetterTable string
 	logger          watermill.LoggerAdapter
 
-	// mode is the publishMode the last batch left for the next.
-	mode atomic.Int32
+	// hist is what the relay's batches learnt about each topic and the
+	// rows refused, for the next ones.
+	hist *history
+	// moveFailures rate-limits the log of failed dead-letter moves.
+	moveFailures moveFailureLog
 
 	stop    chan struct{} // closed by Close
 	mu      sync.Mutex
@@ -266,6 +286,7 @@ func NewRelayOn(db sqlexec.DB, publisher message.Publisher, config RelayConfig) 
 		d:               newDialect(config.Dialect, config.Table),
 		deadLetterTable: DeadLetterTableName(config.Table),
 		logger:          config.Logger.With(watermill.LogFields{"outbox_table": config.Table}),
+		hist:            newHistory(max(10*config.MaxRetryInterval, config.MinRefusalSpan)),
 		stop:            make(chan struct{}),
 	}, nil
 }
@@ -360,6 +381,12 @@ func (r *Relay) loop(ctx, batchCtx context.Context, wake <-chan struct{}) {
 			r.wait(ctx, pause, nil)
 		case res.progressed():
 			failures = 0
+		case res.failedMoves > 0:
+			// All the batch did was fail to move rows to the dead-letter
+			// table: they come back in the next batch. Back off as after a
+			// failed batch; the failures are logged apart, rate-limited.
+			failures++
+			r.wait(ctx, r.retryPause(failures), nil)
 		default:
 			failures = 0
 			r.wait(ctx, r.config.PollInterval, wake)
