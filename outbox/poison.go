@@ -113,6 +113,9 @@ type topicHistory struct {
 
 // refusedRow is a row some refused Publish call held.
 type refusedRow struct {
+	// uuid tells the row from a later one given the same id (MySQL's
+	// TRUNCATE restarts AUTO_INCREMENT): that one inherits nothing.
+	uuid  string
 	first refusal   // the first refused call that held it
 	seen  time.Time // the last batch that held it
 }
@@ -192,7 +195,9 @@ func newBatchPublish(publisher message.Publisher, permanent func(error) bool, hi
 	hist.mu.Lock()
 	defer hist.mu.Unlock()
 	for i, row := range rows {
-		p.first[i] = hist.refused[row.id].first
+		if r, ok := hist.refused[row.id]; ok && r.uuid == row.msg.UUID {
+			p.first[i] = r.first
+		}
 		if row.undecodable != nil {
 			continue
 		}
@@ -272,7 +277,7 @@ func (p *batchPublish) outcome() publishOutcome {
 				held = append(held, i)
 			}
 			if p.first[i].call != 0 {
-				h.refused[id] = refusedRow{first: p.first[i], seen: now}
+				h.refused[id] = refusedRow{uuid: p.rows[i].msg.UUID, first: p.first[i], seen: now}
 			}
 		}
 		next := modeIsolate

@@ -148,7 +148,11 @@ func TestTopicOutageWhileAnotherFlowsDeadLettersNothing(t *testing.T) {
 			b.write(t, "orders", message.NewMessage(fmt.Sprintf("ord-%02d", i), []byte{byte(i)}))
 			s.rec.waitDistinct(t, i+1, 30*time.Second) // the order, while every invoice so far is refused
 		}
-		poll(t, 30*time.Second, "the relay to retry the invoices", func() bool { return pub.refusedCalls("invoices") >= 2*n })
+		// An order is recorded before its batch commits: wait for the
+		// commit, and for the relay to retry the invoices some more.
+		poll(t, 30*time.Second, "the orders acknowledged and the invoices retried", func() bool {
+			return b.outboxRows(t) <= n && pub.refusedCalls("invoices") >= 2*n
+		})
 		outage := time.Since(start)
 		require.Zero(t, b.deadLetterCount(t), "an invoices outage dead-lettered invoices while orders flowed")
 		require.Equal(t, n, b.outboxRows(t), "the invoices wait in the outbox")

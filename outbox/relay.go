@@ -63,34 +63,39 @@ type RelayConfig struct {
 	// row still goes, alone. Default: DefaultMaxBatchBytes (16 MiB).
 	MaxBatchBytes int
 	// MaxAttempts is how many failed publishes are charged to a row
-	// before it is moved to the dead-letter table (see ForwardBatch for
-	// when a failure is charged; a refusal while the row's topic accepts
-	// nothing else is not). Rows whose metadata cannot be decoded are
-	// moved at once. Default: DefaultMaxAttempts (10).
+	// before it is moved to the dead-letter table. A refusal is charged
+	// when its error is permanent (IsPermanent), or when the row's topic
+	// accepted another message after the row was first refused; a
+	// refusal while the topic accepts nothing is not, so a topic outage
+	// charges nothing however long it lasts (see ForwardBatch). Rows
+	// whose metadata cannot be decoded are moved at once. Default:
+	// DefaultMaxAttempts (10).
 	MaxAttempts int
 	// MinRefusalSpan is the least time from the first refused Publish
 	// call that held a row to the refusal that moves it to the
 	// dead-letter table, when that refusal's error is not known to be
-	// permanent (IsPermanent). A row's charges say its topic accepted
-	// other messages while the row was refused; they do not say the row
-	// is to blame rather than its partition (a Kafka leader election,
-	// a broker restarting behind a load balancer), which a refusal
+	// permanent. A row's charges show that its topic accepted other
+	// messages while the row was refused; they do not show that the row
+	// is to blame rather than its partition (a Kafka leader election, a
+	// broker restarting behind a load balancer), which a refusal
 	// outlasting such events does. A row charged MaxAttempts-1 times
 	// waits for the span without further charges (Run backs off
-	// meanwhile); a row refused with a permanent error does not wait.
-	// Default: DefaultMinRefusalSpan (5 minutes): longer than leader
-	// elections and rolling restarts, short enough that a poison row
-	// refused with an error no one classified is set aside within
-	// minutes (it holds back no other row meanwhile).
+	// meanwhile, and the row holds back no other); a row refused with a
+	// permanent error does not wait. Default: DefaultMinRefusalSpan (5
+	// minutes): longer than leader elections and rolling restarts, short
+	// enough that a poison row refused with an error nobody classified
+	// is set aside within minutes.
 	MinRefusalSpan time.Duration
 	// IsPermanent reports whether a Publish error means the message can
 	// never be published (over the broker's size limit, an invalid
-	// topic), so the row is charged the attempt even when the publisher
-	// accepted nothing else and reaches the dead-letter table in a quiet
+	// topic), so the row is charged the attempt even when its topic
+	// accepted nothing else, and is moved at MaxAttempts without waiting
+	// for MinRefusalSpan: it reaches the dead-letter table in a quiet
 	// outbox. It sees the publisher's error as returned, once per row
 	// refused alone. Return false for anything that may be the broker's
-	// (a refused connection, a timeout, an authorization failure): a
-	// wrong true dead-letters healthy messages during an outage.
+	// (a refused connection, a timeout, a leader election, an
+	// authorization failure): a wrong true dead-letters healthy messages
+	// during an outage.
 	// Watermill's publishers return the client library's errors wrapped,
 	// so errors.Is finds them:
 	//
@@ -297,7 +302,8 @@ func NewRelayOn(db sqlexec.DB, publisher message.Publisher, config RelayConfig) 
 // PollInterval. A failed batch is logged, reported to Observer and retried
 // after RetryInterval, doubled after each further failed batch that wrote
 // nothing up to MaxRetryInterval: database or broker outages do not end
-// Run, and cost it a bounded number of attempts.
+// Run, and cost it a bounded number of attempts. A batch that did nothing
+// but fail to move rows to the dead-letter table backs off the same way.
 //
 // Run returns nil after Close, ctx's error when ctx ends, ErrRelayClosed
 // if the relay was closed before, and an error if Run is already running.
