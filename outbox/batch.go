@@ -56,7 +56,9 @@ type claimedRow struct {
 //   - RelayConfig.IsPermanent says the error is permanent, or
 //   - its topic accepted a message after the first refused call that
 //     held the row, in this batch or an earlier one of this relay: the
-//     topic works, so the failure is the row's.
+//     topic works, so the failure is the row's, or
+//   - it was charged before (its attempts are not 0), by this relay or
+//     another: that evidence outlives a relay's memory.
 //
 // Otherwise the row is charged nothing: its topic may be down. A topic
 // that accepted nothing in a batch and refused such a row is presumed
@@ -82,8 +84,9 @@ type claimedRow struct {
 // minute. If ctx ends or the commit fails, nothing is acknowledged or
 // charged and everything claimed is published again later. What the
 // relay learnt about topics is its own: a restarted relay, or a replica,
-// starts without it, which delays a charge, never hastens one. See
-// docs/outbox.md.
+// starts without it, which delays a charge (on a quiet topic, of a row
+// never charged, until another row of its topic goes out) and never
+// hastens one. See docs/outbox.md.
 func (r *Relay) ForwardBatch(ctx context.Context) (int, error) {
 	res, err := r.forwardBatch(ctx)
 	return len(res.lag), err

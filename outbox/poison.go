@@ -86,9 +86,11 @@ type refusal struct {
 // its poison-row policy weighs. Each topic is a destination of its own —
 // a message accepted on one says nothing about another's broker,
 // partition or leader — so the memory is kept per topic, and per row the
-// first refused call that held it. It is the relay value's own: a
-// restarted relay, or a replica that did not see a topic accept, lacks
-// evidence and charges later, never sooner.
+// first refused call that held it. It is the relay value's own; what
+// outlives it is a row's attempts column, so a row once charged stays
+// suspect. A restarted relay, or a replica, lacks the rest: it charges
+// later, never sooner, and times MinRefusalSpan from its own first
+// refusal of the row.
 type history struct {
 	calls atomic.Uint64 // numbers every Publish call as it returns
 	// forgetAfter is how long a row or topic missing from every batch
@@ -245,10 +247,11 @@ func (p *batchPublish) run() publishOutcome {
 
 // outcome charges the failed rows, picks each topic's next mode and
 // records both in the history. A row is charged when its own error is
-// permanent, or when its topic accepted a message after the row was
-// first refused (then the topic works and the failure is the row's). A
-// topic that accepted nothing in the batch and holds a refused row it
-// has no evidence against is presumed down.
+// permanent, when its topic accepted a message after the row was first
+// refused (then the topic works and the failure is the row's), or when
+// it was charged before: its attempts column keeps that evidence across
+// restarts and replicas. A topic that accepted nothing in the batch and
+// holds a refused row it has no evidence against is presumed down.
 func (p *batchPublish) outcome() publishOutcome {
 	var out publishOutcome
 	var errs []error
@@ -269,7 +272,7 @@ func (p *batchPublish) outcome() publishOutcome {
 				delete(h.refused, id)
 				continue
 			case p.state[i] != rowFailed:
-			case p.perm[i] || accepted > p.first[i].call:
+			case p.perm[i] || accepted > p.first[i].call || p.rows[i].attempts > 0:
 				out.charge = append(out.charge, i)
 				failed = append(failed, i)
 			default:

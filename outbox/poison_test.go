@@ -315,6 +315,22 @@ func TestLoneRowWaitsForItsTopicToAcceptAnother(t *testing.T) {
 	require.Len(t, out.charge, 1, "charged alone now")
 }
 
+// A row charged before — by another relay, or by this one before a
+// restart — stays suspect: its attempts column is the evidence that
+// outlives a relay's memory.
+func TestAChargedRowStaysSuspectAcrossRelays(t *testing.T) {
+	pub := &scripted{refuse: map[string]error{"poison": errUnknown}}
+	rs := rows("poison")
+	_, out := batch(pub, withMode(modeIsolate), rs)
+	require.Empty(t, out.charge, "never charged: no evidence")
+	rs[0].attempts = 1
+	h := newHistory(time.Hour) // a fresh relay
+	_, out = batch(pub, h, rs)
+	require.Empty(t, out.charge, "a plain run names no row")
+	_, out = batch(pub, h, rs)
+	require.Equal(t, []int{0}, out.charge, "charged before: a fresh relay charges it")
+}
+
 // A charged row at MaxAttempts is moved at once for a permanent error,
 // and for an unknown one only when its refusals span minSpan; until then
 // it is neither moved nor charged again.

@@ -64,10 +64,11 @@ type RelayConfig struct {
 	MaxBatchBytes int
 	// MaxAttempts is how many failed publishes are charged to a row
 	// before it is moved to the dead-letter table. A refusal is charged
-	// when its error is permanent (IsPermanent), or when the row's topic
-	// accepted another message after the row was first refused; a
-	// refusal while the topic accepts nothing is not, so a topic outage
-	// charges nothing however long it lasts (see ForwardBatch). Rows
+	// when its error is permanent (IsPermanent), when the row's topic
+	// accepted another message after the row was first refused, or when
+	// the row was charged before; a refusal while the topic accepts
+	// nothing is not, so a topic outage charges nothing however long it
+	// lasts (see ForwardBatch). Rows
 	// whose metadata cannot be decoded are moved at once. Default:
 	// DefaultMaxAttempts (10).
 	MaxAttempts int
