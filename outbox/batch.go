@@ -44,13 +44,15 @@ type claimedRow struct {
 // (consecutive rows of one topic in one Publish call), delete the
 // published rows, charge failed attempts and move dead letters, commit.
 //
-// Each topic is a destination of its own, judged apart: a message
-// accepted on one topic says nothing about another's broker, partition
-// or leader. If a Publish call fails, the batch publishes nothing more of
-// that topic (the other topics go on); the messages published are
-// acknowledged and the error is returned; the rest stay in the outbox,
-// and the topic's next batch isolates the failure by publishing in halves
-// down to single rows, so the rows around a poison row flow.
+// If a Publish call fails, the batch stops there: the messages published
+// before it are acknowledged and the error is returned; the rest stay in
+// the outbox and are retried first, so a failure that does not last
+// keeps id order across topics. The failed topic's next batch isolates
+// the failure by publishing in halves down to single rows, so the rows
+// around a poison row flow. Each topic is a destination of its own,
+// judged apart: a message accepted on one topic says nothing about
+// another's broker, partition or leader, so once a topic isolates, its
+// failures stop only that topic and the other topics overtake it.
 //
 // A row whose own single-row Publish fails is charged one attempt when
 //   - RelayConfig.IsPermanent says the error is permanent, or

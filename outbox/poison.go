@@ -167,6 +167,7 @@ type topicBatch struct {
 	// run failed, or the topic is presumed down).
 	stopped bool
 	probed  bool
+	tried   bool  // some call of the batch held a row of the topic
 	runErr  error // the failure of a plain run
 }
 
@@ -224,7 +225,11 @@ type publishOutcome struct {
 }
 
 // run publishes the batch's rows, each topic in the mode its last batch
-// left, and records what it learnt in the history.
+// left, and records what it learnt in the history. A failed plain run
+// stops the whole batch, as before any topic isolated: a failure that
+// does not last costs the other topics one batch and keeps id order
+// across topics. Once a topic isolates, its failures stop only itself,
+// and the other topics overtake it.
 func (p *batchPublish) run() publishOutcome {
 	for _, run := range p.topicRuns() {
 		t := p.byTopic[p.rows[run[0]].topic]
@@ -234,6 +239,7 @@ func (p *batchPublish) run() publishOutcome {
 			if err := p.publish(run); err != nil {
 				t.stopped = true
 				t.runErr = fmt.Errorf("outbox: relay: publish %d messages to %q: %w", len(run), t.name, err)
+				return p.outcome()
 			}
 		default:
 			if t.mode == modeDown && !t.probed {
@@ -283,6 +289,13 @@ func (p *batchPublish) outcome() publishOutcome {
 				h.refused[id] = refusedRow{uuid: p.rows[i].msg.UUID, first: p.first[i], seen: now}
 			}
 		}
+		if !t.tried {
+			// The batch stopped before the topic: it learnt nothing.
+			if th := h.topics[t.name]; th != nil {
+				th.seen = now
+			}
+			continue
+		}
 		next := modeIsolate
 		switch {
 		case t.runErr != nil:
@@ -323,6 +336,7 @@ func (p *batchPublish) publish(idx []int) error {
 	t := p.byTopic[p.rows[idx[0]].topic]
 	err := p.publisher.Publish(t.name, msgs...)
 	call, now := p.hist.calls.Add(1), time.Now()
+	t.tried = true
 	if err != nil {
 		for _, i := range idx {
 			if p.first[i].call == 0 {

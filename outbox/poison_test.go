@@ -240,25 +240,28 @@ func TestTopicsAreJudgedApart(t *testing.T) {
 	h := newHistory(time.Hour)
 	pub := &scripted{down: map[string]error{"u": errUnknown}}
 	rs := onTopics("u/inv0", "t/ord0", "u/inv1", "t/ord1", "u/inv2", "t/ord2")
+	p, out := batch(pub, h, rs)
+	require.Empty(t, p.order, "a failed plain run stops the whole batch: id order across topics")
+	require.Equal(t, [][]string{{"u/inv0"}}, pub.calls)
+	require.Equal(t, modeIsolate, modeOf(h, "u"))
+	require.Equal(t, modePlain, modeOf(h, "t"), "t was not tried")
 	for b := range 20 {
-		p, out := batch(pub, h, rs)
+		p, out = batch(pub, h, rs)
 		require.Empty(t, out.charge, "batch %d", b)
 		require.ErrorIs(t, out.err, errUnknown)
 		require.Equal(t, []string{"t/ord0", "t/ord1", "t/ord2"}, uuidsOf(p, p.order), "batch %d: t flows", b)
 		require.Equal(t, modePlain, modeOf(h, "t"))
-		if b > 0 {
-			require.Equal(t, modeDown, modeOf(h, "u"), "batch %d", b)
-		}
+		require.Equal(t, modeDown, modeOf(h, "u"), "batch %d", b)
 	}
 	require.ErrorContains(t, func() error { _, out := batch(pub, h, rs); return out.err }(), `topic "u" accepted none`)
 
 	pub.down["u"] = errTooBig
-	_, out := batch(pub, h, rs)
+	_, out = batch(pub, h, rs)
 	require.NotEmpty(t, out.charge, "a permanent refusal is charged whatever the topic did")
 
 	// u is back: everything goes, and u returns to plain.
 	pub.down = nil
-	p, out := batch(pub, h, rs)
+	p, out = batch(pub, h, rs)
 	require.Equal(t, publishOutcome{}, out)
 	require.Equal(t, 6, p.accepted)
 	require.Equal(t, modePlain, modeOf(h, "u"))
