@@ -143,8 +143,9 @@ type batchOutcome struct {
 	claimed int
 	ctx     context.Context // see batchResult.ctx
 	p       *batchPublish   // nil when nothing was claimed
-	dead    []deadLetter    // to move to the dead-letter table
+	dead    []deadLetter    // due for the dead-letter table
 	charged []deadLetter    // charged one attempt, kept
+	moved   []deadLetter    // of dead, moved to the dead-letter table
 	failed  []failedMove    // of dead, the moves undone, their rows kept
 	pubErr  error           // the publisher's failure, if any
 	err     error           // a database error, or errNoCommit: roll back
@@ -179,13 +180,10 @@ func (r *Relay) forward(ctx context.Context) (batchResult, error) {
 	case err != nil:
 		return res, errors.Join(out.pubErr, fmt.Errorf("outbox: relay: commit: %w", err))
 	}
-	res.lag, res.deadLettered, res.charged = out.p.lag, len(out.dead)-len(out.failed), len(out.charged)
-	res.failedMoves = len(out.failed)
-	moved := make([]int64, 0, len(out.dead))
-	for _, d := range out.dead {
-		if !slices.ContainsFunc(out.failed, func(f failedMove) bool { return f.row.id == d.row.id }) {
-			moved = append(moved, d.row.id)
-		}
+	res.lag, res.deadLettered, res.charged, res.failedMoves = out.p.lag, len(out.moved), len(out.charged), len(out.failed)
+	moved := make([]int64, len(out.moved))
+	for i, d := range out.moved {
+		moved[i] = d.row.id
 	}
 	r.hist.forget(moved)
 	r.logOutcome(out)
@@ -202,17 +200,14 @@ func (r *Relay) logOutcome(out batchOutcome) {
 			"attempts": d.attempts, "max_attempts": r.config.MaxAttempts, "error": d.err.Error(),
 		})
 	}
-	for _, d := range out.dead {
-		if slices.ContainsFunc(out.failed, func(f failedMove) bool { return f.row.id == d.row.id }) {
-			continue // logged by logMoveFailures
-		}
+	for _, d := range out.moved {
 		r.logger.Error("Outbox relay: message moved to the dead-letter table", d.err, watermill.LogFields{
 			"message_uuid": d.row.msg.UUID, "topic": d.row.topic, "outbox_id": d.row.id,
 			"attempts": d.attempts, "dead_letter_table": r.deadLetterTable,
 		})
 	}
 	r.logger.Trace("Outbox relay batch", watermill.LogFields{
-		"claimed": out.claimed, "published": len(out.p.lag), "dead_lettered": len(out.dead) - len(out.failed), "dead_letter_failures": len(out.failed),
+		"claimed": out.claimed, "published": len(out.p.lag), "dead_lettered": len(out.moved), "dead_letter_failures": len(out.failed),
 	})
 }
 
@@ -240,43 +235,49 @@ func (r *Relay) batch(ctx context.Context, tx sqlstore.Executor) batchOutcome {
 		out.err = errNoCommit
 		return out
 	}
-	out.failed, out.err = r.write(ctx, tx, out)
+	out.moved, out.failed, out.err = r.write(ctx, tx, out)
 	return out
 }
 
 // write acknowledges the published rows, counts the charged attempts
-// and moves the dead letters, in tx. It returns the moves that failed
-// and were undone, and an error that rolls the whole batch back.
-func (r *Relay) write(ctx context.Context, tx sqlstore.Executor, out batchOutcome) ([]failedMove, error) {
+// and moves the dead letters, in tx. It returns the rows moved, the
+// moves that failed and were undone, and an error that rolls the whole
+// batch back.
+func (r *Relay) write(ctx context.Context, tx sqlstore.Executor, out batchOutcome) (moved []deadLetter, failed []failedMove, err error) {
 	if ids := out.p.publishedIDs(); len(ids) > 0 {
 		if _, err := tx.Exec(ctx, r.d.deleteAcked.SQL(), r.d.deleteAcked.Args(r.d.ids(ids))...); err != nil {
-			return nil, fmt.Errorf("outbox: relay: acknowledge %d rows: %w", len(ids), err)
+			return nil, nil, fmt.Errorf("outbox: relay: acknowledge %d rows: %w", len(ids), err)
 		}
 	}
 	for _, d := range out.charged {
 		if _, err := tx.Exec(ctx, r.d.charge.SQL(), r.d.charge.Args(d.row.id)...); err != nil {
-			return nil, fmt.Errorf("outbox: relay: count attempt of row %d: %w", d.row.id, err)
+			return nil, nil, fmt.Errorf("outbox: relay: count attempt of row %d: %w", d.row.id, err)
 		}
 	}
-	var failed []failedMove
 	for _, d := range out.dead {
 		moveErr, err := r.moveDeadLetter(ctx, tx, d)
-		if err != nil {
-			return nil, err
-		}
-		if moveErr != nil {
+		switch {
+		case err != nil:
+			return nil, nil, err
+		case moveErr != nil:
 			failed = append(failed, failedMove{deadLetter: d, moveErr: moveErr})
+		default:
+			moved = append(moved, d)
 		}
 	}
-	return failed, nil
+	return moved, failed, nil
 }
 
 // The savepoint around a move to the dead-letter table; the statements
 // are the same on PostgreSQL, MySQL/MariaDB and SQLite.
 const (
-	savepointMove         = `SAVEPOINT outbox_dead_letter`
-	releaseMove           = `RELEASE SAVEPOINT outbox_dead_letter`
-	rollbackToMove        = `ROLLBACK TO SAVEPOINT outbox_dead_letter`
+	savepointMove  = `SAVEPOINT outbox_dead_letter`
+	releaseMove    = `RELEASE SAVEPOINT outbox_dead_letter`
+	rollbackToMove = `ROLLBACK TO SAVEPOINT outbox_dead_letter`
+)
+
+// Failed moves are logged at most once per moveFailureLogEvery.
+const (
 	moveFailureLogEvery   = time.Minute
 	moveFailureLogMessage = "Outbox relay: could not move messages to the dead-letter table; they stay in the outbox and are tried again"
 )
