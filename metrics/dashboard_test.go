@@ -33,7 +33,7 @@ func registeredSeries(t *testing.T) map[string][]string {
 	m.ObserveJanitorBatch(t.Context(), janitor.Batch{Deleted: 1})
 	m.ObserveJanitorBatch(t.Context(), janitor.Batch{Err: errors.New("boom")})
 	m.SetRecords("c", "stale", 1)
-	m.ObserveRelayBatch(t.Context(), outbox.RelayBatch{Relay: "r", Claimed: 1, Published: 1, DeadLettered: 1, Duration: time.Millisecond, Lag: []time.Duration{time.Millisecond}})
+	m.ObserveRelayBatch(t.Context(), outbox.RelayBatch{Relay: "r", Claimed: 1, Published: 1, DeadLettered: 1, DeadLetterFailures: 1, Duration: time.Millisecond, Lag: []time.Duration{time.Millisecond}})
 	m.ObserveRelayBatch(t.Context(), outbox.RelayBatch{Relay: "r", Err: errors.New("boom")})
 	m.ObserveBacklog(t.Context(), outbox.Backlog{Relay: "r", Messages: 1, OldestAge: time.Second, DeadLetters: 1})
 

@@ -91,6 +91,7 @@ type Metrics struct {
 	relayPublished  *prometheus.CounterVec
 	relayFailed     *prometheus.CounterVec
 	relayDead       *prometheus.CounterVec
+	relayDeadFailed *prometheus.CounterVec
 	relayLag        *prometheus.HistogramVec
 	relayBatch      *prometheus.HistogramVec
 	outboxBacklog   *prometheus.GaugeVec
@@ -121,6 +122,7 @@ func New(config Config) (*Metrics, error) {
 		relayPublished:  b.counterVec("relay_published_messages_total", "Messages an outbox relay published and acknowledged, by relay.", "relay"),
 		relayFailed:     b.counterVec("relay_failed_batches_total", "Outbox relay batches that failed (database or publisher error) and were retried, by relay.", "relay"),
 		relayDead:       b.counterVec("relay_dead_lettered_messages_total", "Outbox rows a relay moved to the dead-letter table (refused by the publisher MaxAttempts times, or undecodable), by relay.", "relay"),
+		relayDeadFailed: b.counterVec("relay_dead_letter_failures_total", "Outbox rows due for the dead-letter table that a relay could not move there (the table dropped or not writable, a full disk); each stays in the outbox and is tried again, by relay.", "relay"),
 		relayLag:        b.histogramVec("relay_lag_seconds", "Time from an outbox row's created_at (database clock) until the relay published it, one sample per published message, by relay.", config.LagBuckets, "relay"),
 		relayBatch:      b.histogramVec("relay_batch_duration_seconds", "Duration of outbox relay batches that claimed rows, from BEGIN to COMMIT, by relay.", config.LatencyBuckets, "relay"),
 		outboxBacklog:   b.gaugeVec("outbox_backlog_messages", "Rows in the outbox table not yet acknowledged by a relay, as last sampled by the relay.", "relay"),
@@ -250,23 +252,25 @@ var _ interface {
 
 // relaySeries are one relay's counters and histograms.
 type relaySeries struct {
-	published, failed, deadLettered prometheus.Counter
-	lag, batch                      prometheus.Observer
+	published, failed, deadLettered, deadLetterFailures prometheus.Counter
+	lag, batch                                          prometheus.Observer
 }
 
 func (m *Metrics) relay(name string) relaySeries {
 	return relaySeries{
-		published:    m.relayPublished.WithLabelValues(name),
-		failed:       m.relayFailed.WithLabelValues(name),
-		deadLettered: m.relayDead.WithLabelValues(name),
-		lag:          m.relayLag.WithLabelValues(name),
-		batch:        m.relayBatch.WithLabelValues(name),
+		published:          m.relayPublished.WithLabelValues(name),
+		failed:             m.relayFailed.WithLabelValues(name),
+		deadLettered:       m.relayDead.WithLabelValues(name),
+		deadLetterFailures: m.relayDeadFailed.WithLabelValues(name),
+		lag:                m.relayLag.WithLabelValues(name),
+		batch:              m.relayBatch.WithLabelValues(name),
 	}
 }
 
 // ObserveRelayBatch implements outbox.RelayObserver: under the relay
 // label b.Relay (RelayConfig.Name) it counts the published and
-// dead-lettered messages and the failed batches, and observes each
+// dead-lettered messages, the failed moves to the dead-letter table and
+// the failed batches, and observes each
 // message's lag and the duration of a batch that claimed rows. Relays
 // sharing a name share the series: give relays on different outbox
 // tables different names, and aggregate replicas of one relay with sum
@@ -275,6 +279,7 @@ func (m *Metrics) ObserveRelayBatch(_ context.Context, b outbox.RelayBatch) {
 	r := m.relay(b.Relay)
 	r.published.Add(float64(b.Published))
 	r.deadLettered.Add(float64(b.DeadLettered))
+	r.deadLetterFailures.Add(float64(b.DeadLetterFailures))
 	if b.Err != nil {
 		r.failed.Inc()
 	}

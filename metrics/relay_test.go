@@ -211,6 +211,7 @@ func TestRelayObserverSeries(t *testing.T) {
 		"watermill_idempotent_relay_published_messages_total",
 		"watermill_idempotent_relay_failed_batches_total",
 		"watermill_idempotent_relay_dead_lettered_messages_total",
+		"watermill_idempotent_relay_dead_letter_failures_total",
 		"watermill_idempotent_outbox_dead_letters",
 		"watermill_idempotent_relay_lag_seconds",
 		"watermill_idempotent_relay_batch_duration_seconds",
@@ -233,4 +234,72 @@ func TestRelayObserverSeries(t *testing.T) {
 	require.Equal(t, 2.0, relayMetric(t, reg, "watermill_idempotent_outbox_dead_letters").GetGauge().GetValue())
 	m.ObserveRelayBatch(t.Context(), outbox.RelayBatch{Relay: "orders", Claimed: 4, Published: 3, DeadLettered: 1})
 	require.Equal(t, 1.0, relayMetric(t, reg, "watermill_idempotent_relay_dead_lettered_messages_total").GetCounter().GetValue())
+	m.ObserveRelayBatch(t.Context(), outbox.RelayBatch{Relay: "orders", Claimed: 5, Published: 3, DeadLetterFailures: 2})
+	require.Equal(t, 2.0, relayMetric(t, reg, "watermill_idempotent_relay_dead_letter_failures_total").GetCounter().GetValue())
+	require.Equal(t, 1.0, relayMetric(t, reg, "watermill_idempotent_relay_dead_lettered_messages_total").GetCounter().GetValue())
+}
+
+// refuseAll refuses every Publish with a permanent error.
+type refuseAll struct{ message.Publisher }
+
+func (refuseAll) Publish(string, ...*message.Message) error {
+	return outbox.Permanent(errors.New("message too large"))
+}
+
+// A real relay whose dead-letter table was dropped: the row due for it
+// stays in the outbox, and each failed move is counted in
+// relay_dead_letter_failures_total, not as a dead letter.
+func TestRelayDeadLetterFailuresMetric(t *testing.T) {
+	for _, backend := range []string{"postgres", "mariadb"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db, dialect := testenv.Postgres(t), sqldialect.PostgreSQL
+			if backend == "mariadb" {
+				db, dialect = testenv.MySQL(t), sqldialect.MySQL
+			}
+			var suffix [5]byte
+			_, _ = rand.Read(suffix[:])
+			table := "outbox_metrics_" + hex.EncodeToString(suffix[:])
+			ob, err := outbox.New(outbox.Config{Dialect: dialect, Table: table})
+			require.NoError(t, err)
+			require.NoError(t, ob.Migrate(ctx, db))
+			t.Cleanup(func() {
+				_, _ = db.Exec(`DROP TABLE ` + table)
+				if dialect == sqldialect.PostgreSQL {
+					_, _ = db.Exec(`DROP FUNCTION IF EXISTS ` + table + `_notify()`)
+				}
+			})
+			_, err = db.Exec(`DROP TABLE ` + outbox.DeadLetterTableName(table))
+			require.NoError(t, err)
+			tx, err := db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			require.NoError(t, ob.WriteTx(ctx, tx, outbox.Outgoing{Topic: "t", Message: message.NewMessage("poison", []byte("x"))}))
+			require.NoError(t, tx.Commit())
+
+			reg := prometheus.NewPedanticRegistry()
+			m, err := metrics.New(metrics.Config{Registerer: reg})
+			require.NoError(t, err)
+			relay, err := outbox.NewRelay(db, refuseAll{}, outbox.RelayConfig{Dialect: dialect, Table: table, MaxAttempts: 1, Name: "orders", Observer: m})
+			require.NoError(t, err)
+			// Batch 1 publishes the row in a plain run, which fails as a
+			// whole; batches 2 and 3 refuse it alone, charge it to
+			// MaxAttempts and fail to move it.
+			for range 3 {
+				_, err := relay.ForwardBatch(ctx)
+				require.Error(t, err)
+			}
+			var rows int
+			require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM `+table).Scan(&rows))
+			require.Equal(t, 1, rows, "the row stays in the outbox")
+			require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP watermill_idempotent_relay_dead_letter_failures_total Outbox rows due for the dead-letter table that a relay could not move there (the table dropped or not writable, a full disk); each stays in the outbox and is tried again, by relay.
+# TYPE watermill_idempotent_relay_dead_letter_failures_total counter
+watermill_idempotent_relay_dead_letter_failures_total{relay="orders"} 2
+# HELP watermill_idempotent_relay_dead_lettered_messages_total Outbox rows a relay moved to the dead-letter table (refused by the publisher MaxAttempts times, or undecodable), by relay.
+# TYPE watermill_idempotent_relay_dead_lettered_messages_total counter
+watermill_idempotent_relay_dead_lettered_messages_total{relay="orders"} 0
+`), "watermill_idempotent_relay_dead_letter_failures_total", "watermill_idempotent_relay_dead_lettered_messages_total"))
+		})
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -45,18 +46,49 @@ type claimedRow struct {
 //
 // If a Publish call fails, the batch stops there: the messages published
 // before it are acknowledged and the error is returned; the rest stay in
-// the outbox, and the next batch isolates the failure by publishing in
-// halves down to single rows, so the rows around a poison row flow. A row
-// whose own Publish fails is charged one attempt when RelayConfig.IsPermanent
-// says the error is permanent, or when another message of that batch was
-// accepted. A batch that accepted nothing and saw an error not known to be
-// permanent presumes the publisher down: it charges those rows nothing, and
-// the next batch first publishes its last row alone (Run also backs off,
-// see RelayConfig.MaxRetryInterval). A row reaching MaxAttempts, and a
-// row whose metadata cannot be decoded, is moved to the dead-letter table
-// in the transaction that deletes it (see DeadLetters). If ctx ends or
-// the commit fails, nothing is acknowledged or charged and everything
-// claimed is published again later. See docs/outbox.md.
+// the outbox and are retried first, so a failure that does not last
+// keeps id order across topics. The failed topic's next batch isolates
+// the failure by publishing in halves down to single rows, so the rows
+// around a poison row flow. Each topic is a destination of its own,
+// judged apart: a message accepted on one topic says nothing about
+// another's broker, partition or leader, so once a topic isolates, its
+// failures stop only that topic and the other topics overtake it.
+//
+// A row whose own single-row Publish fails is charged one attempt when
+//   - RelayConfig.IsPermanent says the error is permanent, or
+//   - its topic accepted a message after the first refused call that
+//     held the row, in this batch or an earlier one of this relay: the
+//     topic works, so the failure is the row's, or
+//   - it was charged before (its attempts are not 0), by this relay or
+//     another: that evidence outlives a relay's memory.
+//
+// Otherwise the row is charged nothing: its topic may be down. A topic
+// that accepted nothing in a batch and refused such a row is presumed
+// down, and its next batch first publishes its last row alone and stops
+// the topic there if that fails too (Run also backs off, see
+// RelayConfig.MaxRetryInterval). So in a topic outage, where every call
+// to the topic fails from its start to its end, no row first refused
+// during it is ever charged, however long it lasts; a row refused while
+// other rows of its topic went out — a poison row, also one left alone
+// on a quiet topic after the rest of its batch was published — is
+// charged on each retry. A row first refused alone, on a topic that has
+// accepted nothing since, cannot be told from an outage and waits for
+// another row of its topic to go out, or for IsPermanent.
+//
+// A row charged MaxAttempts times is moved to the dead-letter table (see
+// DeadLetters): at once for a permanent error, otherwise only once its
+// refusals span RelayConfig.MinRefusalSpan. A row whose metadata cannot
+// be decoded is moved at once. Each move runs in a savepoint of the
+// batch's transaction: a move that fails (the dead-letter table dropped
+// or not writable, a full disk) is undone alone and its row stays in
+// the outbox, while the published rows are still acknowledged; it is
+// counted in RelayBatch.DeadLetterFailures and logged at most once a
+// minute. If ctx ends or the commit fails, nothing is acknowledged or
+// charged and everything claimed is published again later. What the
+// relay learnt about topics is its own: a restarted relay, or a replica,
+// starts without it, which delays a charge (on a quiet topic, of a row
+// never charged, until another row of its topic goes out) and never
+// hastens one. See docs/outbox.md.
 func (r *Relay) ForwardBatch(ctx context.Context) (int, error) {
 	res, err := r.forwardBatch(ctx)
 	return len(res.lag), err
@@ -69,7 +101,7 @@ func (r *Relay) forwardBatch(ctx context.Context) (batchResult, error) {
 	if o := r.config.Observer; o != nil && (res.ctx != nil || res.claimed > 0 || (err != nil && ctx.Err() == nil)) {
 		b := RelayBatch{
 			Relay: r.config.Name, Claimed: res.claimed, Published: len(res.lag), DeadLettered: res.deadLettered,
-			Duration: time.Since(start), Lag: res.lag,
+			DeadLetterFailures: res.failedMoves, Duration: time.Since(start), Lag: res.lag,
 		}
 		if ctx.Err() == nil {
 			b.Err = err
@@ -91,6 +123,7 @@ type batchResult struct {
 	lag          []time.Duration // one per published and acknowledged message
 	deadLettered int
 	charged      int // rows charged a failed attempt and kept
+	failedMoves  int // rows whose move to the dead-letter table failed, kept
 }
 
 // progressed reports whether the batch removed rows from the outbox, so
@@ -110,10 +143,19 @@ type batchOutcome struct {
 	claimed int
 	ctx     context.Context // see batchResult.ctx
 	p       *batchPublish   // nil when nothing was claimed
-	dead    []deadLetter    // moved to the dead-letter table
+	dead    []deadLetter    // due for the dead-letter table
 	charged []deadLetter    // charged one attempt, kept
+	moved   []deadLetter    // of dead, moved to the dead-letter table
+	failed  []failedMove    // of dead, the moves undone, their rows kept
 	pubErr  error           // the publisher's failure, if any
 	err     error           // a database error, or errNoCommit: roll back
+}
+
+// failedMove is a move to the dead-letter table that failed and was
+// undone.
+type failedMove struct {
+	deadLetter
+	moveErr error
 }
 
 // forward runs one batch; see ForwardBatch.
@@ -138,8 +180,14 @@ func (r *Relay) forward(ctx context.Context) (batchResult, error) {
 	case err != nil:
 		return res, errors.Join(out.pubErr, fmt.Errorf("outbox: relay: commit: %w", err))
 	}
-	res.lag, res.deadLettered, res.charged = out.p.lag, len(out.dead), len(out.charged)
+	res.lag, res.deadLettered, res.charged, res.failedMoves = out.p.lag, len(out.moved), len(out.charged), len(out.failed)
+	moved := make([]int64, len(out.moved))
+	for i, d := range out.moved {
+		moved[i] = d.row.id
+	}
+	r.hist.forget(moved)
 	r.logOutcome(out)
+	r.logMoveFailures(out.failed)
 	return res, out.pubErr
 }
 
@@ -152,13 +200,15 @@ func (r *Relay) logOutcome(out batchOutcome) {
 			"attempts": d.attempts, "max_attempts": r.config.MaxAttempts, "error": d.err.Error(),
 		})
 	}
-	for _, d := range out.dead {
+	for _, d := range out.moved {
 		r.logger.Error("Outbox relay: message moved to the dead-letter table", d.err, watermill.LogFields{
 			"message_uuid": d.row.msg.UUID, "topic": d.row.topic, "outbox_id": d.row.id,
 			"attempts": d.attempts, "dead_letter_table": r.deadLetterTable,
 		})
 	}
-	r.logger.Trace("Outbox relay batch", watermill.LogFields{"claimed": out.claimed, "published": len(out.p.lag), "dead_lettered": len(out.dead)})
+	r.logger.Trace("Outbox relay batch", watermill.LogFields{
+		"claimed": out.claimed, "published": len(out.p.lag), "dead_lettered": len(out.moved), "dead_letter_failures": len(out.failed),
+	})
 }
 
 // batch claims, publishes (see batchPublish) and acknowledges in tx. Its
@@ -177,41 +227,123 @@ func (r *Relay) batch(ctx context.Context, tx sqlstore.Executor) batchOutcome {
 	if started != nil {
 		ctx = started
 	}
-	out.p = newBatchPublish(r.pub, r.config.IsPermanent, rows)
-	published := out.p.run(publishMode(r.mode.Load()))
-	r.mode.Store(int32(published.next))
+	out.p = newBatchPublish(r.pub, r.config.IsPermanent, r.hist, rows)
+	published := out.p.run()
 	out.pubErr = published.err
-	out.dead, out.charged = out.p.verdicts(published.charge, r.config.MaxAttempts)
+	out.dead, out.charged = out.p.verdicts(published.charge, r.config.MaxAttempts, r.config.MinRefusalSpan)
 	if out.p.accepted == 0 && len(out.dead) == 0 && len(out.charged) == 0 {
 		out.err = errNoCommit
 		return out
 	}
-	out.err = r.write(ctx, tx, out)
+	out.moved, out.failed, out.err = r.write(ctx, tx, out)
 	return out
 }
 
 // write acknowledges the published rows, counts the charged attempts
-// and moves the dead letters, in tx.
-func (r *Relay) write(ctx context.Context, tx sqlstore.Executor, out batchOutcome) error {
+// and moves the dead letters, in tx. It returns the rows moved, the
+// moves that failed and were undone, and an error that rolls the whole
+// batch back.
+func (r *Relay) write(ctx context.Context, tx sqlstore.Executor, out batchOutcome) (moved []deadLetter, failed []failedMove, err error) {
 	if ids := out.p.publishedIDs(); len(ids) > 0 {
 		if _, err := tx.Exec(ctx, r.d.deleteAcked.SQL(), r.d.deleteAcked.Args(r.d.ids(ids))...); err != nil {
-			return fmt.Errorf("outbox: relay: acknowledge %d rows: %w", len(ids), err)
+			return nil, nil, fmt.Errorf("outbox: relay: acknowledge %d rows: %w", len(ids), err)
 		}
 	}
 	for _, d := range out.charged {
 		if _, err := tx.Exec(ctx, r.d.charge.SQL(), r.d.charge.Args(d.row.id)...); err != nil {
-			return fmt.Errorf("outbox: relay: count attempt of row %d: %w", d.row.id, err)
+			return nil, nil, fmt.Errorf("outbox: relay: count attempt of row %d: %w", d.row.id, err)
 		}
 	}
 	for _, d := range out.dead {
-		if _, err := tx.Exec(ctx, r.d.deadLetter.SQL(), r.d.deadLetter.Args(d.row.id, d.attempts-d.row.attempts, errorText(d.err), time.Now().UnixMicro())...); err != nil {
-			return fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err)
-		}
-		if _, err := tx.Exec(ctx, r.d.deleteOne.SQL(), r.d.deleteOne.Args(d.row.id)...); err != nil {
-			return fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err)
+		moveErr, err := r.moveDeadLetter(ctx, tx, d)
+		switch {
+		case err != nil:
+			return nil, nil, err
+		case moveErr != nil:
+			failed = append(failed, failedMove{deadLetter: d, moveErr: moveErr})
+		default:
+			moved = append(moved, d)
 		}
 	}
-	return nil
+	return moved, failed, nil
+}
+
+// The savepoint around a move to the dead-letter table; the statements
+// are the same on PostgreSQL, MySQL/MariaDB and SQLite.
+const (
+	savepointMove  = `SAVEPOINT outbox_dead_letter`
+	releaseMove    = `RELEASE SAVEPOINT outbox_dead_letter`
+	rollbackToMove = `ROLLBACK TO SAVEPOINT outbox_dead_letter`
+)
+
+// Failed moves are logged at most once per moveFailureLogEvery.
+const (
+	moveFailureLogEvery   = time.Minute
+	moveFailureLogMessage = "Outbox relay: could not move messages to the dead-letter table; they stay in the outbox and are tried again"
+)
+
+// moveDeadLetter copies d's row into the dead-letter table and deletes
+// it from the outbox, in a savepoint of tx. If either statement fails
+// (the dead-letter table dropped, a revoked grant, a full disk), only the
+// move is undone: moveErr says why, the row stays, and the batch's
+// acknowledgements still commit — PostgreSQL would otherwise abort the
+// whole transaction, and undo them with it. err is set when the
+// transaction itself is gone (ctx ended, the connection broke, MySQL
+// rolled it back on a deadlock: then the savepoint is gone too): it ends
+// the batch.
+func (r *Relay) moveDeadLetter(ctx context.Context, tx sqlstore.Executor, d deadLetter) (moveErr, err error) {
+	if _, err := tx.Exec(ctx, savepointMove); err != nil {
+		return nil, fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err)
+	}
+	_, moveErr = tx.Exec(ctx, r.d.deadLetter.SQL(), r.d.deadLetter.Args(d.row.id, d.attempts-d.row.attempts, errorText(d.err), time.Now().UnixMicro())...)
+	if moveErr == nil {
+		_, moveErr = tx.Exec(ctx, r.d.deleteOne.SQL(), r.d.deleteOne.Args(d.row.id)...)
+	}
+	if moveErr == nil {
+		if _, err := tx.Exec(ctx, releaseMove); err != nil {
+			return nil, fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err)
+		}
+		return nil, nil
+	}
+	if _, err := tx.Exec(ctx, rollbackToMove); err != nil {
+		return nil, fmt.Errorf("outbox: relay: dead-letter row %d: %w (undoing the move: %w)", d.row.id, moveErr, err)
+	}
+	if _, err := tx.Exec(ctx, releaseMove); err != nil {
+		return nil, fmt.Errorf("outbox: relay: dead-letter row %d: %w", d.row.id, err)
+	}
+	return fmt.Errorf("outbox: relay: move row %d to the dead-letter table %s: %w", d.row.id, r.deadLetterTable, moveErr), nil
+}
+
+// moveFailureLog rate-limits the log of failed moves to the dead-letter
+// table: a table that is gone fails every batch that holds a dead letter.
+type moveFailureLog struct {
+	mu     sync.Mutex
+	last   time.Time
+	missed int // failures not logged since last
+}
+
+// logMoveFailures logs failed moves at Error, at most once per
+// moveFailureLogEvery, with the number of failures since the last log.
+func (r *Relay) logMoveFailures(failed []failedMove) {
+	if len(failed) == 0 {
+		return
+	}
+	l := &r.moveFailures
+	l.mu.Lock()
+	l.missed += len(failed)
+	now := time.Now()
+	if !l.last.IsZero() && now.Sub(l.last) < moveFailureLogEvery {
+		l.mu.Unlock()
+		return
+	}
+	n := l.missed
+	l.last, l.missed = now, 0
+	l.mu.Unlock()
+	f := failed[0]
+	r.logger.Error(moveFailureLogMessage, f.moveErr, watermill.LogFields{
+		"message_uuid": f.row.msg.UUID, "topic": f.row.topic, "outbox_id": f.row.id,
+		"dead_letter_table": r.deadLetterTable, "failures": n, "log_interval": moveFailureLogEvery,
+	})
 }
 
 // maxErrorText bounds the last_error stored with a dead letter.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/internal/settings"
@@ -24,6 +23,7 @@ const (
 	DefaultBatchSize           = 500
 	DefaultMaxBatchBytes       = 16 << 20
 	DefaultMaxAttempts         = 10
+	DefaultMinRefusalSpan      = 5 * time.Minute
 	DefaultCloseTimeout        = 30 * time.Second
 	DefaultPollInterval        = 100 * time.Millisecond
 	DefaultNotifyPollInterval  = time.Second
@@ -63,19 +63,40 @@ type RelayConfig struct {
 	// row still goes, alone. Default: DefaultMaxBatchBytes (16 MiB).
 	MaxBatchBytes int
 	// MaxAttempts is how many failed publishes are charged to a row
-	// before it is moved to the dead-letter table (see ForwardBatch for
-	// when a failure is charged; a presumed publisher outage is not).
-	// Rows whose metadata cannot be decoded are moved at once. Default:
+	// before it is moved to the dead-letter table. A refusal is charged
+	// when its error is permanent (IsPermanent), when the row's topic
+	// accepted another message after the row was first refused, or when
+	// the row was charged before; a refusal while the topic accepts
+	// nothing is not, so a topic outage charges nothing however long it
+	// lasts (see ForwardBatch). Rows
+	// whose metadata cannot be decoded are moved at once. Default:
 	// DefaultMaxAttempts (10).
 	MaxAttempts int
+	// MinRefusalSpan is the least time from the first refused Publish
+	// call that held a row to the refusal that moves it to the
+	// dead-letter table, when that refusal's error is not known to be
+	// permanent. A row's charges show that its topic accepted other
+	// messages while the row was refused; they do not show that the row
+	// is to blame rather than its partition (a Kafka leader election, a
+	// broker restarting behind a load balancer), which a refusal
+	// outlasting such events does. A row charged MaxAttempts-1 times
+	// waits for the span without further charges (Run backs off
+	// meanwhile, and the row holds back no other); a row refused with a
+	// permanent error does not wait. Default: DefaultMinRefusalSpan (5
+	// minutes): longer than leader elections and rolling restarts, short
+	// enough that a poison row refused with an error nobody classified
+	// is set aside within minutes.
+	MinRefusalSpan time.Duration
 	// IsPermanent reports whether a Publish error means the message can
 	// never be published (over the broker's size limit, an invalid
-	// topic), so the row is charged the attempt even when the publisher
-	// accepted nothing else and reaches the dead-letter table in a quiet
+	// topic), so the row is charged the attempt even when its topic
+	// accepted nothing else, and is moved at MaxAttempts without waiting
+	// for MinRefusalSpan: it reaches the dead-letter table in a quiet
 	// outbox. It sees the publisher's error as returned, once per row
 	// refused alone. Return false for anything that may be the broker's
-	// (a refused connection, a timeout, an authorization failure): a
-	// wrong true dead-letters healthy messages during an outage.
+	// (a refused connection, a timeout, a leader election, an
+	// authorization failure): a wrong true dead-letters healthy messages
+	// during an outage.
 	// Watermill's publishers return the client library's errors wrapped,
 	// so errors.Is finds them:
 	//
@@ -144,6 +165,7 @@ func (c *RelayConfig) setDefaults() {
 	settings.Default(&c.BatchSize, DefaultBatchSize)
 	settings.Default(&c.MaxBatchBytes, DefaultMaxBatchBytes)
 	settings.Default(&c.MaxAttempts, DefaultMaxAttempts)
+	settings.Default(&c.MinRefusalSpan, DefaultMinRefusalSpan)
 	settings.Default(&c.CloseTimeout, DefaultCloseTimeout)
 	if c.PollInterval == 0 {
 		if c.notify() {
@@ -189,6 +211,7 @@ func (c RelayConfig) Validate() error {
 	}
 	errs = append(errs, settings.Positive("RelayConfig.MaxBatchBytes", c.MaxBatchBytes))
 	errs = append(errs, settings.Positive("RelayConfig.MaxAttempts", c.MaxAttempts))
+	errs = append(errs, settings.Positive("RelayConfig.MinRefusalSpan", c.MinRefusalSpan))
 	errs = append(errs, settings.Positive("RelayConfig.CloseTimeout", c.CloseTimeout))
 	errs = append(errs, settings.Positive("RelayConfig.PollInterval", c.PollInterval))
 	errs = append(errs, settings.Positive("RelayConfig.RetryInterval", c.RetryInterval))
@@ -229,8 +252,11 @@ type Relay struct {
 	deadLetterTable string
 	logger          watermill.LoggerAdapter
 
-	// mode is the publishMode the last batch left for the next.
-	mode atomic.Int32
+	// hist is what the relay's batches learnt about each topic and the
+	// rows refused, for the next ones.
+	hist *history
+	// moveFailures rate-limits the log of failed dead-letter moves.
+	moveFailures moveFailureLog
 
 	stop    chan struct{} // closed by Close
 	mu      sync.Mutex
@@ -266,6 +292,7 @@ func NewRelayOn(db sqlexec.DB, publisher message.Publisher, config RelayConfig) 
 		d:               newDialect(config.Dialect, config.Table),
 		deadLetterTable: DeadLetterTableName(config.Table),
 		logger:          config.Logger.With(watermill.LogFields{"outbox_table": config.Table}),
+		hist:            newHistory(max(10*config.MaxRetryInterval, config.MinRefusalSpan)),
 		stop:            make(chan struct{}),
 	}, nil
 }
@@ -276,7 +303,8 @@ func NewRelayOn(db sqlexec.DB, publisher message.Publisher, config RelayConfig) 
 // PollInterval. A failed batch is logged, reported to Observer and retried
 // after RetryInterval, doubled after each further failed batch that wrote
 // nothing up to MaxRetryInterval: database or broker outages do not end
-// Run, and cost it a bounded number of attempts.
+// Run, and cost it a bounded number of attempts. A batch that did nothing
+// but fail to move rows to the dead-letter table backs off the same way.
 //
 // Run returns nil after Close, ctx's error when ctx ends, ErrRelayClosed
 // if the relay was closed before, and an error if Run is already running.
@@ -360,6 +388,12 @@ func (r *Relay) loop(ctx, batchCtx context.Context, wake <-chan struct{}) {
 			r.wait(ctx, pause, nil)
 		case res.progressed():
 			failures = 0
+		case res.failedMoves > 0:
+			// All the batch did was fail to move rows to the dead-letter
+			// table: they come back in the next batch. Back off as after a
+			// failed batch; the failures are logged apart, rate-limited.
+			failures++
+			r.wait(ctx, r.retryPause(failures), nil)
 		default:
 			failures = 0
 			r.wait(ctx, r.config.PollInterval, wake)

@@ -74,6 +74,14 @@ type RelayBatch struct {
 	// DeadLettered is the number of rows moved to the dead-letter table
 	// in the batch's commit.
 	DeadLettered int
+	// DeadLetterFailures is the number of rows due for the dead-letter
+	// table whose move failed (the table dropped or not writable, a
+	// full disk): each move was undone alone, its row stays in the
+	// outbox and is tried again by a later batch, and the batch's
+	// published rows were acknowledged all the same. Not a failure of
+	// the batch (Err): the relay logs these apart, at most once a
+	// minute.
+	DeadLetterFailures int
 	// Duration is the batch's wall time from BEGIN to COMMIT.
 	Duration time.Duration
 	// Lag holds, for each of the Published messages in publish order,
