@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -308,6 +309,36 @@ func TestRouterDataExceptionIsPoisoned(t *testing.T) {
 	}, "mysql")
 	forEachPostgresMode(t, func(t *testing.T, s *store) {
 		run(t, s, map[string]string{"nul": "o-\x00", "invalid-utf8": "o-\xff", "nul-and-invalid-utf8": "o-\x00\xff"})
+	})
+}
+
+// TestBatchDataExceptionIsPermanent: in a group commit, a handler write
+// the database refuses fails its own delivery alone, with an error
+// IsPermanent recognises, on PostgreSQL in every pgx query exec mode on
+// both drivers; the others commit, in its transaction or without it.
+func TestBatchDataExceptionIsPermanent(t *testing.T) {
+	forEachPostgresMode(t, func(t *testing.T, s *store) {
+		inbox := s.newInbox(t, "billing", batched(8, 50*time.Millisecond))
+		mw := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			return nil, s.execInTx(msg.Context(), `INSERT INTO `+s.charges+` (order_id, amount) VALUES (?, 1)`, msg.Metadata.Get("order_id"))
+		})
+		refused := map[string]bool{}
+		var msgs []*message.Message
+		for k, orderID := range []string{"o-1", "o-\x00", "o-2", "o-\xff", "o-3", "o-\x00\xff"} {
+			m := message.NewMessage(fmt.Sprintf("m-%d", k), []byte(orderID))
+			m.Metadata.Set("order_id", orderID)
+			refused[m.UUID] = !utf8.ValidString(orderID) || strings.Contains(orderID, "\x00")
+			msgs = append(msgs, m)
+		}
+		_, errs := deliverConcurrently(mw, msgs)
+		for k, m := range msgs {
+			if refused[m.UUID] {
+				require.True(t, middleware.IsPermanent(errs[k]), "%s: %v", m.UUID, errs[k])
+				continue
+			}
+			require.NoError(t, errs[k], m.UUID)
+		}
+		require.Equal(t, 3, s.totalCharges(t))
 	})
 }
 
