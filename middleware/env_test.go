@@ -65,7 +65,30 @@ func forEachStore(t *testing.T, fn func(t *testing.T, s *store), only ...string)
 	}
 }
 
+// forEachPostgresMode runs fn as a parallel subtest for each pgx query
+// exec mode (testenv.PgxExecModes) on both PostgreSQL stores, each on
+// fresh tables: "postgres/<mode>", database/sql with the mode in the DSN,
+// and "postgres-pgx/<mode>", the inbox on a pgxpool.Pool in that mode.
+func forEachPostgresMode(t *testing.T, fn func(t *testing.T, s *store)) {
+	for _, mode := range testenv.PgxExecModes {
+		for _, b := range []struct {
+			name string
+			open func(testing.TB, string) *store
+		}{{"postgres", newPostgresStoreInMode}, {"postgres-pgx", newPgxStoreInMode}} {
+			t.Run(b.name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
+				fn(t, b.open(t, mode))
+			})
+		}
+	}
+}
+
 func newPostgresStore(t testing.TB) *store { return newPostgresStoreOn(t, testenv.Postgres(t)) }
+
+// newPostgresStoreInMode is newPostgresStore in a pgx query exec mode.
+func newPostgresStoreInMode(t testing.TB, mode string) *store {
+	return newPostgresStoreOn(t, testenv.PostgresInMode(t, mode))
+}
 
 // newPostgresStoreOn is newPostgresStore on a database the test opened.
 func newPostgresStoreOn(t testing.TB, db *sql.DB) *store {
@@ -82,8 +105,18 @@ func newPostgresStoreOn(t testing.TB, db *sql.DB) *store {
 // newPgxStore is PostgreSQL with the repository and the inbox transaction
 // on a pgxpool.Pool; db (database/sql) only sets up and checks tables.
 func newPgxStore(t testing.TB) *store {
-	s := newPostgresStore(t)
-	s.pool = testenv.PgxPool(t)
+	return newPgxStoreOn(t, newPostgresStore(t), testenv.PgxPool(t))
+}
+
+// newPgxStoreInMode is newPgxStore with both pools in a pgx query exec
+// mode.
+func newPgxStoreInMode(t testing.TB, mode string) *store {
+	return newPgxStoreOn(t, newPostgresStoreInMode(t, mode), testenv.PgxPoolInMode(t, mode))
+}
+
+// newPgxStoreOn turns the PostgreSQL store s into the pgx one on pool.
+func newPgxStoreOn(t testing.TB, s *store, pool *pgxpool.Pool) *store {
+	s.pool = pool
 	repo, err := postgres.NewPgxRepository(s.pool, postgres.Config{Table: s.inbox})
 	require.NoError(t, err)
 	s.repo = repo
@@ -139,6 +172,26 @@ func (s *store) q(query string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// execInTx runs query ("?" placeholders) in the inbox transaction of the
+// delivery whose context is ctx: the pgx.Tx on the pgx store, the *sql.Tx
+// on the others.
+func (s *store) execInTx(ctx context.Context, query string, args ...any) error {
+	if s.pool != nil {
+		tx, ok := pgxinbox.TxFromContext(ctx)
+		if !ok {
+			return errors.New("no pgx inbox transaction in the context")
+		}
+		_, err := tx.Exec(ctx, s.q(query), args...)
+		return err
+	}
+	tx, ok := middleware.TxFromContext(ctx)
+	if !ok {
+		return errors.New("no inbox transaction in the context")
+	}
+	_, err := tx.ExecContext(ctx, s.q(query), args...)
+	return err
 }
 
 // chargesFor returns how many times the order was charged.

@@ -10,12 +10,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -76,8 +78,11 @@ func (a *attempts) waitAcked(t *testing.T, f *flow, n int64) {
 	}
 }
 
-// versionGuardFor creates a versions table beside s's inbox.
-func versionGuardFor(t *testing.T, s *store) (repository.VersionGuard, func(consumer, entity string) (int64, error)) {
+// versionGuardFor creates a versions table beside s's inbox and returns
+// how a handler applies a version in its inbox transaction (the
+// middleware's VersionGuard for consumer, pgxinbox.ApplyIfNewer on the
+// pgx store) and how a test reads the last one applied.
+func versionGuardFor(t *testing.T, s *store, consumer string) (apply func(ctx context.Context, entity string, version int64) error, lastVersion func(scope, entity string) (int64, error)) {
 	t.Helper()
 	table := randomName("versions")
 	t.Cleanup(func() {
@@ -85,37 +90,48 @@ func versionGuardFor(t *testing.T, s *store) (repository.VersionGuard, func(cons
 		require.NoError(t, err)
 	})
 	ctx := t.Context()
-	switch s.name {
-	case "postgres":
+	guard := func(v repository.VersionGuard) func(context.Context, string, int64) error {
+		g, err := middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v, Consumer: consumer})
+		require.NoError(t, err)
+		return g.ApplyIfNewer
+	}
+	switch {
+	case s.pool != nil:
+		v, err := postgres.NewPgxVersionStore(s.pool, postgres.VersionConfig{Table: table})
+		require.NoError(t, err)
+		require.NoError(t, v.Migrate(ctx))
+		return func(ctx context.Context, entity string, version int64) error {
+			return pgxinbox.ApplyIfNewer(ctx, v, entity, version)
+		}, func(c, e string) (int64, error) { return v.LastVersion(ctx, c, e) }
+	case s.name == "postgres":
 		v, err := postgres.NewVersionStore(s.db, postgres.VersionConfig{Table: table})
 		require.NoError(t, err)
 		require.NoError(t, v.Migrate(ctx))
-		return v, func(c, e string) (int64, error) { return v.LastVersion(ctx, c, e) }
-	case "mysql":
+		return guard(v), func(c, e string) (int64, error) { return v.LastVersion(ctx, c, e) }
+	case s.name == "mysql":
 		v, err := mysql.NewVersionStore(s.db, mysql.VersionConfig{Table: table})
 		require.NoError(t, err)
 		require.NoError(t, v.Migrate(ctx))
-		return v, func(c, e string) (int64, error) { return v.LastVersion(ctx, c, e) }
+		return guard(v), func(c, e string) (int64, error) { return v.LastVersion(ctx, c, e) }
 	default:
 		v, err := sqlite.NewVersionStore(s.db, sqlite.VersionConfig{Table: table})
 		require.NoError(t, err)
 		require.NoError(t, v.Migrate(ctx))
-		return v, func(c, e string) (int64, error) { return v.LastVersion(ctx, c, e) }
+		return guard(v), func(c, e string) (int64, error) { return v.LastVersion(ctx, c, e) }
 	}
 }
 
 // TestRouterUnstorableInputIsStoredSafely sends keys and version-guard
 // entities with a NUL byte, invalid UTF-8 and 300 bytes through a router
-// wired as the README does (poison queue filtered by IsPermanent). Each
-// message runs its handler once; its redelivery is a duplicate; a second
-// message for the same entity and version is stale; nothing fails, loops
-// or is poisoned.
+// wired as the README does (poison queue filtered by IsPermanent), on
+// PostgreSQL in every pgx query exec mode on both drivers. Each message
+// runs its handler once; its redelivery is a duplicate; a second message
+// for the same entity and version is stale; nothing fails, loops or is
+// poisoned.
 func TestRouterUnstorableInputIsStoredSafely(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s *store) {
+	run := func(t *testing.T, s *store) {
 		f := newFlow(t)
-		guardRepo, lastVersion := versionGuardFor(t, s)
-		guard, err := middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: guardRepo, Consumer: "billing"})
-		require.NoError(t, err)
+		applyIfNewer, lastVersion := versionGuardFor(t, s, "billing")
 		poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, middleware.IsPermanent)
 		require.NoError(t, err)
 		var a attempts
@@ -134,11 +150,10 @@ func TestRouterUnstorableInputIsStoredSafely(t *testing.T) {
 			mu.Lock()
 			runs[msg.UUID]++
 			mu.Unlock()
-			if err := guard.ApplyIfNewer(msg.Context(), entity, version); err != nil {
+			if err := applyIfNewer(msg.Context(), entity, version); err != nil {
 				return err
 			}
-			tx, _ := middleware.TxFromContext(msg.Context())
-			if _, err := tx.ExecContext(msg.Context(), s.q(`INSERT INTO `+s.charges+` (order_id, amount) VALUES (?, 1)`), msg.UUID); err != nil {
+			if err := s.execInTx(msg.Context(), `INSERT INTO `+s.charges+` (order_id, amount) VALUES (?, 1)`, msg.UUID); err != nil {
 				return err
 			}
 			mu.Lock()
@@ -185,13 +200,16 @@ func TestRouterUnstorableInputIsStoredSafely(t *testing.T) {
 			require.NoError(t, err, c.name)
 			require.EqualValues(t, 1, v, c.name)
 		}
-	})
+	}
+	forEachStore(t, run, "sqlite", "mysql")
+	forEachPostgresMode(t, run)
 }
 
 // TestRouterUnstorableKeyTwoPhase is the same for the two-phase inbox on
-// every backend, including memory and Redis.
+// every backend, including memory and Redis, and on PostgreSQL in every
+// pgx query exec mode on both drivers.
 func TestRouterUnstorableKeyTwoPhase(t *testing.T) {
-	forEachLeaseStore(t, func(t *testing.T, repo leaseRepo) {
+	run := func(t *testing.T, repo leaseRepo) {
 		f := newFlow(t)
 		poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, middleware.IsPermanent)
 		require.NoError(t, err)
@@ -231,16 +249,20 @@ func TestRouterUnstorableKeyTwoPhase(t *testing.T) {
 			require.Equal(t, repository.StateCompleted, rec.State, c.name)
 			require.Equal(t, repository.StorageKey(c.value), rec.Key, c.name)
 		}
-	})
+	}
+	forEachLeaseStore(t, run)
+	forEachPostgresMode(t, func(t *testing.T, s *store) { run(t, s.repo.(leaseRepo)) })
 }
 
 // TestRouterDataExceptionIsPoisoned: a handler whose own write carries a
-// value the database refuses (a NUL byte and invalid UTF-8 in text) fails
-// the same way on every redelivery, so IsPermanent sends it to the poison
-// queue at once instead of letting it loop. The transaction rolls back:
-// no marker, no effect.
+// value the database refuses (a NUL byte, invalid UTF-8, both, in text)
+// fails the same way on every redelivery, so IsPermanent sends it to the
+// poison queue at once instead of letting it loop. The transaction rolls
+// back: no marker, no effect. PostgreSQL runs in every pgx query exec
+// mode on both drivers: in simple_protocol pgx quotes the value into the
+// statement, and the server answers a NUL byte with 08P01, not 22021.
 func TestRouterDataExceptionIsPoisoned(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s *store) {
+	run := func(t *testing.T, s *store, refused map[string]string) {
 		f := newFlow(t)
 		poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, middleware.IsPermanent)
 		require.NoError(t, err)
@@ -249,30 +271,75 @@ func TestRouterDataExceptionIsPoisoned(t *testing.T) {
 		var runs atomic.Int64
 		f.router.AddConsumerHandler("billing", ordersTopic, f.pubSub, func(msg *message.Message) error {
 			runs.Add(1)
-			tx, _ := middleware.TxFromContext(msg.Context())
-			_, err := tx.ExecContext(msg.Context(), s.q(`INSERT INTO `+s.charges+` (order_id, amount) VALUES (?, 1)`), msg.Metadata.Get("order_id"))
-			return err
+			return s.execInTx(msg.Context(), `INSERT INTO `+s.charges+` (order_id, amount) VALUES (?, 1)`, msg.Metadata.Get("order_id"))
 		})
 		f.collect(t, poisonTopic)
 		f.run(t)
 
-		bad, good := message.NewMessage("m-bad", []byte("bad")), message.NewMessage("m-good", []byte("good"))
-		bad.Metadata.Set("order_id", "o-\x00\xff")
+		var bad []string
+		for name, orderID := range refused {
+			m := message.NewMessage("m-"+name, []byte(name))
+			m.Metadata.Set("order_id", orderID)
+			f.publish(t, m)
+			bad = append(bad, m.UUID)
+		}
+		good := message.NewMessage("m-good", []byte("good"))
 		good.Metadata.Set("order_id", "o-1")
-		f.publish(t, bad, good)
-		a.waitAcked(t, f, 2)
-		f.waitDownstream(t, poisonTopic, 1)
+		f.publish(t, good)
+		a.waitAcked(t, f, int64(len(refused)+1))
+		f.waitDownstream(t, poisonTopic, len(refused))
 
 		require.Zero(t, a.failed.Load(), "the refused write is not redelivered")
-		require.EqualValues(t, 2, a.total.Load())
-		poisoned := f.downstreamOf(poisonTopic)
-		require.Len(t, poisoned, 1)
-		require.Equal(t, "m-bad", poisoned[0].UUID)
-		require.EqualValues(t, 2, runs.Load())
+		require.EqualValues(t, len(refused)+1, a.total.Load())
+		var poisoned []string
+		for _, m := range f.downstreamOf(poisonTopic) {
+			poisoned = append(poisoned, m.UUID)
+		}
+		require.ElementsMatch(t, bad, poisoned, "each refused write is poisoned once")
+		require.EqualValues(t, len(refused)+1, runs.Load())
 		require.Equal(t, 1, s.totalCharges(t))
-		_, err = s.repo.Get(t.Context(), "billing/billing", "m-bad")
-		require.ErrorIs(t, err, repository.ErrNotFound, "the marker rolled back with the write")
-	}, "postgres", "mysql")
+		for _, uuid := range bad {
+			_, err = s.repo.Get(t.Context(), "billing/billing", uuid)
+			require.ErrorIs(t, err, repository.ErrNotFound, "%s: the marker rolled back with the write", uuid)
+		}
+	}
+	forEachStore(t, func(t *testing.T, s *store) {
+		// MySQL's text takes a NUL byte; utf8mb4 refuses invalid UTF-8.
+		run(t, s, map[string]string{"invalid-utf8": "o-\xff", "nul-and-invalid-utf8": "o-\x00\xff"})
+	}, "mysql")
+	forEachPostgresMode(t, func(t *testing.T, s *store) {
+		run(t, s, map[string]string{"nul": "o-\x00", "invalid-utf8": "o-\xff", "nul-and-invalid-utf8": "o-\x00\xff"})
+	})
+}
+
+// TestBatchDataExceptionIsPermanent: in a group commit, a handler write
+// the database refuses fails its own delivery alone, with an error
+// IsPermanent recognises, on PostgreSQL in every pgx query exec mode on
+// both drivers; the others commit, in its transaction or without it.
+func TestBatchDataExceptionIsPermanent(t *testing.T) {
+	forEachPostgresMode(t, func(t *testing.T, s *store) {
+		inbox := s.newInbox(t, "billing", batched(8, 50*time.Millisecond))
+		mw := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			return nil, s.execInTx(msg.Context(), `INSERT INTO `+s.charges+` (order_id, amount) VALUES (?, 1)`, msg.Metadata.Get("order_id"))
+		})
+		refused := map[string]bool{}
+		var msgs []*message.Message
+		for k, orderID := range []string{"o-1", "o-\x00", "o-2", "o-\xff", "o-3", "o-\x00\xff"} {
+			m := message.NewMessage(fmt.Sprintf("m-%d", k), []byte(orderID))
+			m.Metadata.Set("order_id", orderID)
+			refused[m.UUID] = !utf8.ValidString(orderID) || strings.Contains(orderID, "\x00")
+			msgs = append(msgs, m)
+		}
+		_, errs := deliverConcurrently(mw, msgs)
+		for k, m := range msgs {
+			if refused[m.UUID] {
+				require.True(t, middleware.IsPermanent(errs[k]), "%s: %v", m.UUID, errs[k])
+				continue
+			}
+			require.NoError(t, errs[k], m.UUID)
+		}
+		require.Equal(t, 3, s.totalCharges(t))
+	})
 }
 
 func TestIsPermanentForInputTheStoreRefuses(t *testing.T) {

@@ -218,7 +218,7 @@ func (a schemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 	}
 	out := make([]Outgoing, len(msgs))
 	for i, m := range msgs {
-		if err := validateOutgoing(topic, m); err != nil {
+		if err := a.d.validate(topic, m); err != nil {
 			return wsql.Query{}, err
 		}
 		out[i] = Outgoing{Topic: topic, Message: m}

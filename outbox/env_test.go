@@ -110,7 +110,7 @@ func forEachBackendMode(t *testing.T, parallel bool, fn func(t *testing.T, b bac
 			if parallel {
 				t.Parallel()
 			}
-			b := backend{name: name, table: "outbox_" + randomSuffix()}
+			b := backend{name: name}
 			switch name {
 			case "postgres":
 				b.db, b.dialect = testenv.Postgres(t), sqldialect.PostgreSQL
@@ -121,19 +121,47 @@ func forEachBackendMode(t *testing.T, parallel bool, fn func(t *testing.T, b bac
 			default:
 				b.db, b.dialect = testenv.SQLite(t), sqldialect.SQLite
 			}
-			b.db.SetMaxOpenConns(20)
-			ob, err := outbox.New(outbox.Config{Dialect: b.dialect, Table: b.table})
-			require.NoError(t, err)
-			if b.pool != nil {
-				require.NoError(t, pgxoutbox.Migrate(context.Background(), ob, b.pool))
-			} else {
-				require.NoError(t, ob.Migrate(context.Background(), b.db))
-			}
-			b.outbox = ob
-			t.Cleanup(b.drop)
-			fn(t, b)
+			fn(t, b.migrated(t))
 		})
 	}
+}
+
+// forEachPostgresExecMode runs fn as a parallel subtest for each pgx
+// query exec mode (testenv.PgxExecModes) on both PostgreSQL backends:
+// "postgres/<mode>", database/sql with the mode in the DSN, and
+// "postgres-pgx/<mode>", the outbox on a pgxpool.Pool in that mode.
+func forEachPostgresExecMode(t *testing.T, fn func(t *testing.T, b backend)) {
+	t.Helper()
+	for _, mode := range testenv.PgxExecModes {
+		for _, name := range []string{"postgres", "postgres-pgx"} {
+			t.Run(name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
+				b := backend{name: name, db: testenv.PostgresInMode(t, mode), dialect: sqldialect.PostgreSQL}
+				if name == "postgres-pgx" {
+					b.pool = testenv.PgxPoolInMode(t, mode)
+				}
+				fn(t, b.migrated(t))
+			})
+		}
+	}
+}
+
+// migrated gives b a fresh outbox table, migrated on its driver and
+// dropped when t ends.
+func (b backend) migrated(t *testing.T) backend {
+	t.Helper()
+	b.table = "outbox_" + randomSuffix()
+	b.db.SetMaxOpenConns(20)
+	ob, err := outbox.New(outbox.Config{Dialect: b.dialect, Table: b.table})
+	require.NoError(t, err)
+	if b.pool != nil {
+		require.NoError(t, pgxoutbox.Migrate(context.Background(), ob, b.pool))
+	} else {
+		require.NoError(t, ob.Migrate(context.Background(), b.db))
+	}
+	b.outbox = ob
+	t.Cleanup(b.drop)
+	return b
 }
 
 // drop drops what Migrate created for b's table: the outbox and
@@ -173,21 +201,31 @@ func (b backend) waitEmpty(t *testing.T, timeout time.Duration) {
 // "postgres-pgx").
 func (b backend) write(t testing.TB, topic string, msgs ...*message.Message) {
 	t.Helper()
+	require.NoError(t, b.tryWrite(topic, msgs...))
+}
+
+// tryWrite writes msgs to topic in one transaction (a pgx.Tx on
+// "postgres-pgx") and commits it, or rolls it back and returns the error.
+func (b backend) tryWrite(topic string, msgs ...*message.Message) error {
 	ctx := context.Background()
 	out := make([]outbox.Outgoing, len(msgs))
 	for i, m := range msgs {
 		out[i] = outbox.Outgoing{Topic: topic, Message: m}
 	}
 	if b.pool != nil {
-		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 			return pgxoutbox.WriteTx(ctx, b.outbox, tx, out...)
-		}))
-		return
+		})
 	}
 	tx, err := b.db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	require.NoError(t, b.outbox.WriteTx(ctx, tx, out...))
-	require.NoError(t, tx.Commit())
+	if err != nil {
+		return err
+	}
+	if err := b.outbox.WriteTx(ctx, tx, out...); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
 }
 
 func newMessages(prefix string, n int) []*message.Message {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/idemkit/watermill-idempotent/internal/settings"
 
@@ -48,10 +50,17 @@ const (
 var (
 	// ErrInvalidTopic is returned for an empty destination topic, one
 	// longer than MaxTopicLength, or one with characters watermill-sql
-	// refuses (anything but letters, digits and - $ : . _).
+	// refuses (anything but letters, digits and - $ : . _). A topic too
+	// long for its column also wraps repository.ErrDataException.
 	ErrInvalidTopic = errors.New("outbox: invalid topic")
 	// ErrInvalidMessage is returned for a nil message or one whose UUID
-	// is empty or longer than MaxUUIDLength.
+	// is empty, longer than MaxUUIDLength or, on PostgreSQL, holds a NUL
+	// byte or invalid UTF-8, which its text refuses. A UUID the database
+	// would refuse also wraps repository.ErrDataException, so the inbox
+	// middleware treats the delivery that wrote it as permanent
+	// (middleware.IsPermanent) in every pgx query exec mode: in the
+	// simple protocol the server answers a NUL byte with a protocol
+	// violation instead of a data exception.
 	ErrInvalidMessage = errors.New("outbox: invalid message")
 )
 
@@ -223,7 +232,7 @@ func (o *Outbox) WriteOn(ctx context.Context, tx sqlexec.Executor, msgs ...Outgo
 		return errors.New("outbox: tx is nil")
 	}
 	for _, m := range msgs {
-		if err := validateOutgoing(m.Topic, m.Message); err != nil {
+		if err := o.dialect.validate(m.Topic, m.Message); err != nil {
 			return err
 		}
 	}
@@ -240,12 +249,16 @@ func (o *Outbox) WriteOn(ctx context.Context, tx sqlexec.Executor, msgs ...Outgo
 	return nil
 }
 
-func validateOutgoing(topic string, msg *message.Message) error {
+// validate checks a message before it is written to topic. Values the
+// database would refuse as data wrap repository.ErrDataException: found
+// here, they fail the same way whatever the driver and its query exec
+// mode, before anything is sent.
+func (d dialect) validate(topic string, msg *message.Message) error {
 	switch {
 	case topic == "":
 		return fmt.Errorf("%w: empty", ErrInvalidTopic)
 	case len(topic) > MaxTopicLength:
-		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidTopic, len(topic), MaxTopicLength)
+		return fmt.Errorf("%w: %d bytes, at most %d: %w", ErrInvalidTopic, len(topic), MaxTopicLength, repository.ErrDataException)
 	case disallowedTopicCharacters.MatchString(topic):
 		return fmt.Errorf("%w: %q has characters matching %s", ErrInvalidTopic, topic, disallowedTopicCharacters)
 	case msg == nil:
@@ -253,7 +266,19 @@ func validateOutgoing(topic string, msg *message.Message) error {
 	case msg.UUID == "":
 		return fmt.Errorf("%w: empty UUID", ErrInvalidMessage)
 	case len(msg.UUID) > MaxUUIDLength:
-		return fmt.Errorf("%w: UUID of %d bytes, at most %d", ErrInvalidMessage, len(msg.UUID), MaxUUIDLength)
+		return fmt.Errorf("%w: UUID of %d bytes, at most %d: %w", ErrInvalidMessage, len(msg.UUID), MaxUUIDLength, repository.ErrDataException)
+	}
+	if d.sql.Name == string(sqldialect.PostgreSQL) {
+		// PostgreSQL's text holds neither. Through pgx's extended protocol
+		// the server would refuse either as data (22021); in the simple
+		// protocol a NUL byte ends the statement's text early and the
+		// server reports a malformed message (08P01) instead.
+		if strings.IndexByte(msg.UUID, 0) >= 0 {
+			return fmt.Errorf("%w: UUID %q holds a NUL byte, which PostgreSQL text cannot: %w", ErrInvalidMessage, msg.UUID, repository.ErrDataException)
+		}
+		if !utf8.ValidString(msg.UUID) {
+			return fmt.Errorf("%w: UUID %q is not valid UTF-8, which PostgreSQL text must be: %w", ErrInvalidMessage, msg.UUID, repository.ErrDataException)
+		}
 	}
 	return nil
 }

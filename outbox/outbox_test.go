@@ -3,13 +3,16 @@ package outbox_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
@@ -100,6 +103,44 @@ func TestCommitAndRollbackTogether(t *testing.T) {
 		require.Equal(t, empty.UUID, got[2].msg.UUID)
 		require.Empty(t, got[2].msg.Payload)
 		t.Logf("%s: 1 business row + 3 outbox rows committed, rolled-back transaction left 0; relay delivered %d", b.name, len(got))
+	})
+}
+
+// TestWriteTxRefusesWhatPostgresTextCannotHold: in every pgx query exec
+// mode, through database/sql and pgxoutbox, a message UUID that
+// PostgreSQL's text cannot hold (a NUL byte, invalid UTF-8) or that is
+// too long for its column is refused before anything is written, with
+// ErrInvalidMessage and as a data exception, so the inbox middleware
+// poisons the delivery that wrote it instead of redelivering it forever.
+// Sent, a NUL byte would be answered with 22021 in the extended protocol
+// but with 08P01 in simple_protocol. Metadata and payloads of any bytes
+// are stored: metadata as JSON, whose "\u0000" the json column keeps.
+func TestWriteTxRefusesWhatPostgresTextCannotHold(t *testing.T) {
+	forEachPostgresExecMode(t, func(t *testing.T, b backend) {
+		for _, c := range []struct{ name, uuid string }{
+			{"NUL byte", "m-\x00"},
+			{"invalid UTF-8", "m-\xff"},
+			{"NUL byte and invalid UTF-8", "m-\x00\xff"},
+			{"256 bytes", strings.Repeat("u", 256)},
+		} {
+			// The valid message first: nothing is written when any is invalid.
+			err := b.tryWrite("orders", message.NewMessage("ok", nil), message.NewMessage(c.uuid, nil))
+			require.ErrorIs(t, err, outbox.ErrInvalidMessage, c.name)
+			require.ErrorIs(t, err, repository.ErrDataException, c.name)
+			require.True(t, middleware.IsPermanent(fmt.Errorf("handler: %w", err)), "%s: %v", c.name, err)
+		}
+		require.Zero(t, b.outboxRows(t))
+
+		m := message.NewMessage("m-1", []byte{0x00, 0xff, 'x'})
+		m.Metadata.Set("note", "a\x00b")
+		b.write(t, "orders", m)
+		var payload []byte
+		var metadata string
+		require.NoError(t, b.db.QueryRow(`SELECT payload, metadata::text FROM `+b.table+` WHERE uuid = $1`, "m-1").Scan(&payload, &metadata))
+		require.Equal(t, []byte(m.Payload), payload)
+		var got map[string]string
+		require.NoError(t, json.Unmarshal([]byte(metadata), &got))
+		require.Equal(t, "a\x00b", got["note"])
 	})
 }
 

@@ -72,11 +72,44 @@ func getenv(name, def string) string {
 // PostgresDSN returns the PostgreSQL DSN tests use.
 func PostgresDSN() string { return getenv(PostgresEnv, PostgresDefault) }
 
+// PgxExecModes are pgx's query exec modes, spelled as the
+// default_query_exec_mode connection parameter takes them, pgx's default
+// first. In simple_protocol, which PgBouncer's transaction pooling needs,
+// pgx quotes the arguments into the statement's text, so the server sees
+// (and refuses) some values differently.
+var PgxExecModes = []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"}
+
+// PostgresDSNInMode returns PostgresDSN with default_query_exec_mode set
+// to mode (one of PgxExecModes), in URL or keyword/value form as the DSN
+// is written.
+func PostgresDSNInMode(mode string) string {
+	dsn := PostgresDSN()
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		q.Set("default_query_exec_mode", mode)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return dsn + " default_query_exec_mode=" + mode
+}
+
 // PgxPool opens a pgxpool.Pool on the test PostgreSQL database and
 // closes it when t ends.
 func PgxPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(PostgresDSN())
+	return pgxPoolOn(t, PostgresDSN())
+}
+
+// PgxPoolInMode is PgxPool with every query in the pgx query exec mode
+// (one of PgxExecModes) by default.
+func PgxPoolInMode(t testing.TB, mode string) *pgxpool.Pool {
+	t.Helper()
+	return pgxPoolOn(t, PostgresDSNInMode(mode))
+}
+
+func pgxPoolOn(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
 	var pool *pgxpool.Pool
 	if err == nil {
 		cfg.MaxConns = MaxConns
@@ -140,7 +173,20 @@ func PostgresSchema(t testing.TB, prefix string, then ...string) (*sql.DB, strin
 // closes it when t ends.
 func Postgres(t testing.TB) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("pgx", PostgresDSN())
+	return postgresOn(t, PostgresDSN())
+}
+
+// PostgresInMode is Postgres with every query in the pgx query exec mode
+// (one of PgxExecModes), set as users set it: default_query_exec_mode in
+// the DSN.
+func PostgresInMode(t testing.TB, mode string) *sql.DB {
+	t.Helper()
+	return postgresOn(t, PostgresDSNInMode(mode))
+}
+
+func postgresOn(t testing.TB, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
 	if err == nil {
 		if err = ping(db); err != nil {
 			_ = db.Close() // a skipped test must not leak the pool's goroutine
