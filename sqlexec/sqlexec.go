@@ -63,11 +63,12 @@ type Querier interface {
 
 // Std adapts a database/sql pool; nil stays nil. A call whose context
 // has a deadline waits for a connection only until the deadline, but
-// does not cut the connect short: the connection goes back to the pool
-// for the next call. At most 4 connections of an adapter are acquired
-// at a time for such calls, each for at least 10 s (a connect_timeout in
-// the DSN still bounds each dial). Calls without a deadline use the pool
-// as database/sql does.
+// does not cut the connect short: an acquisition whose caller left goes
+// on for up to 10 s (a connect_timeout in the DSN still bounds each
+// dial) and its connection goes back to the pool for the next call. At
+// most 8 connections of an adapter are being acquired at a time for
+// such calls; a call waiting its turn gives up at its deadline. Calls
+// without a deadline use the pool as database/sql does.
 func Std(db *sql.DB) DB {
 	if db == nil {
 		return nil

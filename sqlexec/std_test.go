@@ -100,3 +100,32 @@ func TestStdGetsThroughAnAcceptSlowerThanTheDeadline(t *testing.T) {
 	require.Less(t, int(proxy.accepted.Load()), calls,
 		"the connects outlived their callers: fewer than one per call reached the server")
 }
+
+// BenchmarkStdExec runs SELECT 1 through the adapter from parallel
+// callers, with contexts without a deadline (database/sql's own path)
+// and with one (through the gate).
+func BenchmarkStdExec(b *testing.B) {
+	db := testenv.Postgres(b)
+	std := sqlexec.Std(db)
+	for _, bc := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+	}{
+		{"no deadline", func() (context.Context, context.CancelFunc) { return context.WithCancel(b.Context()) }},
+		{"deadline", func() (context.Context, context.CancelFunc) { return context.WithTimeout(b.Context(), 10*time.Second) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					ctx, cancel := bc.ctx()
+					_, err := std.Exec(ctx, "SELECT 1")
+					cancel()
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
