@@ -76,12 +76,13 @@ bench:
 # then the surfaces configuration (once, httpidem and the partitioned
 # inbox under the same faults, on a private cluster of its own, port
 # 5450, about a minute), which chaos-surfaces runs alone. The surfaces
-# children dial outside their calls' deadlines (internal/chaos/dialer.go):
-# dialling on a 0.67 s StoreTimeout, the dials they gave up on after a
-# terminate or restart fault filled the cluster's accept queue and every
-# new one timed out behind them, for minutes (docs/operations.md). The
-# PostgreSQL failover run (-config failover, 3-4 minutes, ports
-# 5440-5441) is run by hand.
+# children open their pools as a user does (sql.Open): with a 0.67 s
+# StoreTimeout, that their reconnects after a terminate or restart fault
+# do not fill the cluster's accept queue and time out behind each other
+# for minutes is the library's doing (sqlexec.Std; docs/operations.md).
+# The PostgreSQL failover run (-config failover, 3-4 minutes, ports
+# 5440-5441) and the reconnect-storm measurement (-config storm, about
+# a minute, port 5455) are run by hand.
 chaos:
 	$(GO) run ./internal/chaos/cmd/chaos -config full
 

@@ -37,6 +37,12 @@ type Rows interface {
 }
 
 // DB is the pool a store owns.
+//
+// The database/sql adapter (Std) runs a call whose context has a
+// deadline on a connection acquired outside that deadline (see
+// dial.go): a connect its caller gave up on serves the next call instead
+// of a caller that left, so a fleet of short deadlines cannot lock itself
+// out of a server that restarted.
 type DB interface {
 	Executor
 	// InTx runs fn in a transaction, committing if it returns nil and
@@ -55,12 +61,19 @@ type Querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// Std adapts a database/sql pool; nil stays nil.
+// Std adapts a database/sql pool; nil stays nil. A call whose context
+// has a deadline waits for a connection only until the deadline, but
+// does not cut the connect short: an acquisition whose caller left goes
+// on for up to 10 s (a connect_timeout in the DSN still bounds each
+// dial) and its connection goes back to the pool for the next call. At
+// most 8 connections of an adapter are being acquired at a time for
+// such calls; a call waiting its turn gives up at its deadline. Calls
+// without a deadline use the pool as database/sql does.
 func Std(db *sql.DB) DB {
 	if db == nil {
 		return nil
 	}
-	return stdDB{stdExec{db}, db}
+	return stdDB{stdExec{db}, db, newConnGate(db)}
 }
 
 // StdTx adapts a caller's database/sql transaction or connection. Query
@@ -92,7 +105,29 @@ func (e stdExec) Query(ctx context.Context, query string, args ...any) (Rows, er
 
 type stdDB struct {
 	stdExec
-	db *sql.DB
+	db   *sql.DB
+	gate *connGate // for calls with a deadline
+}
+
+func (d stdDB) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	if gated(ctx) {
+		return d.gate.exec(ctx, query, args...)
+	}
+	return d.stdExec.Exec(ctx, query, args...)
+}
+
+func (d stdDB) QueryRow(ctx context.Context, query string, args ...any) Row {
+	if gated(ctx) {
+		return d.gate.queryRow(ctx, query, args...)
+	}
+	return d.stdExec.QueryRow(ctx, query, args...)
+}
+
+func (d stdDB) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+	if gated(ctx) {
+		return d.gate.query(ctx, query, args...)
+	}
+	return d.stdExec.Query(ctx, query, args...)
 }
 
 func (d stdDB) InTx(ctx context.Context, readCommitted bool, fn func(Executor) error) error {
@@ -100,9 +135,22 @@ func (d stdDB) InTx(ctx context.Context, readCommitted bool, fn func(Executor) e
 	if readCommitted {
 		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
-	tx, err := d.db.BeginTx(ctx, opts)
-	if err != nil {
-		return err
+	var tx *sql.Tx
+	if gated(ctx) {
+		conn, t, err := d.gate.begin(ctx, opts)
+		if err != nil {
+			return err
+		}
+		// Deferred first, so it runs after the rollback: a connection
+		// waits for its transaction to end before it closes.
+		defer conn.Close()
+		tx = t
+	} else {
+		t, err := d.db.BeginTx(ctx, opts)
+		if err != nil {
+			return err
+		}
+		tx = t
 	}
 	defer func() { _ = tx.Rollback() }()
 	if err := fn(stdExec{tx}); err != nil {
@@ -112,7 +160,13 @@ func (d stdDB) InTx(ctx context.Context, readCommitted bool, fn func(Executor) e
 }
 
 func (d stdDB) OnSession(ctx context.Context, fn func(Executor) error) error {
-	conn, err := d.db.Conn(ctx)
+	var conn *sql.Conn
+	var err error
+	if gated(ctx) {
+		conn, err = d.gate.conn(ctx)
+	} else {
+		conn, err = d.db.Conn(ctx)
+	}
 	if err != nil {
 		return err
 	}

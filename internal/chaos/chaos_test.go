@@ -21,7 +21,6 @@ func TestClusterRefusesTheSharedOne(t *testing.T) {
 	config.PGPort = sharedPort
 	config.setDefaults()
 	require.ErrorContains(t, config.Validate(), "must not be the shared one")
-	require.Zero(t, config.DialTimeout, "Run's pools dial on the calls' deadlines, as before")
 	require.Contains(t, cluster{port: DefaultPort}.DSN("x"), "connect_timeout=5")
 }
 

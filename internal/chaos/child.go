@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,7 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
@@ -61,9 +60,6 @@ type spec struct {
 	Retention   time.Duration
 	// Surface is a RunSurfaces caller or server (roleCaller, roleServer).
 	Surface *surfaceSpec
-	// DialTimeout is Config.DialTimeout: positive, the child's pools
-	// dial outside the calls' deadlines (openDB).
-	DialTimeout time.Duration
 }
 
 // IsChild reports whether this process was started by the suite as a
@@ -101,32 +97,18 @@ func RunChild() int {
 	return 0
 }
 
-// openDB opens a pool of at most maxConns connections to dsn. With
-// dialTimeout positive its connections come from a dialer: dialled
-// outside the deadline of the call that needs one, for up to
-// dialTimeout, at most dialSlots at a time. Without, database/sql dials
-// on the caller's context.
-func openDB(dsn string, maxConns int, dialTimeout time.Duration) (*sql.DB, error) {
-	var db *sql.DB
-	if dialTimeout > 0 {
-		c, err := stdlib.GetDefaultDriver().(driver.DriverContext).OpenConnector(dsn)
-		if err != nil {
-			return nil, err
-		}
-		db = sql.OpenDB(newDialer(c, dialTimeout, min(maxConns, dialSlots)))
-	} else {
-		var err error
-		if db, err = sql.Open("pgx", dsn); err != nil {
-			return nil, err
-		}
+// openDB opens a pool of at most maxConns connections to dsn, the way a
+// user does: sql.Open with pgx's driver. (The library's stores take
+// care that their calls' deadlines do not cut connects short: see
+// sqlexec.Std.)
+func openDB(dsn string, maxConns int) (*sql.DB, error) {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, err
 	}
 	db.SetMaxOpenConns(maxConns)
 	return db, nil
 }
-
-// dialSlots bounds a dialer's dials in flight: what one process can put
-// in the server's accept queue.
-const dialSlots = 4
 
 // amqpConfig is watermill-amqp's durable pub/sub with publisher confirms;
 // the queue of a topic is topic+"_workers", shared by every worker, so
@@ -175,7 +157,7 @@ type order struct {
 }
 
 func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) error {
-	db, err := openDB(s.DSN, 8+2*s.Batch, s.DialTimeout)
+	db, err := openDB(s.DSN, 8+2*s.Batch)
 	if err != nil {
 		return err
 	}
@@ -360,7 +342,7 @@ func pause(ctx context.Context, upTo time.Duration) {
 }
 
 func runRelay(ctx context.Context, s spec, logger watermill.LoggerAdapter) error {
-	db, err := openDB(s.DSN, 4, s.DialTimeout)
+	db, err := openDB(s.DSN, 4)
 	if err != nil {
 		return err
 	}

@@ -41,21 +41,16 @@ type cluster struct {
 	version, name string
 	port          int
 	// settings and hba replace clusterSettings and clusterHBA when set
-	// (the failover pair needs replication).
+	// (the failover pair needs replication, the storm a default
+	// max_connections).
 	settings, hba string
-	// connectTimeout is DSN's connect_timeout when set. Default: 5 s.
-	connectTimeout time.Duration
 }
 
 func (c cluster) String() string { return fmt.Sprintf("%s/%s on port %d", c.version, c.name, c.port) }
 
 // DSN addresses the cluster's postgres database as application app.
 func (c cluster) DSN(app string) string {
-	timeout := 5
-	if c.connectTimeout > 0 {
-		timeout = int(c.connectTimeout.Round(time.Second) / time.Second)
-	}
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&application_name=%s&connect_timeout=%d", c.port, app, timeout)
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&application_name=%s&connect_timeout=5", c.port, app)
 }
 
 func (c cluster) confDir() string { return filepath.Join("/etc/postgresql", c.version, c.name) }

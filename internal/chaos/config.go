@@ -81,16 +81,6 @@ type Config struct {
 	Batch int
 	// Timeout bounds each phase, drain included.
 	Timeout time.Duration
-	// DialTimeout, when positive, makes the run's pools on the private
-	// cluster (children, admin, janitor) dial outside the deadline of
-	// the call that needs a connection, each dial bounded by
-	// DialTimeout (also the DSNs' connect_timeout), at most a few at a
-	// time per process: a dial its caller gave up on is not wasted, so
-	// the server's accept queue cannot fill with connections nobody
-	// waits for (see dialer). Default: 0 (off: database/sql dials on the
-	// caller's context, connect_timeout 5 s) for Run; RunSurfaces
-	// defaults it to DefaultSurfacesDialTimeout.
-	DialTimeout time.Duration
 
 	// PGVersion, PGCluster and PGPort name the private cluster.
 	PGVersion, PGCluster string
@@ -186,9 +176,6 @@ func (c Config) Validate() error {
 	}
 	if c.TwoPhasePolicy != middleware.Intervene && c.TwoPhasePolicy != middleware.Reclaim {
 		errs = append(errs, fmt.Errorf("chaos: unknown two-phase policy %s", c.TwoPhasePolicy))
-	}
-	if c.DialTimeout < 0 {
-		errs = append(errs, errors.New("chaos: DialTimeout must not be negative"))
 	}
 	if c.Batch < 0 || c.Batch > middleware.MaxBatchMessages {
 		errs = append(errs, fmt.Errorf("chaos: Batch must be between 0 and %d", middleware.MaxBatchMessages))

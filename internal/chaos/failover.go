@@ -286,7 +286,7 @@ func runFailoverMode(parent context.Context, config FailoverConfig, exe string, 
 	if err := pr.reset(ctx, mode); err != nil {
 		return nil, err
 	}
-	admin, err := openDB(pr.DSN("chaos-admin"), 4, 0)
+	admin, err := openDB(pr.DSN("chaos-admin"), 4)
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +298,7 @@ func runFailoverMode(parent context.Context, config FailoverConfig, exe string, 
 	if _, err := admin.ExecContext(ctx, `CREATE TABLE `+probeTable+` (seq BIGINT PRIMARY KEY)`); err != nil {
 		return nil, err
 	}
-	pdb, err := openDB(pr.DSN("chaos-probe"), 1, 0)
+	pdb, err := openDB(pr.DSN("chaos-probe"), 1)
 	if err != nil {
 		return nil, err
 	}
@@ -366,7 +366,7 @@ func runFailoverMode(parent context.Context, config FailoverConfig, exe string, 
 		return res, err
 	}
 	// Its synchronous_standby_names has no standby left: commit locally.
-	old, err := openDB(pr.a.DSN("chaos-admin")+"&synchronous_commit=local", 2, 0)
+	old, err := openDB(pr.a.DSN("chaos-admin")+"&synchronous_commit=local", 2)
 	if err != nil {
 		return res, err
 	}
@@ -452,12 +452,12 @@ func (f *failover) ready(context.Context, names) (bool, string, error) {
 
 func (f *failover) run(ctx context.Context, t targets) error {
 	start := time.Now()
-	primary, err := openDB(f.pair.a.DSN("chaos-admin"), 2, 0)
+	primary, err := openDB(f.pair.a.DSN("chaos-admin"), 2)
 	if err != nil {
 		return err
 	}
 	defer primary.Close()
-	replica, err := openDB(f.pair.b.DSN("chaos-admin"), 2, 0)
+	replica, err := openDB(f.pair.b.DSN("chaos-admin"), 2)
 	if err != nil {
 		return err
 	}

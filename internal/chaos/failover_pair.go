@@ -134,7 +134,7 @@ func (p pair) reset(ctx context.Context, mode string) error {
 	if err := emptyDataDir(dir); err != nil {
 		return err
 	}
-	admin, err := openDB(a.DSN("chaos-admin"), 2, 0)
+	admin, err := openDB(a.DSN("chaos-admin"), 2)
 	if err != nil {
 		return err
 	}

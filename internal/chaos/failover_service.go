@@ -346,7 +346,7 @@ func newService(ctx context.Context, dsn, driver, prefix string, pub message.Pub
 	scopes := [2]string{"svc-notify", "svc-poll"}
 	switch driver {
 	case DriverStdlib:
-		if db, err = openDB(dsn, 12, 0); err != nil {
+		if db, err = openDB(dsn, 12); err != nil {
 			return svc, err
 		}
 		svc.closers = append(svc.closers, func() { _ = db.Close() })

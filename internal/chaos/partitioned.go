@@ -75,7 +75,7 @@ type sweeper struct {
 // seedExpired claims records that expired long ago into seedPartitions
 // partitions of n.Inbox and returns the janitor that will drop them.
 func (e *env) seedExpired(ctx context.Context, n names, spread time.Duration) (*sweeper, error) {
-	db, err := openDB(e.dsn("chaos-janitor"), 2, e.config.DialTimeout)
+	db, err := openDB(e.dsn("chaos-janitor"), 2)
 	if err != nil {
 		return nil, err
 	}

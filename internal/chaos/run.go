@@ -128,8 +128,12 @@ func Run(ctx context.Context, config Config) (*Report, error) {
 // config and returns it with an admin connection; done closes the
 // connection, stops the cluster and unlocks it.
 func openPrivate(ctx context.Context, config Config) (_ cluster, admin *sql.DB, done func(), err error) {
-	cl := cluster{version: config.PGVersion, name: config.PGCluster, port: config.PGPort, connectTimeout: config.DialTimeout}
-	unlock, err := lockCluster(cl, config.Out)
+	return openCluster(ctx, cluster{version: config.PGVersion, name: config.PGCluster, port: config.PGPort}, config.Out)
+}
+
+// openCluster is openPrivate for the cluster cl.
+func openCluster(ctx context.Context, cl cluster, out io.Writer) (_ cluster, admin *sql.DB, done func(), err error) {
+	unlock, err := lockCluster(cl, out)
 	if err != nil {
 		return cl, nil, nil, err
 	}
@@ -145,12 +149,12 @@ func openPrivate(ctx context.Context, config Config) (_ cluster, admin *sql.DB, 
 			done()
 		}
 	}()
-	fmt.Fprintf(config.Out, "chaos: private PostgreSQL cluster %s\n", cl)
+	fmt.Fprintf(out, "chaos: private PostgreSQL cluster %s\n", cl)
 	if err := cl.ensure(ctx); err != nil {
 		return cl, nil, nil, err
 	}
-	undo = append(undo, func() { stopOnReturn(ctx, config.Out, "the private cluster", cl.stop) })
-	if admin, err = openDB(cl.DSN("chaos-admin"), 4, config.DialTimeout); err != nil {
+	undo = append(undo, func() { stopOnReturn(ctx, out, "the private cluster", cl.stop) })
+	if admin, err = openDB(cl.DSN("chaos-admin"), 4); err != nil {
 		return cl, nil, nil, err
 	}
 	undo = append(undo, func() { _ = admin.Close() })
@@ -361,7 +365,7 @@ func (e *env) phase(parent context.Context, mode string, orders int, duration ti
 	base := spec{
 		Mode: mode, Names: n, DSN: "", LedgerPath: e.ledgerPath, AMQPURL: e.config.AMQPURL,
 		ExitAfterCommit: e.config.ExitAfterCommit, Lease: e.config.Lease, EffectDelay: e.config.EffectDelay,
-		Policy: e.config.TwoPhasePolicy, DialTimeout: e.config.DialTimeout,
+		Policy: e.config.TwoPhasePolicy,
 	}
 	if mode == Transactional {
 		base.Batch = e.config.Batch

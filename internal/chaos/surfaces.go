@@ -35,14 +35,6 @@ const (
 	DefaultSurfacesCluster = "surfaces"
 )
 
-// DefaultSurfacesDialTimeout is RunSurfaces' Config.DialTimeout: far
-// longer than the private cluster takes to serve the few dials each
-// process may have in flight (four of a dozen processes at some 30 a
-// second on two busy cores), and than a StoreTimeout of the suite's
-// 2 s lease (0.67 s), which bounded every dial of once and httpidem
-// before: their dials, given up after a fault, filled the accept queue.
-const DefaultSurfacesDialTimeout = 10 * time.Second
-
 // SurfacesConfig is one run of RunSurfaces. Config holds the cluster,
 // the workers and the partitioned-inbox phase (Orders, Duration,
 // FaultEvery, Duplicates; Orders 0 skips it); the keyed scenarios have
@@ -100,9 +92,6 @@ func (c *SurfacesConfig) setDefaults() {
 	}
 	if c.Callers == 0 {
 		c.Callers = 8
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultSurfacesDialTimeout
 	}
 	c.Config.setDefaults()
 }
@@ -261,7 +250,7 @@ func (e *env) keyed(parent context.Context, config SurfacesConfig) (_ []Phase, e
 	defer func() { stopClients(); clients.Wait() }()
 	for i, sc := range scs {
 		base := spec{Mode: sc.mode, Names: sc.n, LedgerPath: e.ledgerPath, Lease: e.config.Lease,
-			Policy: sc.policy, EffectDelay: e.config.EffectDelay, DialTimeout: e.config.DialTimeout}
+			Policy: sc.policy, EffectDelay: e.config.EffectDelay}
 		var addrs []string
 		for w := range e.config.Workers {
 			s, ssp := base, sp

@@ -291,7 +291,7 @@ func runCaller(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 // openSurface opens a keyed child's stores: the private cluster (at most
 // maxConns connections), its inbox table there and the SQLite ledger.
 func openSurface(s spec, maxConns int) (db, ledger *sql.DB, repo *postgres.Repository, closeAll func(), err error) {
-	if db, err = openDB(s.DSN, maxConns, s.DialTimeout); err != nil {
+	if db, err = openDB(s.DSN, maxConns); err != nil {
 		return nil, nil, nil, nil, err
 	}
 	if ledger, err = sqlite.Open(s.LedgerPath); err != nil {

@@ -219,12 +219,6 @@ func TestSurfacesConfig(t *testing.T) {
 	c.setDefaults()
 	require.NoError(t, c.Validate())
 	require.Equal(t, DefaultSurfacesPort, c.PGPort)
-	require.Equal(t, DefaultSurfacesDialTimeout, c.DialTimeout, "the surfaces' pools dial outside the calls' deadlines")
-	cl := cluster{port: c.PGPort, connectTimeout: c.DialTimeout}
-	require.Contains(t, cl.DSN("x"), "connect_timeout=10", "the DSN does not cut the dialer's dials short")
-	c.DialTimeout = -time.Second
-	require.ErrorContains(t, c.Validate(), "DialTimeout")
-	c.DialTimeout = DefaultSurfacesDialTimeout
 	c.PGPort = sharedPort
 	require.ErrorContains(t, c.Validate(), "must not be the shared one")
 	c = SurfacesCI()

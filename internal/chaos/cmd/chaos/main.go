@@ -9,6 +9,7 @@
 //	go run ./internal/chaos/cmd/chaos -config pair-start -replication sync   # the pair, left running
 //	go run ./internal/chaos/cmd/chaos -config pair-stop
 //	go run ./internal/chaos/cmd/chaos -config surfaces   # once, httpidem and the partitioned inbox on port 5450
+//	go run ./internal/chaos/cmd/chaos -config storm      # reconnect storms: every backend terminated under once.TwoPhase, port 5455
 //
 // It exits 0 when every phase kept its promise, 1 when the ledger found a
 // doubled or lost effect or the suite failed. A missing prerequisite
@@ -45,7 +46,7 @@ func main() {
 }
 
 func run() int {
-	preset := flag.String("config", "ci", "preset: ci (small, under two minutes), surfaces (once, httpidem and the partitioned inbox under faults, on port 5450), surfaces-full, full (thousands of orders, minutes) or failover (a primary and a streaming replica killed and promoted, per replication mode); pair-start -replication MODE leaves the pair running in that mode and prints the primary's DSN (for go run ./bench), pair-stop stops it")
+	preset := flag.String("config", "ci", "preset: ci (small, under two minutes), surfaces (once, httpidem and the partitioned inbox under faults, on port 5450), surfaces-full, full (thousands of orders, minutes) failover (a primary and a streaming replica killed and promoted, per replication mode) or storm (calls/s of once.TwoPhase before and after every backend is terminated, per driver and StoreTimeout, on port 5455); pair-start -replication MODE leaves the pair running in that mode and prints the primary's DSN (for go run ./bench), pair-stop stops it")
 	modes := flag.String("replication", "", "failover: comma-separated replication modes (async, sync, remote_apply; default all; none: the service measurement only)")
 	lagProcess := flag.String("lag-process", chaos.LagWALReceiver, "failover: the process stopped to make the replica lag (walreceiver or walsender)")
 	lag := flag.Duration("lag", 0, "failover: how long the replica is stopped before the primary is killed (0: 3s)")
@@ -61,6 +62,9 @@ func run() int {
 	keys := flag.Int("keys", -1, "surfaces: keys per keyed scenario, 0 to skip them (-1: the preset's)")
 	partitioned := flag.Int("partitioned-orders", -1, "surfaces: orders of the partitioned-inbox phase, 0 to skip it (-1: the preset's)")
 	httpPolicy := flag.String("http-policy", "intervene", "surfaces: httpidem's expired-lease policy (intervene or reclaim)")
+	stormPools := flag.Int("pools", 0, "storm: connection pools calling at once (0: 6); -workers is each pool's goroutines (0: 12)")
+	stormDrivers := flag.String("drivers", "", "storm: comma-separated drivers (database/sql, pgxpool; default both)")
+	stormTimeouts := flag.String("store-timeouts", "", "storm: comma-separated StoreTimeouts (default 100ms,1s,5s)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -100,6 +104,27 @@ func run() int {
 		}
 		config.Workers, config.Keep = *workers, *keep
 		report, err := chaos.RunSurfaces(ctx, config)
+		if report == nil {
+			return finish(nil, err)
+		}
+		return finish(report, err)
+	}
+	if *preset == "storm" {
+		config := chaos.StormConfig{Pools: *stormPools, Workers: *workers}
+		if *stormDrivers != "" {
+			config.Drivers = strings.Split(*stormDrivers, ",")
+		}
+		if *stormTimeouts != "" {
+			for _, s := range strings.Split(*stormTimeouts, ",") {
+				d, err := time.ParseDuration(s)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "chaos: -store-timeouts: %v\n", err)
+					return 2
+				}
+				config.StoreTimeouts = append(config.StoreTimeouts, d)
+			}
+		}
+		report, err := chaos.RunStorm(ctx, config)
 		if report == nil {
 			return finish(nil, err)
 		}
