@@ -69,8 +69,9 @@ type StormConfig struct {
 	// with a Lease three times as long (the default ratio). Default:
 	// 100 ms, 1 s, 5 s.
 	StoreTimeouts []time.Duration
-	// Warmup is how long the pools run before the baseline window, and
-	// Baseline that window. Default: 3 s each.
+	// Warmup is how long the pools run after their first call got
+	// through (which may take up to 30 s on a busy machine) before the
+	// baseline window, and Baseline that window. Default: 3 s each.
 	Warmup, Baseline time.Duration
 	// Cap is how long after the fault the throughput may take to come
 	// back to half the baseline; past it the cell reports never.
@@ -205,7 +206,7 @@ func (r *StormReport) OK() bool {
 func (r *StormReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nreconnect storm, %s, private PostgreSQL %s (max_connections %d), %d pools × %d workers of once.TwoPhase, Lease 3 × StoreTimeout;\n",
 		r.Started.Format("2006-01-02 15:04 UTC"), r.Cluster, r.MaxConnections, r.Pools, r.Workers)
-	fmt.Fprintf(w, "baseline after %s of warm-up, then every client backend terminated; back = a %s window at half the baseline (cap %s); %s in all\n\n",
+	fmt.Fprintf(w, "baseline %s after the first call, then every client backend terminated; back = a %s window at half the baseline (cap %s); %s in all\n\n",
 		r.Warmup, stormWindow, r.Cap, r.Elapsed.Round(time.Second))
 	fmt.Fprintf(w, "| driver | StoreTimeout | first call after start | calls/s before the fault | backends terminated | time to half the baseline | accept queue after the fault (max of backlog) | calls ok / failed |\n")
 	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -355,7 +356,7 @@ func (s *storm) cell(parent context.Context, driver string, storeTimeout time.Du
 		callers = append(callers, o)
 	}
 
-	total := s.config.Warmup + s.config.Baseline + s.config.Cap + 2*stormWindow
+	total := stormWarmupLimit + s.config.Warmup + s.config.Baseline + s.config.Cap + 2*stormWindow
 	tp := newThroughput(total)
 	var errs atomic.Int64
 	var wg sync.WaitGroup
@@ -382,11 +383,25 @@ func (s *storm) cell(parent context.Context, driver string, storeTimeout time.Du
 		cell.Calls, cell.Errors = tp.total(), errs.Load()
 	}()
 
-	if !sleepUntil(ctx, tp.start.Add(s.config.Warmup+s.config.Baseline)) {
+	// Cold pools warm up in their own time on a busy machine: the
+	// baseline starts Warmup after the first call got through, which
+	// may take up to stormWarmupLimit.
+	for {
+		if cell.FirstCall, cell.Warmed = tp.first(); cell.Warmed || time.Since(tp.start) > stormWarmupLimit {
+			break
+		}
+		if !sleepUntil(ctx, time.Now().Add(50*time.Millisecond)) {
+			return cell, ctx.Err()
+		}
+	}
+	if !cell.Warmed {
+		return cell, nil
+	}
+	from := cell.FirstCall + s.config.Warmup
+	if !sleepUntil(ctx, tp.start.Add(from+s.config.Baseline)) {
 		return cell, ctx.Err()
 	}
-	cell.FirstCall, cell.Warmed = tp.first()
-	cell.Before = tp.rate(s.config.Warmup, s.config.Warmup+s.config.Baseline)
+	cell.Before = tp.rate(from, from+s.config.Baseline)
 	if !cell.Warmed || cell.Before == 0 {
 		cell.Warmed = false
 		return cell, nil
@@ -414,6 +429,9 @@ func (s *storm) cell(parent context.Context, driver string, storeTimeout time.Du
 	}
 	return cell, nil
 }
+
+// stormWarmupLimit bounds the wait for a cell's first call.
+const stormWarmupLimit = 30 * time.Second
 
 // settle waits, after a cell, until the cluster has no storm backend
 // left and an empty accept queue, so that the next cell starts from

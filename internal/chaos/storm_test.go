@@ -104,7 +104,10 @@ func TestStormComesBackOnDatabaseSQL(t *testing.T) {
 	var out strings.Builder
 	report, err := RunStorm(t.Context(), StormConfig{
 		Drivers: []string{StormDatabaseSQL}, StoreTimeouts: []time.Duration{100 * time.Millisecond},
-		Warmup: 2 * time.Second, Baseline: 2 * time.Second, Cap: 20 * time.Second, Out: &out,
+		// Generous: the test asserts that the calls come back, not how
+		// fast (a loaded CI machine takes its time; -config storm
+		// measures it).
+		Warmup: 2 * time.Second, Baseline: 2 * time.Second, Cap: time.Minute, Out: &out,
 	})
 	if errors.Is(err, ErrPrerequisite) && os.Getenv("CI") != "true" {
 		t.Skipf("skipping: %v (set CI=true to make this a failure)", err)
@@ -118,5 +121,5 @@ func TestStormComesBackOnDatabaseSQL(t *testing.T) {
 	cell := report.Cells[0]
 	require.True(t, cell.Warmed, "the cold pools never served a call")
 	require.Positive(t, cell.Terminated, "the fault terminated no backend")
-	require.True(t, cell.Recovered, "no %s window at half the baseline (%.0f calls/s) within %s of the fault", stormWindow, cell.Before, 20*time.Second)
+	require.True(t, cell.Recovered, "no %s window at half the baseline (%.0f calls/s) within %s of the fault", stormWindow, cell.Before, time.Minute)
 }

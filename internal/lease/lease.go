@@ -245,15 +245,28 @@ func (k *Keeper) Release(ctx context.Context, lease repository.LeaseParams, budg
 // attempt's owner with nobody working on it until its lease expired —
 // and then Intervene would send a message whose effect never ran to an
 // operator. The release is fenced by this attempt's owner, a no-op when
-// the claim never happened. The call does not wait for it: a store that
-// failed the claim is likely to fail the release too, for a while.
+// the claim never happened — as it most often did not.
+//
+// The call does not wait for it, and it is tried once, bounded by
+// StoreTimeout, and only while fewer than MaxBackground writes run in
+// the background: a store that failed the claim is likely to fail the
+// release too, and during an outage every failed call would otherwise
+// add a write of its own to the store's load (after a restart of
+// PostgreSQL, six pools of twelve workers at a 100 ms StoreTimeout never
+// got their reconnects through). A claim left behind frees when its
+// lease expires.
 func (k *Keeper) ReleaseUnanswered(ctx context.Context, lease repository.LeaseParams, cause error, fields watermill.LogFields) {
-	if errors.Is(cause, repository.ErrInvalidParams) {
-		return // refused before any write
+	if errors.Is(cause, repository.ErrInvalidParams) || !k.background.add(MaxBackground) {
+		return // refused before any write, or the store has enough to do
 	}
-	if err := k.Release(ctx, lease, 0, fields); err != nil && !errors.Is(err, ErrPending) {
-		k.Logger.Error(k.Name+": could not release a claim whose answer was lost; it frees when the lease expires", err, fields)
-	}
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		defer k.background.done()
+		err := k.Call(ctx, func(ctx context.Context) error { return k.Repo.Release(ctx, lease) })
+		if err != nil && !errors.Is(err, repository.ErrLeaseLost) {
+			k.Logger.Info(k.Name+": could not release a claim whose answer was lost; it frees when its lease expires", fields.Add(watermill.LogFields{"err": err.Error()}))
+		}
+	}()
 }
 
 // within runs write in a goroutine and waits for it for at most budget.
