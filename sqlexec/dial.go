@@ -84,7 +84,7 @@ func (g *connGate) conn(ctx context.Context) (*sql.Conn, error) {
 	select {
 	case g.slots <- struct{}{}:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting to acquire a connection: %w", ctx.Err())
+		return nil, notSent{fmt.Errorf("waiting to acquire a connection: %w", ctx.Err())}
 	}
 	type acquired struct {
 		conn *sql.Conn
@@ -113,9 +113,21 @@ func (g *connGate) conn(ctx context.Context) (*sql.Conn, error) {
 		return a.conn, a.err
 	case <-ctx.Done():
 		close(left)
-		return nil, fmt.Errorf("acquiring a connection: %w", ctx.Err())
+		return nil, notSent{fmt.Errorf("acquiring a connection: %w", ctx.Err())}
 	}
 }
+
+// notSent is the error of a call that gave up before it had a
+// connection: its statement never reached the database. Its
+// StatementNotSent method tells the two-phase protocol that a claim
+// failing so needs no release (internal/lease).
+type notSent struct{ error }
+
+func (e notSent) Unwrap() error { return e.error }
+
+// StatementNotSent reports that the statement never reached the
+// database.
+func (notSent) StatementNotSent() bool { return true }
 
 // exec runs a statement on a connection of the gate.
 func (g *connGate) exec(ctx context.Context, query string, args ...any) (int64, error) {

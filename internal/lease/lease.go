@@ -247,27 +247,43 @@ func (k *Keeper) Release(ctx context.Context, lease repository.LeaseParams, budg
 // operator. The release is fenced by this attempt's owner, a no-op when
 // the claim never happened — as it most often did not.
 //
-// The call does not wait for it, and it is tried once, bounded by
-// StoreTimeout, and only while fewer than MaxBackground writes run in
-// the background: a store that failed the claim is likely to fail the
-// release too, and during an outage every failed call would otherwise
-// add a write of its own to the store's load (after a restart of
-// PostgreSQL, six pools of twelve workers at a 100 ms StoreTimeout never
-// got their reconnects through). A claim left behind frees when its
-// lease expires.
+// The call does not wait for it. It is tried unansweredAttempts times at
+// most (a pool hands out one more dead connection after its
+// connections were cut), with Retry's pauses and no extension, and not
+// at all when cause shows the claim's statement never reached the store
+// (the call gave up waiting for a connection) or while MaxBackground
+// writes run in the background already: after a restart every failed
+// call would otherwise add writes of its own to the store's reconnects
+// (six database/sql pools of twelve workers at a 100 ms StoreTimeout
+// then never came back). A claim left behind frees when its lease
+// expires.
 func (k *Keeper) ReleaseUnanswered(ctx context.Context, lease repository.LeaseParams, cause error, fields watermill.LogFields) {
-	if errors.Is(cause, repository.ErrInvalidParams) || !k.background.add(MaxBackground) {
-		return // refused before any write, or the store has enough to do
+	var ns interface{ StatementNotSent() bool }
+	if errors.Is(cause, repository.ErrInvalidParams) || errors.As(cause, &ns) && ns.StatementNotSent() || !k.background.add(MaxBackground) {
+		return
 	}
 	ctx = context.WithoutCancel(ctx)
 	go func() {
 		defer k.background.done()
-		err := k.Call(ctx, func(ctx context.Context) error { return k.Repo.Release(ctx, lease) })
-		if err != nil && !errors.Is(err, repository.ErrLeaseLost) {
-			k.Logger.Info(k.Name+": could not release a claim whose answer was lost; it frees when its lease expires", fields.Add(watermill.LogFields{"err": err.Error()}))
+		wait := k.Retry.InitialInterval
+		for attempt := 1; ; attempt++ {
+			err := k.Call(ctx, func(ctx context.Context) error { return k.Repo.Release(ctx, lease) })
+			if err == nil || errors.Is(err, repository.ErrLeaseLost) {
+				return
+			}
+			if attempt >= min(unansweredAttempts, k.Retry.MaxAttempts) {
+				k.Logger.Info(k.Name+": could not release a claim whose answer was lost; it frees when its lease expires", fields.Add(watermill.LogFields{"err": err.Error()}))
+				return
+			}
+			time.Sleep(wait)
+			wait = min(2*wait, k.Retry.MaxInterval)
 		}
 	}()
 }
+
+// unansweredAttempts bounds the releases of a claim whose answer was
+// lost (ReleaseUnanswered).
+const unansweredAttempts = 3
 
 // within runs write in a goroutine and waits for it for at most budget.
 // If it ends in time, its error is returned. Otherwise write goes on in
