@@ -75,7 +75,9 @@ bench:
 # once in the default mode and once with group commit (batches of 8),
 # then the surfaces configuration (once, httpidem and the partitioned
 # inbox under the same faults, on a private cluster of its own, port
-# 5450, about a minute), which chaos-surfaces runs alone. The surfaces
+# 5450, about a minute), which chaos-surfaces runs alone, then the storm
+# test (every backend of 72 database/sql callers terminated, port 5455)
+# alone and without the race detector, which make test skips. The surfaces
 # children open their pools as a user does (sql.Open): with a 0.67 s
 # StoreTimeout, that their reconnects after a terminate or restart fault
 # do not fill the cluster's accept queue and time out behind each other
@@ -90,6 +92,7 @@ chaos-ci:
 	$(GO) run ./internal/chaos/cmd/chaos -config ci
 	$(GO) run ./internal/chaos/cmd/chaos -config ci -batch 8
 	$(GO) run ./internal/chaos/cmd/chaos -config surfaces
+	$(GO) test -count=1 -run '^TestStormComesBackOnDatabaseSQL$$' -v ./internal/chaos
 
 chaos-surfaces:
 	$(GO) run ./internal/chaos/cmd/chaos -config surfaces

@@ -158,7 +158,8 @@ type StormCell struct {
 	Driver       string
 	StoreTimeout time.Duration
 	// FirstCall is when the first call succeeded, from the start of the
-	// cold pools; Warmed is false when none did before the fault.
+	// cold pools; Warmed is false when none did, or when no Baseline
+	// window in the 30 s after it served a call.
 	FirstCall time.Duration
 	Warmed    bool
 	// Before is the successful calls per second in the baseline window.
@@ -356,7 +357,7 @@ func (s *storm) cell(parent context.Context, driver string, storeTimeout time.Du
 		callers = append(callers, o)
 	}
 
-	total := stormWarmupLimit + s.config.Warmup + s.config.Baseline + s.config.Cap + 2*stormWindow
+	total := 2*stormWarmupLimit + s.config.Warmup + s.config.Baseline + s.config.Cap + 2*stormWindow
 	tp := newThroughput(total)
 	var errs atomic.Int64
 	var wg sync.WaitGroup
@@ -397,14 +398,22 @@ func (s *storm) cell(parent context.Context, driver string, storeTimeout time.Du
 	if !cell.Warmed {
 		return cell, nil
 	}
-	from := cell.FirstCall + s.config.Warmup
-	if !sleepUntil(ctx, tp.start.Add(from+s.config.Baseline)) {
-		return cell, ctx.Err()
-	}
-	cell.Before = tp.rate(from, from+s.config.Baseline)
-	if !cell.Warmed || cell.Before == 0 {
-		cell.Warmed = false
-		return cell, nil
+	// The baseline is the first Baseline window, Warmup after the first
+	// call, in which calls got through: on a loaded machine the pools may
+	// serve a few calls and then time out for a while before they settle.
+	// Windows slide by stormBucket until one counts or stormWarmupLimit
+	// has passed since the first call.
+	for from := cell.FirstCall + s.config.Warmup; ; from += stormBucket {
+		if !sleepUntil(ctx, tp.start.Add(from+s.config.Baseline)) {
+			return cell, ctx.Err()
+		}
+		if cell.Before = tp.rate(from, from+s.config.Baseline); cell.Before > 0 {
+			break
+		}
+		if from-cell.FirstCall > stormWarmupLimit {
+			cell.Warmed = false
+			return cell, nil
+		}
 	}
 	fctx, fcancel := context.WithTimeout(ctx, 10*time.Second)
 	err := s.admin.QueryRowContext(fctx, `SELECT count(*) FILTER (WHERE t) FROM (SELECT pg_terminate_backend(pid) AS t

@@ -101,6 +101,13 @@ func TestStormComesBackOnDatabaseSQL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a private cluster under a storm of 72 callers")
 	}
+	if raceDetector {
+		// make chaos-ci runs it alone, without the race detector: under
+		// -race and beside the other packages, calls with a 100 ms
+		// StoreTimeout time out on the CPU, which says nothing of the
+		// reconnects.
+		t.Skip("skipping under -race: make chaos-ci runs it without the race detector")
+	}
 	var out strings.Builder
 	report, err := RunStorm(t.Context(), StormConfig{
 		Drivers: []string{StormDatabaseSQL}, StoreTimeouts: []time.Duration{100 * time.Millisecond},
