@@ -15,6 +15,7 @@ import (
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
@@ -217,7 +218,7 @@ func scenarioBare(ctx context.Context, d *database, n, c int) (result, error) {
 }
 
 // newInbox returns a transactional inbox on a fresh table of t.
-func newInbox(ctx context.Context, d *database, t *tables, observer middleware.Observer, retention time.Duration, mutate ...func(*middleware.Config)) (*middleware.Inbox, inboxRepo, string, error) {
+func newInbox(ctx context.Context, d *database, t *tables, observer idempotency.Observer, retention time.Duration, mutate ...func(*middleware.Config)) (*middleware.Inbox, inboxRepo, string, error) {
 	table := t.add("bench_inbox_" + randomSuffix())
 	repo, err := d.newRepo(ctx, table)
 	if err != nil {

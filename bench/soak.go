@@ -17,8 +17,8 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/bench/internal/stats"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 )
 
@@ -47,8 +47,8 @@ type claimObserver struct {
 	failed   atomic.Int64
 }
 
-func (o *claimObserver) ObserveDelivery(_ context.Context, d middleware.Delivery) {
-	if d.Outcome != middleware.OutcomeProcessed {
+func (o *claimObserver) ObserveDelivery(_ context.Context, d idempotency.Delivery) {
+	if d.Outcome != idempotency.OutcomeProcessed {
 		o.failed.Add(1)
 	}
 	p := o.phase.Load()

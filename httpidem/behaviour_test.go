@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
@@ -138,10 +138,10 @@ var scenarios = []scenario{
 		return e.last(t, q)
 	}, 201},
 	{"same POST with K", "K's earlier request died mid-run (lease expired), OnExpiredLease: Intervene", func(t *testing.T, e *env) (reply, int) {
-		return expired(t, e, "k12", middleware.Intervene)
+		return expired(t, e, "k12", idempotency.Intervene)
 	}, 409},
 	{"same POST with K", "K's earlier request died mid-run (lease expired), OnExpiredLease: Reclaim", func(t *testing.T, e *env) (reply, int) {
-		return expired(t, e, "k13", middleware.Reclaim)
+		return expired(t, e, "k13", idempotency.Reclaim)
 	}, 201},
 	{"POST with K", "store unavailable", func(t *testing.T, e *env) (reply, int) {
 		db, err := sqlite.Open(filepath.Join(t.TempDir(), "closed.db"))
@@ -159,7 +159,7 @@ var scenarios = []scenario{
 // expired leaves key in progress under a lease that is already over: a
 // server whose clock is an hour behind takes the request and hangs. Then
 // the request comes again to a server with the given policy.
-func expired(t *testing.T, e *env, key string, policy middleware.ExpiredLeasePolicy) (reply, int) {
+func expired(t *testing.T, e *env, key string, policy idempotency.ExpiredLeasePolicy) (reply, int) {
 	hung := newShop()
 	entered, release := hung.hold(key)
 	defer release()

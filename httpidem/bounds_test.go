@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
 )
 
@@ -27,7 +27,7 @@ func TestStoreThatStopsAnsweringHoldsNoRequest(t *testing.T) {
 		repo := &backends.Hanging{TwoPhase: memory.NewRepository()}
 		srv, idem := serverWith(t, repo, s, httpidem.Config{
 			Lease: 3 * time.Second, StoreTimeout: storeTimeout,
-			FinishRetry: middleware.FinishRetry{MaxAttempts: 50, InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+			FinishRetry: idempotency.FinishRetry{MaxAttempts: 50, InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		})
 		return repo, idem, srv.URL
 	}

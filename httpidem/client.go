@@ -4,13 +4,13 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 )
 
 type callNameKey struct{}
 
 // WithName names the downstream call made with ctx, so that Transport
-// sends middleware.Derive(key, name) instead of the bare key. Use one
+// sends idempotency.Derive(key, name) instead of the bare key. Use one
 // name per distinct call a handler makes.
 func WithName(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, callNameKey{}, name)
@@ -19,7 +19,7 @@ func WithName(ctx context.Context, name string) context.Context {
 // Transport is the client side: an http.RoundTripper that sets the
 // Idempotency-Key header (HeaderKey) of requests made inside an inbox
 // handler (with a context derived from msg.Context()): the message's
-// deduplication key, or middleware.Derive(key, name) when the context
+// deduplication key, or idempotency.Derive(key, name) when the context
 // carries a name from WithName. A request that already has the header,
 // or whose context has no key, is sent unchanged. The request passed in
 // is never modified; a clone carries the header.
@@ -39,12 +39,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		base = http.DefaultTransport
 	}
 	ctx := req.Context()
-	key, ok := middleware.KeyFromContext(ctx)
+	key, ok := idempotency.KeyFromContext(ctx)
 	if !ok || req.Header.Get(HeaderKey) != "" {
 		return base.RoundTrip(req)
 	}
 	if name, ok := ctx.Value(callNameKey{}).(string); ok && name != "" {
-		key = middleware.Derive(key, name)
+		key = idempotency.Derive(key, name)
 	}
 	clone := req.Clone(ctx)
 	clone.Header.Set(HeaderKey, key)

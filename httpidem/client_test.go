@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
 )
@@ -58,7 +59,7 @@ func TestTransportSetsHeader(t *testing.T) {
 	_, err = mw(message.NewMessage("order-1", nil))
 	require.NoError(t, err)
 
-	charge := middleware.Derive("order-1", "charge-card")
+	charge := idempotency.Derive("order-1", "charge-card")
 	require.Equal(t, []string{"order-1", charge, "order-1", charge}, seen)
 
 	// Outside a handler, or with the header already set, nothing changes.

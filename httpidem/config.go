@@ -12,8 +12,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/lease"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/once"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -112,13 +112,13 @@ type Config struct {
 	// middleware.TwoPhaseConfig: a handler's claim is extended every
 	// ExtendEvery while it runs; a claim whose lease expired (the server
 	// crashed mid-request) is reclaimed and the handler runs again
-	// (middleware.Reclaim), or answers 409 with a problem of type
-	// ProblemNeedsIntervention and no Retry-After (middleware.Intervene,
+	// (idempotency.Reclaim), or answers 409 with a problem of type
+	// ProblemNeedsIntervention and no Retry-After (idempotency.Intervene,
 	// the default) until an operator resolves the record. Defaults:
-	// middleware.DefaultLease (30 s), Lease/3, Intervene.
+	// idempotency.DefaultLease (30 s), Lease/3, Intervene.
 	Lease          time.Duration
 	ExtendEvery    time.Duration
-	OnExpiredLease middleware.ExpiredLeasePolicy
+	OnExpiredLease idempotency.ExpiredLeasePolicy
 	// StoreTimeout bounds each store call of a request: the claim, every
 	// lease extension and every attempt to store the response or release
 	// the key. A hung call is abandoned after it, and a request waits for
@@ -134,14 +134,14 @@ type Config struct {
 	// error, while the lease is held, as in middleware.TwoPhaseConfig: one
 	// dropped connection after the handler ran neither runs it twice nor
 	// strands the key. The client waits for the retries. Default: see
-	// middleware.FinishRetry.
-	FinishRetry middleware.FinishRetry
+	// idempotency.FinishRetry.
+	FinishRetry idempotency.FinishRetry
 	// Retention is how long a key and its response are kept. Default:
 	// DefaultRetention (24 h).
 	Retention time.Duration
-	// Observer receives one middleware.Delivery per request of Methods
-	// that carries a key or must, with Consumer Namespace, Mode "http",
-	// HTTPRoute (Route's) and HTTPStatus (the response's), and these
+	// Observer receives one idempotency.Delivery per request of Methods
+	// that carries a key or must, with Scope Namespace, Mode ModeHTTP and
+	// Operation the route (Route's), and these
 	// outcomes: processed (the handler ran, its response is stored),
 	// replayed (a stored response sent again), lease_busy (409 in
 	// flight), payload_mismatch (422), needs_intervention (409),
@@ -152,13 +152,14 @@ type Config struct {
 	// started (the whole time when it did not run). metrics.Metrics
 	// implements it: the requests appear in deliveries_total and
 	// claim_duration_seconds under consumer Namespace. An Observer that
-	// is a middleware.DeliveryStarter starts each request before its key
+	// is an idempotency.DeliveryStarter starts each request before its key
 	// is claimed, in the request context's span or its traceparent
 	// header, and the handler runs in the context it returns:
 	// tracing.New(tp) gives each request a span,
-	// "idempotency <route>", with the handler's spans under it.
+	// "idempotency <route>", with the handler's spans under it and the
+	// response's http.response.status_code.
 	// Default: none (no reports, no spans).
-	Observer middleware.Observer
+	Observer idempotency.Observer
 	// Logger receives the logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.

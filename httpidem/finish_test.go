@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 // sendUntilSettled sends q again while the answer is 409 in flight, as a
@@ -34,7 +34,7 @@ func sendUntilSettled(t *testing.T, client *http.Client, base string, q request)
 // needs-intervention forever for a request that succeeded (Intervene):
 // the retry gets the first response replayed.
 func TestCompleteFailingOnce(t *testing.T) {
-	for _, policy := range []middleware.ExpiredLeasePolicy{middleware.Intervene, middleware.Reclaim} {
+	for _, policy := range []idempotency.ExpiredLeasePolicy{idempotency.Intervene, idempotency.Reclaim} {
 		for _, lostAnswer := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/lost-answer=%t", policy, lostAnswer), func(t *testing.T) {
 				t.Parallel()
@@ -55,7 +55,7 @@ func TestCompleteFailingOnce(t *testing.T) {
 					require.Equal(t, "true", again.header.Get(httpidem.HeaderReplayed))
 					require.Equal(t, first.body, again.body)
 					require.Equal(t, first.header.Get("Location"), again.header.Get("Location"))
-					require.Equal(t, middleware.OutcomeProcessed, seen.Outcomes()[0], "the first response is stored")
+					require.Equal(t, idempotency.OutcomeProcessed, seen.Outcomes()[0], "the first response is stored")
 					// A retry; unless the first committed: the lease extension
 					// before the retry then finds the record completed, by this call.
 					wantCompletes := 2

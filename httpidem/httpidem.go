@@ -18,7 +18,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/once"
 )
 
@@ -76,7 +76,7 @@ const (
 // still in flight when the handler returns is abandoned, not waited for.
 // Keys are stored per (principal, route, key) under the consumer
 // Namespace. Every request of Methods that carries a key, or must, is
-// reported to Config.Observer as a middleware.Delivery (see
+// reported to Config.Observer as a idempotency.Delivery (see
 // Config.Observer for the outcomes and spans). Idempotency is safe for
 // concurrent use.
 type Idempotency struct {
@@ -132,13 +132,13 @@ func (m *Idempotency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 	route := c.Route(r)
 	obs, ctx := m.begin(r, route)
 	ended := false
-	end := func(outcome middleware.Outcome, status int, err error) {
+	end := func(outcome idempotency.Outcome, status int, err error) {
 		ended = true
 		obs.end(ctx, outcome, status, err)
 	}
 	defer func() {
 		if !ended { // the handler panicked; the key is released
-			end(middleware.OutcomeFailed, http.StatusInternalServerError, errors.New("handler panicked"))
+			end(idempotency.OutcomeFailed, http.StatusInternalServerError, errors.New("handler panicked"))
 		}
 	}()
 	principal, body, ok := m.admit(w, r, key, present, err, end)
@@ -171,17 +171,17 @@ func (m *Idempotency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 // admit checks a request of Methods before it runs: its key (parsed by
 // parseKey), its principal and its body, which it reads. A request that
 // fails a check is answered and ended, and ok is false.
-func (m *Idempotency) admit(w http.ResponseWriter, r *http.Request, key string, present bool, keyErr error, end func(middleware.Outcome, int, error)) (principal string, body []byte, ok bool) {
+func (m *Idempotency) admit(w http.ResponseWriter, r *http.Request, key string, present bool, keyErr error, end func(idempotency.Outcome, int, error)) (principal string, body []byte, ok bool) {
 	c := m.config
 	switch {
 	case !present:
 		problem(w, http.StatusBadRequest, ProblemKeyMissing, "Idempotency-Key is missing",
 			fmt.Sprintf("%s %s requires an Idempotency-Key header.", r.Method, r.URL.Path), nil)
-		end(middleware.OutcomeNoKey, http.StatusBadRequest, fmt.Errorf("%w: no Idempotency-Key header", middleware.ErrNoKey))
+		end(idempotency.OutcomeNoKey, http.StatusBadRequest, fmt.Errorf("%w: no Idempotency-Key header", idempotency.ErrNoKey))
 		return "", nil, false
 	case keyErr != nil:
 		problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Idempotency-Key is invalid", keyErr.Error(), nil)
-		end(middleware.OutcomeNoKey, http.StatusBadRequest, fmt.Errorf("%w: %w", middleware.ErrNoKey, keyErr))
+		end(idempotency.OutcomeNoKey, http.StatusBadRequest, fmt.Errorf("%w: %w", idempotency.ErrNoKey, keyErr))
 		return "", nil, false
 	}
 	if !c.Global {
@@ -190,20 +190,20 @@ func (m *Idempotency) admit(w http.ResponseWriter, r *http.Request, key string, 
 		if err != nil || principal == "" {
 			problem(w, http.StatusUnauthorized, ProblemNoPrincipal, "No authenticated client",
 				"An Idempotency-Key is kept per client, and this request has none.", nil)
-			end(middleware.OutcomeNoScope, http.StatusUnauthorized, fmt.Errorf("%w: no authenticated client: %w", middleware.ErrNoScope, err))
+			end(idempotency.OutcomeNoScope, http.StatusUnauthorized, fmt.Errorf("%w: no authenticated client: %w", idempotency.ErrNoScope, err))
 			return "", nil, false
 		}
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, c.MaxBodyBytes+1))
 	if err != nil {
 		problem(w, http.StatusBadRequest, ProblemKeyInvalid, "Could not read the request body", err.Error(), nil)
-		end(middleware.OutcomeFailed, http.StatusBadRequest, err)
+		end(idempotency.OutcomeFailed, http.StatusBadRequest, err)
 		return "", nil, false
 	}
 	if int64(len(body)) > c.MaxBodyBytes {
 		problem(w, http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Request body too large",
 			fmt.Sprintf("Requests with an Idempotency-Key may carry at most %d bytes.", c.MaxBodyBytes), nil)
-		end(middleware.OutcomeFailed, http.StatusRequestEntityTooLarge, fmt.Errorf("request body over %d bytes", c.MaxBodyBytes))
+		end(idempotency.OutcomeFailed, http.StatusRequestEntityTooLarge, fmt.Errorf("request body over %d bytes", c.MaxBodyBytes))
 		return "", nil, false
 	}
 	_ = r.Body.Close()
@@ -212,45 +212,45 @@ func (m *Idempotency) admit(w http.ResponseWriter, r *http.Request, key string, 
 
 // answer sends the response of a request once does answered: the
 // handler's (rec, when it ran), a replayed one, or a problem.
-func (m *Idempotency) answer(w http.ResponseWriter, rec *recorder, res once.Result, err error, fields watermill.LogFields, end func(middleware.Outcome, int, error)) {
+func (m *Idempotency) answer(w http.ResponseWriter, rec *recorder, res once.Result, err error, fields watermill.LogFields, end func(idempotency.Outcome, int, error)) {
 	c := m.config
 	switch {
 	case rec != nil:
 		// The handler ran: its response goes out whatever the store said.
-		outcome := middleware.OutcomeProcessed
+		outcome := idempotency.OutcomeProcessed
 		switch {
 		case errors.Is(err, errNotStored):
-			outcome, err = middleware.OutcomeFailed, fmt.Errorf("response with status %d %w: the key is released", rec.status, errNotStored)
+			outcome, err = idempotency.OutcomeFailed, fmt.Errorf("response with status %d %w: the key is released", rec.status, errNotStored)
 		case err != nil:
-			outcome = middleware.OutcomeFailed
+			outcome = idempotency.OutcomeFailed
 			c.Logger.Error("Idempotency: the handler ran but its response could not be stored; a retry meets the store's state then", err, fields)
 		}
 		rec.finish()
 		end(outcome, rec.status, err)
 	case err == nil:
 		status := m.replay(w, res.Value, fields)
-		outcome := middleware.OutcomeReplayed
+		outcome := idempotency.OutcomeReplayed
 		if status == http.StatusInternalServerError {
-			outcome, err = middleware.OutcomeFailed, errors.New("stored response unreadable")
+			outcome, err = idempotency.OutcomeFailed, errors.New("stored response unreadable")
 		}
 		end(outcome, status, err)
-	case errors.Is(err, middleware.ErrPayloadMismatch):
+	case errors.Is(err, idempotency.ErrPayloadMismatch):
 		problem(w, http.StatusUnprocessableEntity, ProblemKeyReused, "Idempotency-Key is already used",
 			"This Idempotency-Key was used with another request (method, path or body).", nil)
-		end(middleware.OutcomePayloadMismatch, http.StatusUnprocessableEntity, err)
-	case errors.Is(err, middleware.ErrNeedsIntervention):
+		end(idempotency.OutcomePayloadMismatch, http.StatusUnprocessableEntity, err)
+	case errors.Is(err, idempotency.ErrNeedsIntervention):
 		problem(w, http.StatusConflict, ProblemNeedsIntervention, "An earlier request with this Idempotency-Key stopped mid-run",
 			"Its outcome is unknown; an operator must resolve it before the key can be used again.", nil)
-		end(middleware.OutcomeNeedsIntervention, http.StatusConflict, err)
-	case errors.Is(err, middleware.ErrInProgress):
+		end(idempotency.OutcomeNeedsIntervention, http.StatusConflict, err)
+	case errors.Is(err, idempotency.ErrInProgress):
 		problem(w, http.StatusConflict, ProblemInFlight, "A request with this Idempotency-Key is in flight",
 			"Retry after the earlier request has completed.", retryAfter(c.RetryAfter))
-		end(middleware.OutcomeLeaseBusy, http.StatusConflict, err)
+		end(idempotency.OutcomeLeaseBusy, http.StatusConflict, err)
 	default:
 		c.Logger.Error("Idempotency: store failed; the handler did not run", err, fields)
 		problem(w, http.StatusServiceUnavailable, ProblemStoreUnavailable, "Idempotency store unavailable",
 			"The request was not processed; retry it with the same Idempotency-Key.", retryAfter(c.RetryAfter))
-		end(middleware.OutcomeFailed, http.StatusServiceUnavailable, err)
+		end(idempotency.OutcomeFailed, http.StatusServiceUnavailable, err)
 	}
 }
 

@@ -6,22 +6,27 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/fanout"
-	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 // observation follows one request the way the inbox follows a delivery:
-// one middleware.Delivery (mode "http") for the Observer, so
+// one idempotency.Delivery (ModeHTTP) for the Observer, so
 // metrics.Metrics counts HTTP requests in deliveries_total under the
 // consumer Namespace and tracing.Tracer gives each a span.
 type observation struct {
-	d        middleware.Delivery
-	start    time.Time
-	claimed  time.Duration // until the handler started; 0: it did not
-	observer middleware.Observer
+	d       idempotency.Delivery
+	start   time.Time
+	claimed time.Duration // until the handler started; 0: it did not
+	status  int           // the response's status, for the log fields
+	// parent is the span the request came in with; a DeliveryStarter
+	// that started another one gets the response's status on it.
+	parent   trace.Span
+	observer idempotency.Observer
 	logger   watermill.LoggerAdapter
 }
 
@@ -34,12 +39,13 @@ func (m *Idempotency) begin(r *http.Request, route string) (*observation, contex
 		ctx = propagation.TraceContext{}.Extract(ctx, propagation.HeaderCarrier(r.Header))
 	}
 	o := &observation{
-		d:        middleware.Delivery{Consumer: m.config.Namespace, Mode: "http", HTTPRoute: route},
+		d:        idempotency.Delivery{Scope: m.config.Namespace, Mode: idempotency.ModeHTTP, Operation: route},
 		observer: m.config.Observer,
 		logger:   m.config.Logger,
 	}
-	if s, ok := o.observer.(middleware.DeliveryStarter); ok {
-		ctx = fanout.Started(ctx, s, o.d, middleware.DeliveryStarter.StartDelivery, o.logger, o.fields())
+	if s, ok := o.observer.(idempotency.DeliveryStarter); ok {
+		o.parent = trace.SpanFromContext(ctx)
+		ctx = fanout.Started(ctx, s, o.d, idempotency.DeliveryStarter.StartDelivery, o.logger, o.fields())
 	}
 	o.start = time.Now()
 	return o, ctx
@@ -52,17 +58,22 @@ func (o *observation) handlerStarted() { o.claimed = time.Since(o.start) }
 
 // end reports the delivery with its outcome and response status. err is
 // what made the outcome a failure, if any.
-func (o *observation) end(ctx context.Context, outcome middleware.Outcome, status int, err error) {
-	o.d.Outcome, o.d.Err, o.d.Total, o.d.HTTPStatus = outcome, err, time.Since(o.start), status
+func (o *observation) end(ctx context.Context, outcome idempotency.Outcome, status int, err error) {
+	o.d.Outcome, o.d.Err, o.d.Total, o.status = outcome, err, time.Since(o.start), status
 	o.d.Claim = o.claimed
 	if o.claimed == 0 {
 		o.d.Claim = o.d.Total
 	}
+	if span := trace.SpanFromContext(ctx); o.parent != nil && span != o.parent && span.IsRecording() && status != 0 {
+		// Delivery carries no HTTP fields: the span an Observer started
+		// for the request (tracing.Tracer's) gets its status here.
+		span.SetAttributes(attribute.Int("http.response.status_code", status))
+	}
 	if o.observer != nil {
-		fanout.Reported(ctx, o.observer, o.d, middleware.Observer.ObserveDelivery, o.logger, o.fields())
+		fanout.Reported(ctx, o.observer, o.d, idempotency.Observer.ObserveDelivery, o.logger, o.fields())
 	}
 }
 
 func (o *observation) fields() watermill.LogFields {
-	return watermill.LogFields{"namespace": o.d.Consumer, "route": o.d.HTTPRoute, "key": o.d.Key, "outcome": string(o.d.Outcome)}
+	return watermill.LogFields{"namespace": o.d.Scope, "route": o.d.Operation, "key": o.d.Key, "outcome": string(o.d.Outcome), "status": o.status}
 }

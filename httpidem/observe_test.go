@@ -16,9 +16,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
 	"github.com/idemkit/watermill-idempotent/internal/tracetest"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
 	"github.com/idemkit/watermill-idempotent/tracing"
 )
@@ -33,7 +33,7 @@ func TestMetricsAndSpans(t *testing.T) {
 	tp := tracetest.NewRecorder()
 
 	s := newShop()
-	srv := server(t, memory.NewRepository(), s, httpidem.Config{Observer: middleware.Observers(m, tracing.New(tp))})
+	srv := server(t, memory.NewRepository(), s, httpidem.Config{Observer: idempotency.Observers(m, tracing.New(tp))})
 	c := srv.Client()
 
 	entered, release := s.hold("slow")
@@ -131,7 +131,7 @@ func TestHandlerSpanIsChildOfMiddlewareSpan(t *testing.T) {
 	require.Equal(t, spans[0].SpanContext().SpanID(), inHandler.SpanID())
 }
 
-// deliveries is a middleware.Observer that counts deliveries by consumer
+// deliveries is a idempotency.Observer that counts deliveries by consumer
 // and outcome; the metrics module's tests check what metrics.Metrics
 // makes of them.
 type deliveries struct {
@@ -139,13 +139,13 @@ type deliveries struct {
 	n  map[string]int
 }
 
-func (d *deliveries) ObserveDelivery(_ context.Context, x middleware.Delivery) {
+func (d *deliveries) ObserveDelivery(_ context.Context, x idempotency.Delivery) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.n == nil {
 		d.n = map[string]int{}
 	}
-	d.n[x.Consumer+" "+string(x.Outcome)]++
+	d.n[x.Scope+" "+string(x.Outcome)]++
 }
 
 func (d *deliveries) counts() map[string]int {
@@ -168,7 +168,7 @@ func TestObserverPanicDoesNotFailTheRequest(t *testing.T) {
 			require.Equal(t, http.StatusCreated, again.status)
 			require.Equal(t, "true", again.header.Get(httpidem.HeaderReplayed))
 			require.Equal(t, 2, obs.Started())
-			require.Equal(t, []middleware.Outcome{middleware.OutcomeProcessed, middleware.OutcomeReplayed}, obs.Outcomes())
+			require.Equal(t, []idempotency.Outcome{idempotency.OutcomeProcessed, idempotency.OutcomeReplayed}, obs.Outcomes())
 		})
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 var retryBackends = []string{"memory", "postgres", "redis"}
@@ -155,7 +155,7 @@ func TestValidateChecksLease(t *testing.T) {
 		"retention not longer than lease":      {httpidem.Config{Lease: time.Hour, ExtendEvery: time.Minute, Retention: time.Hour}, "Retention (1h0m0s) must be longer than Lease"},
 		"store timeout not shorter than lease": {httpidem.Config{Lease: time.Minute, ExtendEvery: time.Second, StoreTimeout: time.Minute, Retention: time.Hour}, "StoreTimeout must be positive and shorter than Lease"},
 		"negative finish attempts": {httpidem.Config{Lease: time.Minute, ExtendEvery: time.Second, StoreTimeout: time.Second, Retention: time.Hour,
-			FinishRetry: middleware.FinishRetry{MaxAttempts: -1, InitialInterval: time.Second, MaxInterval: time.Second}}, "FinishRetry.MaxAttempts must be at least 1"},
+			FinishRetry: idempotency.FinishRetry{MaxAttempts: -1, InitialInterval: time.Second, MaxInterval: time.Second}}, "FinishRetry.MaxAttempts must be at least 1"},
 		"method not a token": {httpidem.Config{Methods: []string{"POST\nX"}}, `config.Methods: "POST\nX" is not an upper-case method`},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/metrics"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 )
@@ -29,7 +29,7 @@ func registeredSeries(t *testing.T) map[string][]string {
 	reg := prometheus.NewRegistry()
 	m, err := metrics.New(metrics.Config{Registerer: reg})
 	require.NoError(t, err)
-	m.ObserveDelivery(t.Context(), middleware.Delivery{Consumer: "c", Outcome: middleware.OutcomeProcessed, Claim: time.Millisecond, Total: time.Millisecond})
+	m.ObserveDelivery(t.Context(), idempotency.Delivery{Scope: "c", Outcome: idempotency.OutcomeProcessed, Claim: time.Millisecond, Total: time.Millisecond})
 	m.ObserveJanitorBatch(t.Context(), janitor.Batch{Deleted: 1})
 	m.ObserveJanitorBatch(t.Context(), janitor.Batch{Err: errors.New("boom")})
 	m.SetRecords("c", "stale", 1)

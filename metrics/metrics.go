@@ -14,7 +14,7 @@
 //	})
 //
 // One Metrics value is the Observer of every part: the inboxes
-// (middleware.Observer), package once and httpidem (the same interface),
+// (idempotency.Observer), package once and httpidem (the same interface),
 // the janitor (janitor.Observer and janitor.SampleObserver) and the
 // outbox relay (outbox.RelayObserver and outbox.BacklogObserver).
 //
@@ -32,7 +32,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 )
@@ -77,7 +77,7 @@ func (c Config) Validate() error {
 }
 
 // Metrics collects the library's metrics. It implements every observer
-// interface of the module: middleware.Observer, janitor.Observer,
+// interface of the module: idempotency.Observer, janitor.Observer,
 // janitor.SampleObserver, outbox.RelayObserver and
 // outbox.BacklogObserver. It is safe for concurrent use.
 type Metrics struct {
@@ -177,13 +177,13 @@ func (b *builder) histogramVec(name, help string, buckets []float64, labels ...s
 	return h
 }
 
-// ObserveDelivery implements middleware.Observer.
-func (m *Metrics) ObserveDelivery(_ context.Context, d middleware.Delivery) {
-	m.deliveries.WithLabelValues(d.Consumer, string(d.Outcome)).Inc()
-	if d.Outcome != middleware.OutcomeNoKey && d.Outcome != middleware.OutcomeNoScope { // nothing was claimed
-		m.claimSeconds.WithLabelValues(d.Consumer).Observe(d.Claim.Seconds())
+// ObserveDelivery implements idempotency.Observer.
+func (m *Metrics) ObserveDelivery(_ context.Context, d idempotency.Delivery) {
+	m.deliveries.WithLabelValues(d.Scope, string(d.Outcome)).Inc()
+	if d.Outcome != idempotency.OutcomeNoKey && d.Outcome != idempotency.OutcomeNoScope { // nothing was claimed
+		m.claimSeconds.WithLabelValues(d.Scope).Observe(d.Claim.Seconds())
 	}
-	m.txSeconds.WithLabelValues(d.Consumer, string(d.Outcome)).Observe(d.Total.Seconds())
+	m.txSeconds.WithLabelValues(d.Scope, string(d.Outcome)).Observe(d.Total.Seconds())
 }
 
 // ObserveJanitorBatch implements janitor.Observer: it counts a janitor
@@ -243,7 +243,7 @@ func (m *Metrics) ObserveRecordCounts(_ context.Context, s janitor.Sample) {
 
 // Metrics is the observer of every part of the module.
 var _ interface {
-	middleware.Observer
+	idempotency.Observer
 	janitor.Observer
 	janitor.SampleObserver
 	outbox.RelayObserver

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/metrics"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
@@ -62,14 +63,14 @@ func TestDeliveryMetrics(t *testing.T) {
 	require.NoError(t, deliver("d", "stale")) // stale_version
 	require.NoError(t, deliver("d", "stale")) // duplicate of the stale one
 
-	want := map[middleware.Outcome]float64{
-		middleware.OutcomeProcessed:       2,
-		middleware.OutcomeReplayed:        2,
-		middleware.OutcomeDuplicate:       2,
-		middleware.OutcomePayloadMismatch: 1,
-		middleware.OutcomeNoKey:           1,
-		middleware.OutcomeFailed:          1,
-		middleware.OutcomeStaleVersion:    1,
+	want := map[idempotency.Outcome]float64{
+		idempotency.OutcomeProcessed:       2,
+		idempotency.OutcomeReplayed:        2,
+		idempotency.OutcomeDuplicate:       2,
+		idempotency.OutcomePayloadMismatch: 1,
+		idempotency.OutcomeNoKey:           1,
+		idempotency.OutcomeFailed:          1,
+		idempotency.OutcomeStaleVersion:    1,
 	}
 	var total float64
 	for outcome, n := range want {
@@ -129,7 +130,7 @@ func TestTwoPhaseOutcomeMetrics(t *testing.T) {
 	}()
 	<-running
 	_, err = mw(message.NewMessage("k", []byte("slow")))
-	require.ErrorIs(t, err, middleware.ErrInProgress)
+	require.ErrorIs(t, err, idempotency.ErrInProgress)
 	close(block)
 	require.NoError(t, <-done)
 

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/tracetest"
 	"github.com/idemkit/watermill-idempotent/metrics"
 	"github.com/idemkit/watermill-idempotent/middleware"
@@ -18,7 +19,7 @@ import (
 )
 
 // TestMetricsAndTracing: one inbox observed by metrics and tracing
-// through middleware.Observers counts each delivery and gives it a span,
+// through idempotency.Observers counts each delivery and gives it a span,
 // with the handler's span under it.
 func TestMetricsAndTracing(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
@@ -33,7 +34,7 @@ func TestMetricsAndTracing(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, repo.Migrate(t.Context()))
 	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing",
-		Observer: middleware.Observers(m, tracing.New(tp))})
+		Observer: idempotency.Observers(m, tracing.New(tp))})
 	require.NoError(t, err)
 
 	var handler trace.SpanContext

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
@@ -177,7 +178,7 @@ func (i *Inbox) handleInBatch(h message.HandlerFunc, msg *message.Message) ([]*m
 	}
 	d.claim = repository.ClaimParams{Consumer: scope, Key: key, PayloadHash: d.hash, Now: now, ExpiresAt: now.Add(i.config.Retention)}
 	if err := repository.ValidateClaim(d.claim); err != nil {
-		return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: claim key %q: %w", key, err), nil)
+		return nil, obs.end(ctx, idempotency.OutcomeFailed, fmt.Errorf("inbox: claim key %q: %w", key, err), nil)
 	}
 	i.batch.submit(d)
 	if d.existing != nil {

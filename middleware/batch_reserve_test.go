@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -38,7 +39,7 @@ func TestBatchFillsWhileItWaitsForAConnection(t *testing.T) {
 			inbox, err := NewInbox(Config{
 				DB: db, Repository: repo, Consumer: "billing", Logger: watermill.NopLogger{},
 				Batch: BatchConfig{MaxMessages: 8, MaxWait: time.Millisecond, Fixed: true},
-				Observer: reserveObserver(func(d Delivery) {
+				Observer: reserveObserver(func(d idempotency.Delivery) {
 					mu.Lock()
 					defer mu.Unlock()
 					sizes = append(sizes, d.Batch)
@@ -87,9 +88,9 @@ func TestBatchFillsWhileItWaitsForAConnection(t *testing.T) {
 }
 
 // reserveObserver observes deliveries with a function.
-type reserveObserver func(Delivery)
+type reserveObserver func(idempotency.Delivery)
 
-func (f reserveObserver) ObserveDelivery(_ context.Context, d Delivery) { f(d) }
+func (f reserveObserver) ObserveDelivery(_ context.Context, d idempotency.Delivery) { f(d) }
 
 // reserveTestStore opens backend's database and an inbox table of its own.
 func reserveTestStore(t *testing.T, backend string) (*sql.DB, repository.Transactional) {

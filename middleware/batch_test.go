@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
@@ -169,7 +170,9 @@ func TestBatchConcurrentDeliveriesShareCommits(t *testing.T) {
 		h := &chargeHandler{s: s, before: func(msg *message.Message, _ *sql.Tx) error { txs.add(msg); return nil }}
 		var observed sync.Map // message UUID → Delivery
 		mw := s.newInbox(t, "billing", batched(8, 50*time.Millisecond), func(c *middleware.Config) {
-			c.Observer = observerFunc(func(_ context.Context, d middleware.Delivery) { observed.Store(d.MessageUUID+"/"+string(d.Outcome), d) })
+			c.Observer = observerFunc(func(_ context.Context, d idempotency.Delivery) {
+				observed.Store(d.MessageUUID+"/"+string(d.Outcome), d)
+			})
 		}).Middleware(h.Handle)
 
 		msgs := orders(32)
@@ -185,8 +188,8 @@ func TestBatchConcurrentDeliveriesShareCommits(t *testing.T) {
 		require.Greater(t, txs.largest(), 1, "deliveries shared a transaction")
 		largest := 0
 		observed.Range(func(_, v any) bool {
-			d := v.(middleware.Delivery)
-			if d.Outcome == middleware.OutcomeProcessed {
+			d := v.(idempotency.Delivery)
+			if d.Outcome == idempotency.OutcomeProcessed {
 				require.Positive(t, d.Batch)
 				largest = max(largest, d.Batch)
 			} else {
@@ -246,7 +249,7 @@ func TestBatchHandlerFailureFailsOnlyItsDelivery(t *testing.T) {
 		// MaxWait is long: the batch runs when all eight are in.
 		var batchSizes sync.Map // message UUID → Delivery.Batch
 		mw := s.newInbox(t, "billing", batched(8, time.Minute), func(c *middleware.Config) {
-			c.Observer = observerFunc(func(_ context.Context, d middleware.Delivery) { batchSizes.Store(d.MessageUUID, d.Batch) })
+			c.Observer = observerFunc(func(_ context.Context, d idempotency.Delivery) { batchSizes.Store(d.MessageUUID, d.Batch) })
 		}).Middleware(h.Handle)
 
 		msgs := orders(8)
@@ -255,7 +258,7 @@ func TestBatchHandlerFailureFailsOnlyItsDelivery(t *testing.T) {
 			switch k {
 			case 3:
 				require.ErrorIs(t, err, boom)
-				require.False(t, middleware.IsPermanent(err))
+				require.False(t, idempotency.IsPermanent(err))
 			case 5:
 				// Raised on the delivery's own goroutine, for a
 				// Recoverer, as without group commit.
@@ -461,9 +464,9 @@ func TestBatchLeaderStopsWaitingWhenCancelled(t *testing.T) {
 	}, "postgres", "postgres-pgx", "sqlite")
 }
 
-type observerFunc func(context.Context, middleware.Delivery)
+type observerFunc func(context.Context, idempotency.Delivery)
 
-func (f observerFunc) ObserveDelivery(ctx context.Context, d middleware.Delivery) { f(ctx, d) }
+func (f observerFunc) ObserveDelivery(ctx context.Context, d idempotency.Delivery) { f(ctx, d) }
 
 // TestBatchDeliveriesReturnAfterTheirCommit: a delivery that was handed
 // the collecting of a batch returns once that batch commits, instead of
@@ -520,7 +523,7 @@ func TestBatchStartsWhenNoOtherDeliveryCanJoin(t *testing.T) {
 		h := &chargeHandler{s: s}
 		var sizes sync.Map // message UUID → Delivery.Batch
 		mw := s.newInbox(t, "billing", batched(100, 3*time.Second), func(c *middleware.Config) {
-			c.Observer = observerFunc(func(_ context.Context, d middleware.Delivery) { sizes.Store(d.MessageUUID, d.Batch) })
+			c.Observer = observerFunc(func(_ context.Context, d idempotency.Delivery) { sizes.Store(d.MessageUUID, d.Batch) })
 		}).Middleware(h.Handle)
 		returned := make(chan error, 1)
 		go func() {

@@ -3,14 +3,14 @@ package middleware
 import (
 	"context"
 	"database/sql"
+
+	"github.com/idemkit/watermill-idempotent/internal/ctxkeys"
 )
 
 type ctxKey int
 
 const (
 	txKey ctxKey = iota
-	dedupKey
-	scopeKey
 	inTxKey
 )
 
@@ -30,11 +30,11 @@ func withTx(ctx context.Context, tx *sql.Tx) context.Context {
 }
 
 func withKey(ctx context.Context, key string) context.Context {
-	return context.WithValue(ctx, dedupKey, key)
+	return ctxkeys.WithKey(ctx, key)
 }
 
 func withScope(ctx context.Context, scope string) context.Context {
-	return context.WithValue(ctx, scopeKey, scope)
+	return ctxkeys.WithScope(ctx, scope)
 }
 
 // TxFromContext returns the inbox transaction of the message being handled:
@@ -44,24 +44,4 @@ func withScope(ctx context.Context, scope string) context.Context {
 func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
 	tx, ok = ctx.Value(txKey).(*sql.Tx)
 	return tx, ok && tx != nil
-}
-
-// KeyFromContext returns the deduplication key of the message being
-// handled, for propagating it downstream (an Idempotency-Key header, a
-// child key). ok is false outside an inbox handler.
-func KeyFromContext(ctx context.Context) (key string, ok bool) {
-	key, ok = ctx.Value(dedupKey).(string)
-	return key, ok && key != ""
-}
-
-// ScopeFromContext returns the scope of the message being handled: the
-// consumer part of the (consumer, key) its record is stored under —
-// Consumer + ScopeSeparator + handler name, a HandlerScopes entry, or
-// Consumer alone outside a router (see Config).
-// Use it to name what the handler derives per scope, as the inbox does
-// with OutputUUID(scope, key, position). ok is false outside an inbox
-// handler.
-func ScopeFromContext(ctx context.Context) (scope string, ok bool) {
-	scope, ok = ctx.Value(scopeKey).(string)
-	return scope, ok && scope != ""
 }

@@ -11,6 +11,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
@@ -60,15 +61,15 @@ func ExampleIsPermanent() {
 	defer pubSub.Close()
 	router, _ := message.NewRouter(message.RouterConfig{}, logger)
 
-	poison, err := wmiddleware.PoisonQueueWithFilter(pubSub, "orders.poison", middleware.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(pubSub, "orders.poison", idempotency.IsPermanent)
 	if err != nil {
 		panic(err)
 	}
 	// Order matters: the poison queue sees the inbox's errors.
 	router.AddMiddleware(poison /* , inbox.Middleware */)
 
-	fmt.Println(middleware.IsPermanent(fmt.Errorf("consumer billing: %w", middleware.ErrPayloadMismatch)))
-	fmt.Println(middleware.IsPermanent(fmt.Errorf("inbox: claim: %w", context.DeadlineExceeded)))
+	fmt.Println(idempotency.IsPermanent(fmt.Errorf("consumer billing: %w", idempotency.ErrPayloadMismatch)))
+	fmt.Println(idempotency.IsPermanent(fmt.Errorf("inbox: claim: %w", context.DeadlineExceeded)))
 	// Output:
 	// true
 	// false

@@ -17,6 +17,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
@@ -174,7 +175,7 @@ func (f *fanout) handler(name string) message.HandlerFunc {
 		if err := json.Unmarshal(msg.Payload, &o); err != nil {
 			return nil, err
 		}
-		scope, _ := middleware.ScopeFromContext(msg.Context())
+		scope, _ := idempotency.ScopeFromContext(msg.Context())
 		f.mu.Lock()
 		f.runs[name][o.ID]++
 		f.scopes[name][scope] = true

@@ -12,12 +12,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
-
-// DefaultRetention is how long a processed key is remembered by default.
-const DefaultRetention = 7 * 24 * time.Hour
 
 // Config configures an Inbox.
 type Config struct {
@@ -49,7 +47,7 @@ type Config struct {
 	// acknowledge each other's messages as duplicates.
 	//
 	// A derived scope longer than 255 bytes, not valid UTF-8 or holding a
-	// NUL byte fails each delivery with the permanent ErrInvalidScope.
+	// NUL byte fails each delivery with the permanent idempotency.ErrInvalidScope.
 	// Scopes must stay stable across deployments: renaming a handler (or
 	// changing Consumer) forgets its processed keys, so copies of messages
 	// it already handled are processed once more until their retention
@@ -74,7 +72,7 @@ type Config struct {
 	// Key extracts the deduplication key. Default: UUIDKey.
 	Key KeyFunc
 	// Retention is how long a processed key is remembered. Default:
-	// DefaultRetention (7 days).
+	// idempotency.DefaultRetention (7 days).
 	Retention time.Duration
 	// RedeliveryWindow is the longest time after which the broker or the
 	// producer may still deliver a copy of a message. A Retention shorter
@@ -90,9 +88,9 @@ type Config struct {
 	Now func() time.Time
 	// Observer, if set, is told of every delivery: metrics.Metrics
 	// counts them, tracing.New(tp) gives each a span (see Observer and
-	// DeliveryStarter; Observers combines several). Default: nil (no
+	// idempotency.DeliveryStarter; Observers combines several). Default: nil (no
 	// reports, no spans).
-	Observer Observer
+	Observer idempotency.Observer
 	// Outputs, if set, receives the messages the handler returns, inside
 	// the inbox transaction — typically a transactional outbox (see
 	// outbox.Outbox.Outputs) — instead of the router publishing them after
@@ -126,7 +124,7 @@ type Config struct {
 	ReadFirstAbove float64
 	// MaxResultBytes is the largest encoded result (the messages the
 	// handler returns, kept for replay) the inbox stores. A larger one
-	// fails the delivery with the permanent ErrResultTooLarge before the
+	// fails the delivery with the permanent idempotency.ErrResultTooLarge before the
 	// result is sent to the database, and the transaction (with the
 	// handler's writes) rolls back. Negative: no limit. Default: DefaultMaxResultBytes (1 MiB; see it for why).
 	MaxResultBytes int
@@ -231,7 +229,7 @@ func (c *Config) setDefaults() {
 	if c.Key == nil {
 		c.Key = UUIDKey
 	}
-	protocol.SetDefaults(&c.Retention, DefaultRetention, &c.Logger, &c.Now)
+	protocol.SetDefaults(&c.Retention, idempotency.DefaultRetention, &c.Logger, &c.Now)
 	if c.MaxResultBytes == 0 {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}
@@ -282,9 +280,9 @@ func (c Config) Validate() error {
 //     delivery is acknowledged and the stored messages are returned again
 //     with their original UUIDs (replay), so a crash between commit and
 //     publish loses nothing and downstream inboxes dedupe the repeat;
-//   - duplicate with another payload: ErrPayloadMismatch (permanent);
-//   - no key: ErrNoKey (permanent);
-//   - a handler name giving an invalid scope: ErrInvalidScope (permanent).
+//   - duplicate with another payload: idempotency.ErrPayloadMismatch (permanent);
+//   - no key: idempotency.ErrNoKey (permanent);
+//   - a handler name giving an invalid scope: idempotency.ErrInvalidScope (permanent).
 //
 // A concurrent delivery of the same key waits on the database until the
 // first transaction ends. Inbox is safe for concurrent use.
@@ -314,7 +312,7 @@ func NewInbox(config Config) (*Inbox, error) {
 	i := &Inbox{
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
-		obs:    newObservability("transactional", config.Logger, config.Observer),
+		obs:    newObservability(idempotency.ModeTransactional, config.Logger, config.Observer),
 		reader: reader,
 		dups:   duplicateRates{above: above},
 	}
@@ -364,7 +362,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.
 			rate.observe(true)
 			return answer(ctx, obs, protocol.Duplicate(scope, key, hash, rec), ran{}, nil)
 		case err != nil && !errors.Is(err, repository.ErrNotFound):
-			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: read key %q: %w", key, err), nil)
+			return nil, obs.end(ctx, idempotency.OutcomeFailed, fmt.Errorf("inbox: read key %q: %w", key, err), nil)
 		}
 		// Not there (or not completed): the transaction's claim decides.
 	}
@@ -497,25 +495,25 @@ func beginDelivery(o observability, s scoping, keyFunc KeyFunc, msg *message.Mes
 	scope, err = s.resolve(msg.Context())
 	if err != nil {
 		obs, ctx := o.begin(msg, s.fallback())
-		return nil, nil, "", "", obs.end(ctx, OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
+		return nil, nil, "", "", obs.end(ctx, idempotency.OutcomeNoScope, err, watermill.LogFields{"handler": message.HandlerNameFromCtx(msg.Context())})
 	}
 	obs, ctx := o.begin(msg, scope)
 	key, err = extractKey(keyFunc, scope, msg)
 	if err != nil {
-		return nil, nil, "", "", obs.end(ctx, OutcomeNoKey, err, nil)
+		return nil, nil, "", "", obs.end(ctx, idempotency.OutcomeNoKey, err, nil)
 	}
 	obs.setKey(key)
 	return obs, ctx, scope, key, nil
 }
 
-// extractKey runs the key function; no key is ErrNoKey.
+// extractKey runs the key function; no key is idempotency.ErrNoKey.
 func extractKey(keyFunc KeyFunc, scope string, msg *message.Message) (string, error) {
 	key, err := keyFunc(msg)
 	if err == nil && key == "" {
 		err = errors.New("key function returned an empty key")
 	}
 	if err != nil {
-		return "", fmt.Errorf("%w: scope %q, message %s: %w", ErrNoKey, scope, msg.UUID, err)
+		return "", fmt.Errorf("%w: scope %q, message %s: %w", idempotency.ErrNoKey, scope, msg.UUID, err)
 	}
 	return key, nil
 }
@@ -529,25 +527,25 @@ func answer(ctx context.Context, obs *observation, a protocol.Answer, r ran, ext
 	case protocol.Ran:
 		switch {
 		case a.Err != nil:
-			return nil, obs.end(ctx, OutcomeFailed, a.Err, extra)
+			return nil, obs.end(ctx, idempotency.OutcomeFailed, a.Err, extra)
 		case r.stale:
 			// The marker is stored too, so copies of the stale message are
 			// duplicates from now on.
-			return r.out, obs.end(ctx, OutcomeStaleVersion, nil, extra)
+			return r.out, obs.end(ctx, idempotency.OutcomeStaleVersion, nil, extra)
 		}
-		return r.out, obs.end(ctx, OutcomeProcessed, nil, extra.Add(watermill.LogFields{"produced": r.produced}))
+		return r.out, obs.end(ctx, idempotency.OutcomeProcessed, nil, extra.Add(watermill.LogFields{"produced": r.produced}))
 	case protocol.Replay:
 		out, err := DecodeResult(a.Record.Result)
 		if err != nil {
-			return nil, obs.end(ctx, OutcomeFailed, fmt.Errorf("inbox: replay key %q: %w", obs.d.Key, err), nil)
+			return nil, obs.end(ctx, idempotency.OutcomeFailed, fmt.Errorf("inbox: replay key %q: %w", obs.d.Key, err), nil)
 		}
 		if len(out) == 0 {
-			return nil, obs.end(ctx, OutcomeDuplicate, nil, nil)
+			return nil, obs.end(ctx, idempotency.OutcomeDuplicate, nil, nil)
 		}
 		obs.d.Replayed = len(out)
-		return out, obs.end(ctx, OutcomeReplayed, nil, watermill.LogFields{"replayed": len(out)})
+		return out, obs.end(ctx, idempotency.OutcomeReplayed, nil, watermill.LogFields{"replayed": len(out)})
 	case protocol.Busy:
-		return nil, obs.end(ctx, OutcomeLeaseBusy, a.Err, watermill.LogFields{"lease_owner": a.Record.LeaseOwner})
+		return nil, obs.end(ctx, idempotency.OutcomeLeaseBusy, a.Err, watermill.LogFields{"lease_owner": a.Record.LeaseOwner})
 	}
-	return nil, obs.end(ctx, Outcome(a.Outcome()), a.Err, nil)
+	return nil, obs.end(ctx, idempotency.Outcome(a.Outcome()), a.Err, nil)
 }

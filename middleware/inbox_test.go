@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -68,8 +69,8 @@ func TestInboxPayloadMismatchIsPermanent(t *testing.T) {
 		_, err := mw(orderMessage("uuid-1", order{ID: "o-1", Amount: 10}))
 		require.NoError(t, err)
 		out, err := mw(orderMessage("uuid-1", order{ID: "o-1", Amount: 99}))
-		require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
-		require.True(t, middleware.IsPermanent(err))
+		require.ErrorIs(t, err, idempotency.ErrPayloadMismatch)
+		require.True(t, idempotency.IsPermanent(err))
 		require.Nil(t, out)
 		require.EqualValues(t, 1, h.runs.Load())
 		require.Equal(t, 1, s.chargesFor(t, "o-1"))
@@ -84,15 +85,15 @@ func TestInboxMissingKeyIsPermanent(t *testing.T) {
 		}).Middleware(h.Handle)
 
 		_, err := mw(orderMessage("uuid-1", order{ID: "o-1", Amount: 10}))
-		require.ErrorIs(t, err, middleware.ErrNoKey)
-		require.True(t, middleware.IsPermanent(err))
+		require.ErrorIs(t, err, idempotency.ErrNoKey)
+		require.True(t, idempotency.IsPermanent(err))
 		require.Contains(t, err.Error(), "idempotency_key")
 
 		mwEmpty := s.newInbox(t, "billing", func(c *middleware.Config) {
 			c.Key = func(*message.Message) (string, error) { return "", nil }
 		}).Middleware(h.Handle)
 		_, err = mwEmpty(orderMessage("uuid-2", order{ID: "o-2", Amount: 10}))
-		require.ErrorIs(t, err, middleware.ErrNoKey)
+		require.ErrorIs(t, err, idempotency.ErrNoKey)
 
 		require.Zero(t, h.runs.Load(), "no key: the handler never runs")
 		require.Zero(t, s.totalCharges(t))
@@ -113,7 +114,7 @@ func TestInboxHandlerErrorRollsBackAndRetrySucceeds(t *testing.T) {
 
 		_, err := mw(orderMessage("uuid-1", order{ID: "o-1", Amount: 10}))
 		require.ErrorIs(t, err, boom)
-		require.False(t, middleware.IsPermanent(err))
+		require.False(t, idempotency.IsPermanent(err))
 		require.Zero(t, s.chargesFor(t, "o-1"), "the charge written before the error is rolled back")
 		_, err = s.repo.Get(t.Context(), "billing", "uuid-1")
 		require.ErrorIs(t, err, repository.ErrNotFound, "no marker after a failed handler")
@@ -162,7 +163,7 @@ func TestInboxCommitFailureRollsBackAndRetrySucceeds(t *testing.T) {
 		} else {
 			require.Contains(t, err.Error(), "commit")
 		}
-		require.False(t, middleware.IsPermanent(err))
+		require.False(t, idempotency.IsPermanent(err))
 		require.Zero(t, s.chargesFor(t, "o-1"))
 		_, err = s.repo.Get(t.Context(), "billing", "uuid-1")
 		require.ErrorIs(t, err, repository.ErrNotFound)
@@ -182,7 +183,7 @@ func TestInboxContextAccessors(t *testing.T) {
 			c.Key = middleware.JSONFieldKey("order_id")
 		}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
 			_, sawTx = middleware.TxFromContext(msg.Context())
-			key, sawKey = middleware.KeyFromContext(msg.Context())
+			key, sawKey = idempotency.KeyFromContext(msg.Context())
 			return nil, nil
 		})
 		msg := orderMessage("uuid-1", order{ID: "o-77", Amount: 1})
@@ -194,7 +195,7 @@ func TestInboxContextAccessors(t *testing.T) {
 
 		_, ok := middleware.TxFromContext(msg.Context())
 		require.False(t, ok, "the finished transaction does not leak out of the handler")
-		_, ok = middleware.KeyFromContext(msg.Context())
+		_, ok = idempotency.KeyFromContext(msg.Context())
 		require.False(t, ok)
 	})
 }
@@ -335,7 +336,7 @@ func TestInboxReadFirst(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, outs[0][0].UUID, again[0].UUID, "a read-first duplicate replays the stored output")
 		_, err = mw(orderMessage("uuid-1", order{ID: "o-1", Amount: 11}))
-		require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
+		require.ErrorIs(t, err, idempotency.ErrPayloadMismatch)
 		require.EqualValues(t, 1, h.runs.Load())
 		require.Equal(t, 1, s.chargesFor(t, "o-1"))
 	}, withPgx...)

@@ -16,6 +16,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -132,7 +133,7 @@ func TestRouterUnstorableInputIsStoredSafely(t *testing.T) {
 	run := func(t *testing.T, s *store) {
 		f := newFlow(t)
 		applyIfNewer, lastVersion := versionGuardFor(t, s, "billing")
-		poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, middleware.IsPermanent)
+		poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, idempotency.IsPermanent)
 		require.NoError(t, err)
 		var a attempts
 		f.router.AddMiddleware(a.middleware, poison, s.newInbox(t, "billing", func(c *middleware.Config) {
@@ -211,7 +212,7 @@ func TestRouterUnstorableInputIsStoredSafely(t *testing.T) {
 func TestRouterUnstorableKeyTwoPhase(t *testing.T) {
 	run := func(t *testing.T, repo leaseRepo) {
 		f := newFlow(t)
-		poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, middleware.IsPermanent)
+		poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, idempotency.IsPermanent)
 		require.NoError(t, err)
 		var a attempts
 		f.router.AddMiddleware(a.middleware, poison, newTwoPhase(t, repo, func(c *middleware.TwoPhaseConfig) {
@@ -264,7 +265,7 @@ func TestRouterUnstorableKeyTwoPhase(t *testing.T) {
 func TestRouterDataExceptionIsPoisoned(t *testing.T) {
 	run := func(t *testing.T, s *store, refused map[string]string) {
 		f := newFlow(t)
-		poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, middleware.IsPermanent)
+		poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, idempotency.IsPermanent)
 		require.NoError(t, err)
 		var a attempts
 		f.router.AddMiddleware(a.middleware, poison, s.newInbox(t, "billing").Middleware)
@@ -333,7 +334,7 @@ func TestBatchDataExceptionIsPermanent(t *testing.T) {
 		_, errs := deliverConcurrently(mw, msgs)
 		for k, m := range msgs {
 			if refused[m.UUID] {
-				require.True(t, middleware.IsPermanent(errs[k]), "%s: %v", m.UUID, errs[k])
+				require.True(t, idempotency.IsPermanent(errs[k]), "%s: %v", m.UUID, errs[k])
 				continue
 			}
 			require.NoError(t, errs[k], m.UUID)
@@ -348,15 +349,15 @@ func TestIsPermanentForInputTheStoreRefuses(t *testing.T) {
 		repository.ValidateConsumer("bill\xffing"),
 		fmt.Errorf("version guard: %w", repository.ErrInvalidParams),
 	} {
-		require.True(t, middleware.IsPermanent(err), "%v", err)
+		require.True(t, idempotency.IsPermanent(err), "%v", err)
 	}
 	for _, err := range []error{
 		repository.ErrLeaseLost,
 		repository.ErrNotFound,
-		middleware.ErrInProgress,
+		idempotency.ErrInProgress,
 		context.DeadlineExceeded,
 		errors.New("handler failed"),
 	} {
-		require.False(t, middleware.IsPermanent(fmt.Errorf("wrapped: %w", err)), "%v", err)
+		require.False(t, idempotency.IsPermanent(fmt.Errorf("wrapped: %w", err)), "%v", err)
 	}
 }

@@ -14,7 +14,7 @@ import (
 // stable across redeliveries of the same logical message: assigned by the
 // producer, never by the transport (delivery tags, offsets, redelivery
 // counters and receive timestamps change on every redelivery). Returning
-// an empty key or an error makes the delivery fail with ErrNoKey.
+// an empty key or an error makes the delivery fail with idempotency.ErrNoKey.
 type KeyFunc func(msg *message.Message) (string, error)
 
 // UUIDKey uses the Watermill message UUID, assigned by the producer when
@@ -23,7 +23,7 @@ type KeyFunc func(msg *message.Message) (string, error)
 // A message from a producer that is not Watermill has an empty UUID
 // unless the subscriber's unmarshaler fills it from the producer's own
 // message id (keysource/amqpkeys, keysource/kafkakeys); an empty UUID is
-// an error, and the delivery fails with ErrNoKey.
+// an error, and the delivery fails with idempotency.ErrNoKey.
 func UUIDKey(msg *message.Message) (string, error) {
 	if msg.UUID == "" {
 		return "", errors.New("message UUID is empty: the producer set none, or the unmarshaler did not read it " +
@@ -78,7 +78,7 @@ func cloudEventsAttr(msg *message.Message, name string) string {
 // {"order":{"id":"A-17"}}. Strings are used as they are; numbers by their
 // JSON text (so 17 and 17.0 are different keys — producers should send
 // one form). Any other type, a missing field or a payload that is not
-// JSON is an error, and the delivery fails with ErrNoKey.
+// JSON is an error, and the delivery fails with idempotency.ErrNoKey.
 func JSONFieldKey(path ...string) KeyFunc {
 	where := strings.Join(path, ".")
 	return func(msg *message.Message) (string, error) {

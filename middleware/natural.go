@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -35,7 +36,7 @@ type NaturalKeyConfig struct {
 	// Observer: as in Config (mode "natural"), with these outcomes:
 	// OutcomeProcessed, OutcomeDuplicate or OutcomeFailed. Default: nil
 	// (none).
-	Observer Observer
+	Observer idempotency.Observer
 	// Logger receives one line per duplicate. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
@@ -77,7 +78,7 @@ type NaturalKey struct {
 }
 
 // modeNatural is NaturalKey's idempotency.mode.
-const modeNatural = "natural"
+const modeNatural = idempotency.ModeNatural
 
 // NewNaturalKey returns a NaturalKey with config's defaults applied.
 func NewNaturalKey(config NaturalKeyConfig) *NaturalKey {
@@ -109,20 +110,20 @@ func (n *NaturalKey) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		out, panicked, err := runRecovered(h, msg)
 		msg.SetContext(original)
 		if panicked != nil {
-			_ = obs.end(ctx, OutcomeFailed, err, nil)
+			_ = obs.end(ctx, idempotency.OutcomeFailed, err, nil)
 			panic(panicked) // reported: now for Recoverer or the process, as without NaturalKey
 		}
 		switch {
 		case err == nil:
-			return out, obs.end(ctx, OutcomeProcessed, nil, nil)
+			return out, obs.end(ctx, idempotency.OutcomeProcessed, nil, nil)
 		case !n.config.IsDuplicate(err):
-			return nil, obs.end(ctx, OutcomeFailed, err, nil)
+			return nil, obs.end(ctx, idempotency.OutcomeFailed, err, nil)
 		case inInboxTx(original):
 			err = fmt.Errorf("natural key: a duplicate inside the inbox transaction cannot be acknowledged (place NaturalKey outside the Inbox): %w", err)
-			return nil, obs.end(ctx, OutcomeFailed, err, nil)
+			return nil, obs.end(ctx, idempotency.OutcomeFailed, err, nil)
 		}
 		// The row is the marker: acknowledged; the error is only logged.
-		return nil, obs.end(ctx, OutcomeDuplicate, nil, watermill.LogFields{"err": err})
+		return nil, obs.end(ctx, idempotency.OutcomeDuplicate, nil, watermill.LogFields{"err": err})
 	}
 }
 

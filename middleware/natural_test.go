@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -21,19 +22,19 @@ import (
 // outcomeCounter is an Observer counting outcomes.
 type outcomeCounter struct {
 	mu     sync.Mutex
-	counts map[middleware.Outcome]int
+	counts map[idempotency.Outcome]int
 }
 
-func (c *outcomeCounter) ObserveDelivery(_ context.Context, d middleware.Delivery) {
+func (c *outcomeCounter) ObserveDelivery(_ context.Context, d idempotency.Delivery) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.counts == nil {
-		c.counts = map[middleware.Outcome]int{}
+		c.counts = map[idempotency.Outcome]int{}
 	}
 	c.counts[d.Outcome]++
 }
 
-func (c *outcomeCounter) get(o middleware.Outcome) int {
+func (c *outcomeCounter) get(o idempotency.Outcome) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.counts[o]
@@ -113,14 +114,14 @@ func TestNaturalKeyAcknowledgesUniqueViolationAsDuplicate(t *testing.T) {
 
 		require.Equal(t, 1, p.ledgerRows(t, "order-1"), "the effect must happen once")
 		require.EqualValues(t, 4, p.runs.Load())
-		require.Equal(t, 1, counter.get(middleware.OutcomeProcessed))
-		require.Equal(t, 3, counter.get(middleware.OutcomeDuplicate))
+		require.Equal(t, 1, counter.get(idempotency.OutcomeProcessed))
+		require.Equal(t, 3, counter.get(idempotency.OutcomeDuplicate))
 
 		// Other constraint violations are errors, retried by the broker.
 		_, err = h(orderMessage(watermill.NewUUID(), order{ID: "order-2", Amount: -1}))
 		require.Error(t, err, "a NOT NULL violation is not a duplicate")
 		require.False(t, repository.IsUniqueViolation(err))
-		require.Equal(t, 1, counter.get(middleware.OutcomeFailed))
+		require.Equal(t, 1, counter.get(idempotency.OutcomeFailed))
 		require.Equal(t, 0, p.ledgerRows(t, "order-2"))
 	})
 }
@@ -159,8 +160,8 @@ func TestNaturalKeyConcurrentCopiesApplyOnce(t *testing.T) {
 		for o := range orders {
 			require.Equal(t, 1, p.ledgerRows(t, "order-"+string(rune('a'+o))))
 		}
-		require.Equal(t, orders, counter.get(middleware.OutcomeProcessed))
-		require.Equal(t, orders*(copies-1), counter.get(middleware.OutcomeDuplicate))
+		require.Equal(t, orders, counter.get(idempotency.OutcomeProcessed))
+		require.Equal(t, orders*(copies-1), counter.get(idempotency.OutcomeDuplicate))
 	})
 }
 

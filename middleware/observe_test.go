@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/tracetest"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/tracing"
@@ -47,7 +48,7 @@ func TestInboxSpansAndLogs(t *testing.T) {
 	_, err = mw(dup)
 	require.NoError(t, err)
 	_, err = mw(message.NewMessage("order-1", []byte("other")))
-	require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
+	require.ErrorIs(t, err, idempotency.ErrPayloadMismatch)
 
 	spans := tp.Ended()
 	var inbox []*tracetest.Span
@@ -91,11 +92,11 @@ func TestInboxSpansAndLogs(t *testing.T) {
 // handler's context and the outputs still carry the incoming message's
 // trace.
 func TestInboxWithoutTracerKeepsTheTrace(t *testing.T) {
-	for name, observer := range map[string]middleware.Observer{
+	for name, observer := range map[string]idempotency.Observer{
 		"no observer":      nil,
 		"noop provider":    tracing.New(noop.NewTracerProvider()),
-		"another observer": middleware.Observers(nil, &outcomeCounter{}),
-		"nil in a tracer":  middleware.Observers(tracing.New(noop.NewTracerProvider()), nil),
+		"another observer": idempotency.Observers(nil, &outcomeCounter{}),
+		"nil in a tracer":  idempotency.Observers(tracing.New(noop.NewTracerProvider()), nil),
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := newSQLiteStore(t)

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
@@ -44,7 +45,7 @@ type entryPoint struct {
 	name string
 	// wrap returns the entry point's middleware around h, reporting to
 	// obs.
-	wrap func(t *testing.T, obs middleware.Observer, h message.HandlerFunc) message.HandlerFunc
+	wrap func(t *testing.T, obs idempotency.Observer, h message.HandlerFunc) message.HandlerFunc
 	// remembers reports whether the entry point remembers a processed
 	// message, so that a copy is answered without the handler.
 	remembers bool
@@ -54,25 +55,25 @@ type entryPoint struct {
 // transactional ones) and memory (two-phase).
 func entryPoints(t *testing.T) []entryPoint {
 	return []entryPoint{
-		{name: "transactional", remembers: true, wrap: func(t *testing.T, obs middleware.Observer, h message.HandlerFunc) message.HandlerFunc {
+		{name: "transactional", remembers: true, wrap: func(t *testing.T, obs idempotency.Observer, h message.HandlerFunc) message.HandlerFunc {
 			return newSQLiteStore(t).newInbox(t, "shop", func(c *middleware.Config) { c.Observer = obs }).Middleware(h)
 		}},
-		{name: "group commit, fixed limit 4", remembers: true, wrap: func(t *testing.T, obs middleware.Observer, h message.HandlerFunc) message.HandlerFunc {
+		{name: "group commit, fixed limit 4", remembers: true, wrap: func(t *testing.T, obs idempotency.Observer, h message.HandlerFunc) message.HandlerFunc {
 			return newSQLiteStore(t).newInbox(t, "shop", func(c *middleware.Config) {
 				c.Observer = obs
 				c.Batch = middleware.BatchConfig{MaxMessages: 4, MaxWait: time.Millisecond, Fixed: true}
 			}).Middleware(h)
 		}},
-		{name: "group commit, adaptive", remembers: true, wrap: func(t *testing.T, obs middleware.Observer, h message.HandlerFunc) message.HandlerFunc {
+		{name: "group commit, adaptive", remembers: true, wrap: func(t *testing.T, obs idempotency.Observer, h message.HandlerFunc) message.HandlerFunc {
 			return newSQLiteStore(t).newInbox(t, "shop", func(c *middleware.Config) {
 				c.Observer = obs
 				c.Batch = middleware.BatchConfig{MaxMessages: 4, MaxWait: time.Millisecond}
 			}).Middleware(h)
 		}},
-		{name: "two-phase", remembers: true, wrap: func(t *testing.T, obs middleware.Observer, h message.HandlerFunc) message.HandlerFunc {
+		{name: "two-phase", remembers: true, wrap: func(t *testing.T, obs idempotency.Observer, h message.HandlerFunc) message.HandlerFunc {
 			return newTwoPhase(t, memory.NewRepository(), func(c *middleware.TwoPhaseConfig) { c.Observer = obs }).Middleware(h)
 		}},
-		{name: "natural key", wrap: func(t *testing.T, obs middleware.Observer, h message.HandlerFunc) message.HandlerFunc {
+		{name: "natural key", wrap: func(t *testing.T, obs idempotency.Observer, h message.HandlerFunc) message.HandlerFunc {
 			return middleware.NewNaturalKey(middleware.NaturalKeyConfig{Consumer: "shop", Observer: obs}).Middleware(h)
 		}},
 	}
@@ -105,7 +106,7 @@ func TestHandlerPanicIsObservedAndRaised(t *testing.T) {
 			all := obs.All()
 			require.Len(t, all, 4, "every started delivery ended")
 			for _, d := range all {
-				require.Equal(t, middleware.OutcomeFailed, d.Outcome)
+				require.Equal(t, idempotency.OutcomeFailed, d.Outcome)
 				require.ErrorContains(t, d.Err, "handler panicked: handler bug")
 			}
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -76,7 +77,7 @@ func TestInboxAdaptiveReadOff(t *testing.T) {
 			}
 		}
 		_, err := mw(orderMessage("uuid-3", order{ID: "o-3", Amount: 11}))
-		require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
+		require.ErrorIs(t, err, idempotency.ErrPayloadMismatch)
 		require.Zero(t, counter.reads.Load())
 		require.EqualValues(t, 20, h.runs.Load())
 		require.Equal(t, 1, s.chargesFor(t, "o-3"))

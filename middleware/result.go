@@ -1,11 +1,11 @@
 package middleware
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/resultcodec"
 )
 
@@ -18,13 +18,6 @@ import (
 // by default (Kafka's message.max.bytes is about 1 MB), which the replayed
 // messages must pass through anyway.
 const DefaultMaxResultBytes = 1 << 20
-
-// ErrResultTooLarge is returned when the messages a handler returns encode
-// to more than the configured maximum (Config.MaxResultBytes,
-// TwoPhaseConfig.MaxResultBytes). It is checked before anything is
-// written and is permanent: the same handler output would be too large on
-// every redelivery.
-var ErrResultTooLarge = errors.New("handler result too large to store")
 
 // EncodeResult returns the stored form of msgs — what the inbox keeps to
 // replay to duplicates — or nil for no messages. UUIDs, metadata and
@@ -71,14 +64,14 @@ func DecodeResult(b []byte) ([]*message.Message, error) {
 }
 
 // encodeResult encodes msgs and refuses a result above maxBytes with the
-// permanent ErrResultTooLarge; maxBytes < 0 means no limit.
+// permanent idempotency.ErrResultTooLarge; maxBytes < 0 means no limit.
 func encodeResult(msgs []*message.Message, maxBytes int) ([]byte, error) {
 	b, err := EncodeResult(msgs)
 	if err != nil {
 		return nil, err
 	}
 	if maxBytes >= 0 && len(b) > maxBytes {
-		return nil, fmt.Errorf("%w: %d messages encode to %d bytes, the limit (MaxResultBytes) is %d", ErrResultTooLarge, len(msgs), len(b), maxBytes)
+		return nil, fmt.Errorf("%w: %d messages encode to %d bytes, the limit (MaxResultBytes) is %d", idempotency.ErrResultTooLarge, len(msgs), len(b), maxBytes)
 	}
 	return b, nil
 }

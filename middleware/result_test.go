@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -110,8 +111,8 @@ func TestResultLargerThanMaxIsPermanent(t *testing.T) {
 		msg := orderMessage(watermill.NewUUID(), order{ID: "big-1", Amount: 1})
 		for range 2 {
 			_, err := mw(msg)
-			require.ErrorIs(t, err, middleware.ErrResultTooLarge)
-			require.True(t, middleware.IsPermanent(err), "an output too large to store is too large on every redelivery")
+			require.ErrorIs(t, err, idempotency.ErrResultTooLarge)
+			require.True(t, idempotency.IsPermanent(err), "an output too large to store is too large on every redelivery")
 			require.ErrorContains(t, err, strconv.Itoa(middleware.DefaultMaxResultBytes), "the error names the limit")
 			require.ErrorContains(t, err, "13631", "the error names the size")
 		}
@@ -142,8 +143,8 @@ func TestTwoPhaseResultLargerThanMaxKeepsRecordForOperator(t *testing.T) {
 			})
 		msg := message.NewMessage(watermill.NewUUID(), []byte("p"))
 		_, err := h(msg)
-		require.ErrorIs(t, err, middleware.ErrResultTooLarge)
-		require.True(t, middleware.IsPermanent(err))
+		require.ErrorIs(t, err, idempotency.ErrResultTooLarge)
+		require.True(t, idempotency.IsPermanent(err))
 		require.ErrorContains(t, err, "limit (MaxResultBytes) is 1024")
 		rec, err := repo.Get(t.Context(), "payments", msg.UUID)
 		require.NoError(t, err)
@@ -168,7 +169,7 @@ func TestOperatorResolvesWithEncodeResult(t *testing.T) {
 			return nil, nil
 		})
 		_, err := h(msg)
-		require.ErrorIs(t, err, middleware.ErrNeedsIntervention)
+		require.ErrorIs(t, err, idempotency.ErrNeedsIntervention)
 
 		stuck, err := op.ListStuck(t.Context(), repository.ListStuckParams{Consumer: "payments", Now: later})
 		require.NoError(t, err)

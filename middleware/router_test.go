@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
@@ -316,7 +317,7 @@ func TestRouterPoisonQueueForPermanentErrors(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s *store) {
 		f := newFlow(t)
 		h := &chargeHandler{s: s}
-		poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, middleware.IsPermanent)
+		poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, idempotency.IsPermanent)
 		require.NoError(t, err)
 		f.router.AddMiddleware(f.count, poison, s.newInbox(t, "billing", func(c *middleware.Config) {
 			c.Key = middleware.MetadataKey("idempotency_key")
@@ -352,8 +353,8 @@ func TestRouterPoisonQueueForPermanentErrors(t *testing.T) {
 			poisoned[m.UUID] = m.Metadata.Get(wmiddleware.ReasonForPoisonedKey)
 		}
 		require.Len(t, poisoned, 2)
-		require.Contains(t, poisoned["m-2"], middleware.ErrNoKey.Error())
-		require.Contains(t, poisoned["m-3"], middleware.ErrPayloadMismatch.Error())
+		require.Contains(t, poisoned["m-2"], idempotency.ErrNoKey.Error())
+		require.Contains(t, poisoned["m-3"], idempotency.ErrPayloadMismatch.Error())
 		require.EqualValues(t, 2, h.runs.Load())
 		require.Equal(t, 1, s.chargesFor(t, "o-1"))
 		require.Equal(t, 1, s.chargesFor(t, "o-5"))

@@ -2,12 +2,12 @@ package middleware
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
 )
 
@@ -15,21 +15,6 @@ import (
 // delivery's scope: Consumer "payments" and handler "billing" give
 // "payments/billing".
 const ScopeSeparator = "/"
-
-var (
-	// ErrNoScope is returned for a delivery or a call that has no scope:
-	// a VersionGuard used outside an inbox handler without
-	// VersionGuardConfig.Consumer, or an HTTP request without a principal
-	// (package httpidem). The inboxes require a Consumer, so their
-	// deliveries always have one. It is permanent.
-	ErrNoScope = errors.New("delivery has no inbox scope")
-	// ErrInvalidScope is returned for a delivery whose scope, derived from
-	// its handler name, cannot be stored: longer than
-	// repository.MaxConsumerLength bytes, not valid UTF-8, or containing a
-	// NUL byte. It is permanent: every delivery of that handler fails the
-	// same way until the handler is renamed or mapped with HandlerScopes.
-	ErrInvalidScope = errors.New("invalid inbox scope")
-)
 
 // scoping resolves the scope of each delivery, the consumer part of the
 // (consumer, key) a record is stored under. The rule, for a delivery of
@@ -39,7 +24,7 @@ var (
 //   - else Consumer + ScopeSeparator + h (h alone when Consumer is empty,
 //     which only NaturalKey, which stores nothing, allows);
 //   - a delivery without a handler name (the middleware called directly)
-//     uses Consumer alone, and fails with ErrNoScope if it is empty.
+//     uses Consumer alone, and fails with idempotency.ErrNoScope if it is empty.
 //
 // Two handlers of one router, or of two services with their own Consumer,
 // therefore never share a scope unless HandlerScopes maps them to the same
@@ -62,13 +47,13 @@ func newScoping(consumer string, handlerScopes map[string]string) scoping {
 }
 
 // resolve returns the scope of the delivery whose context is ctx, or an
-// error wrapping ErrNoScope or ErrInvalidScope.
+// error wrapping idempotency.ErrNoScope or idempotency.ErrInvalidScope.
 func (s scoping) resolve(ctx context.Context) (string, error) {
 	handler := message.HandlerNameFromCtx(ctx)
 	if handler == "" {
 		if s.consumer == "" {
 			return "", fmt.Errorf("%w: the message carries no Watermill handler name and the inbox has no Consumer; "+
-				"add the inbox to a router (router.AddMiddleware or handler.AddMiddleware) or set Consumer", ErrNoScope)
+				"add the inbox to a router (router.AddMiddleware or handler.AddMiddleware) or set Consumer", idempotency.ErrNoScope)
 		}
 		return s.consumer, nil // checked at construction
 	}
@@ -80,7 +65,7 @@ func (s scoping) resolve(ctx context.Context) (string, error) {
 		scope = s.consumer + ScopeSeparator + handler
 	}
 	if err := protocol.CheckScope(scope); err != nil {
-		return "", fmt.Errorf("%w: scope %q of handler %q %w; rename the handler or map it with HandlerScopes", ErrInvalidScope, scope, handler, err)
+		return "", fmt.Errorf("%w: scope %q of handler %q %w; rename the handler or map it with HandlerScopes", idempotency.ErrInvalidScope, scope, handler, err)
 	}
 	return scope, nil
 }

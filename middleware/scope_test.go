@@ -17,6 +17,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -28,22 +29,22 @@ import (
 // outcomes an inbox reported.
 type scopeObserver struct {
 	mu     sync.Mutex
-	counts map[string]map[middleware.Outcome]int
+	counts map[string]map[idempotency.Outcome]int
 }
 
-func (o *scopeObserver) ObserveDelivery(_ context.Context, d middleware.Delivery) {
+func (o *scopeObserver) ObserveDelivery(_ context.Context, d idempotency.Delivery) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.counts == nil {
-		o.counts = map[string]map[middleware.Outcome]int{}
+		o.counts = map[string]map[idempotency.Outcome]int{}
 	}
-	if o.counts[d.Consumer] == nil {
-		o.counts[d.Consumer] = map[middleware.Outcome]int{}
+	if o.counts[d.Scope] == nil {
+		o.counts[d.Scope] = map[idempotency.Outcome]int{}
 	}
-	o.counts[d.Consumer][d.Outcome]++
+	o.counts[d.Scope][d.Outcome]++
 }
 
-func (o *scopeObserver) get(scope string, outcome middleware.Outcome) int {
+func (o *scopeObserver) get(scope string, outcome idempotency.Outcome) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.counts[scope][outcome]
@@ -119,7 +120,7 @@ func writeLegacyRecords(t *testing.T, s *store, scope string, msgs []*message.Me
 		require.NoError(t, err)
 		claim, err := s.repo.ClaimTx(t.Context(), tx, repository.ClaimParams{
 			Consumer: scope, Key: m.UUID, PayloadHash: repository.HashPayload(m.Payload),
-			Now: now, ExpiresAt: now.Add(middleware.DefaultRetention),
+			Now: now, ExpiresAt: now.Add(idempotency.DefaultRetention),
 		})
 		require.NoError(t, err)
 		require.True(t, claim.Claimed)
@@ -352,7 +353,7 @@ func TestInvalidHandlerScopeIsPermanent(t *testing.T) {
 			t.Parallel()
 			s := newSQLiteStore(t)
 			f := newFlow(t)
-			poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, middleware.IsPermanent)
+			poison, err := wmiddleware.PoisonQueueWithFilter(f.pubSub, poisonTopic, idempotency.IsPermanent)
 			require.NoError(t, err)
 			f.router.AddMiddleware(f.count, poison, mode.new(t, s, "shop"))
 			var badRuns, goodRuns atomic.Int64
@@ -383,7 +384,7 @@ func TestInvalidHandlerScopeIsPermanent(t *testing.T) {
 			for _, want := range bad {
 				found := false
 				for reason := range reasons {
-					if strings.Contains(reason, middleware.ErrInvalidScope.Error()) && strings.Contains(reason, want) {
+					if strings.Contains(reason, idempotency.ErrInvalidScope.Error()) && strings.Contains(reason, want) {
 						found = true
 					}
 				}
@@ -562,8 +563,8 @@ func TestVersionGuardTwoHandlers(t *testing.T) {
 				for _, name := range []string{"orders-view", "search-index"} {
 					require.Equal(t, []int64{1, 2, 3, 4}, applied[name], "%s applied every version once, in order", name)
 					scope := "shop" + middleware.ScopeSeparator + name
-					require.Equal(t, 4, obs.get(scope, middleware.OutcomeProcessed))
-					require.Equal(t, 1, obs.get(scope, middleware.OutcomeStaleVersion), "%s: only the republished version 2 is stale", name)
+					require.Equal(t, 4, obs.get(scope, idempotency.OutcomeProcessed))
+					require.Equal(t, 1, obs.get(scope, idempotency.OutcomeStaleVersion), "%s: only the republished version 2 is stale", name)
 				}
 			})
 		}
@@ -580,8 +581,8 @@ func TestVersionGuardScopeOutsideTheInbox(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
 	err = unscoped.ApplyIfNewerTx(t.Context(), tx, "order-1", 1)
-	require.ErrorIs(t, err, middleware.ErrNoScope)
-	require.True(t, middleware.IsPermanent(err))
+	require.ErrorIs(t, err, idempotency.ErrNoScope)
+	require.True(t, idempotency.IsPermanent(err))
 
 	scoped, err := middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v.guard, Consumer: "projector"})
 	require.NoError(t, err)
@@ -590,5 +591,5 @@ func TestVersionGuardScopeOutsideTheInbox(t *testing.T) {
 
 	_, err = middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v.guard, Consumer: "bad\x00"})
 	require.ErrorContains(t, err, "VersionGuardConfig.Consumer contains a NUL byte")
-	require.False(t, errors.Is(err, middleware.ErrNoScope))
+	require.False(t, errors.Is(err, idempotency.ErrNoScope))
 }

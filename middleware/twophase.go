@@ -10,34 +10,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/lease"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
-
-// ExpiredLeasePolicy decides what a delivery does when it finds the key
-// in progress under an expired lease: an earlier attempt started the
-// effect and stopped answering (crashed, hung, partitioned), so the effect
-// may have partly happened.
-type ExpiredLeasePolicy = repository.ExpiredLeasePolicy
-
-const (
-	// Intervene fails the delivery with the permanent ErrNeedsIntervention
-	// and keeps the record for an operator, who checks the downstream
-	// system and then marks the record completed or releases it for a
-	// retry. The default: the safe choice for effects that are not
-	// idempotent downstream (a payment without an idempotency key).
-	Intervene = repository.Intervene
-	// Reclaim takes the record over (exactly one racing delivery wins) and
-	// runs the handler again. Use it only when the effect is idempotent
-	// downstream, e.g. an API called with the propagated key as its
-	// Idempotency-Key.
-	Reclaim = repository.Reclaim
-)
-
-// DefaultLease is the default lease of a two-phase claim, in package once
-// and httpidem too.
-const DefaultLease = lease.DefaultLease
 
 // TwoPhaseConfig configures a TwoPhaseInbox.
 type TwoPhaseConfig struct {
@@ -54,7 +31,7 @@ type TwoPhaseConfig struct {
 	// Key extracts the deduplication key. Default: UUIDKey.
 	Key KeyFunc
 	// Lease is how long a claim stays exclusive without being extended.
-	// Default: DefaultLease (30 s). Choose it well above the time one
+	// Default: idempotency.DefaultLease (30 s). Choose it well above the time one
 	// extension takes to reach the store, and below the broker's
 	// redelivery delay, so a crashed attempt is detected on redelivery.
 	Lease time.Duration
@@ -63,9 +40,9 @@ type TwoPhaseConfig struct {
 	ExtendEvery time.Duration
 	// OnExpiredLease is the policy for an earlier attempt whose lease
 	// expired. Default: Intervene.
-	OnExpiredLease ExpiredLeasePolicy
+	OnExpiredLease idempotency.ExpiredLeasePolicy
 	// Retention is how long a completed key is remembered. Default:
-	// DefaultRetention (7 days).
+	// idempotency.DefaultRetention (7 days).
 	Retention time.Duration
 	// RedeliveryWindow: as in Config; a shorter Retention is refused.
 	RedeliveryWindow time.Duration
@@ -75,10 +52,10 @@ type TwoPhaseConfig struct {
 	// Default: time.Now.
 	Now func() time.Time
 	// Observer: as in Config (mode "two-phase"). Default: nil.
-	Observer Observer
+	Observer idempotency.Observer
 	// MaxResultBytes: as in Config. The check comes after the effect, so a
 	// larger result fails the delivery with the permanent
-	// ErrResultTooLarge and leaves the record in progress (releasing it
+	// idempotency.ErrResultTooLarge and leaves the record in progress (releasing it
 	// would invite a second effect): once its lease expires an operator
 	// finds it with repository.Operator.ListStuck. Default:
 	// DefaultMaxResultBytes (1 MiB).
@@ -95,9 +72,9 @@ type TwoPhaseConfig struct {
 	// shorter ExtendEvery you set, which would leave a slow store no time
 	// to answer). Must be shorter than Lease.
 	StoreTimeout time.Duration
-	// FinishRetry bounds how Complete (and Release after a handler error)
-	// is retried after a store error. Default: see FinishRetry.
-	FinishRetry FinishRetry
+	// idempotency.FinishRetry bounds how Complete (and Release after a handler error)
+	// is retried after a store error. Default: see idempotency.FinishRetry.
+	FinishRetry idempotency.FinishRetry
 }
 
 func (c *TwoPhaseConfig) setDefaults() {
@@ -105,7 +82,7 @@ func (c *TwoPhaseConfig) setDefaults() {
 		c.Key = UUIDKey
 	}
 	lease.Fill(&c.Lease, &c.ExtendEvery, &c.StoreTimeout, (*lease.Retry)(&c.FinishRetry))
-	protocol.SetDefaults(&c.Retention, DefaultRetention, &c.Logger, &c.Now)
+	protocol.SetDefaults(&c.Retention, idempotency.DefaultRetention, &c.Logger, &c.Now)
 	if c.MaxResultBytes == 0 {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}
@@ -134,12 +111,12 @@ func (c TwoPhaseConfig) Validate() error {
 //
 //   - completed key, same payload: acknowledged without running the
 //     handler, output replayed with its original UUIDs;
-//   - completed key, other payload: ErrPayloadMismatch (permanent);
+//   - completed key, other payload: idempotency.ErrPayloadMismatch (permanent);
 //   - in progress under a live lease (another consumer is on it):
-//     ErrInProgress, transient — the broker redelivers later;
+//     idempotency.ErrInProgress, transient — the broker redelivers later;
 //   - in progress under an expired lease: OnExpiredLease decides —
 //     Reclaim (exactly one racing delivery takes over and re-runs) or
-//     Intervene (ErrNeedsIntervention, permanent, record kept);
+//     Intervene (idempotency.ErrNeedsIntervention, permanent, record kept);
 //   - handler error or panic: the claim is released so a retry can run.
 //
 // While the handler runs, its lease is extended every ExtendEvery, each
@@ -149,11 +126,11 @@ func (c TwoPhaseConfig) Validate() error {
 // (msg.Context()) is cancelled, and its completion is refused with
 // repository.ErrLeaseLost: an attempt that outlived its lease can never
 // overwrite the newer owner's record. Complete (and Release after a
-// handler error) is retried after a store error as FinishRetry allows,
+// handler error) is retried after a store error as idempotency.FinishRetry allows,
 // extending the lease in between, so a transient store error after the
 // effect neither re-runs it nor poisons an applied message. The handler's effect is not
 // rolled back by anything — that is why the key is available through
-// KeyFromContext, to make the effect itself idempotent downstream.
+// idempotency.KeyFromContext, to make the effect itself idempotent downstream.
 type TwoPhaseInbox struct {
 	config TwoPhaseConfig
 	scope  scoping
@@ -170,7 +147,7 @@ func NewTwoPhaseInbox(config TwoPhaseConfig) (*TwoPhaseInbox, error) {
 	return &TwoPhaseInbox{
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
-		obs:    newObservability("two-phase", config.Logger, config.Observer),
+		obs:    newObservability(idempotency.ModeTwoPhase, config.Logger, config.Observer),
 		proto:  protocol.NewTwoPhase(config.protocol(), "Inbox", "inbox"),
 	}, nil
 }
@@ -180,7 +157,7 @@ func NewTwoPhaseInbox(config TwoPhaseConfig) (*TwoPhaseInbox, error) {
 // delivery waits for the store for at most about 2 × StoreTimeout
 // besides the handler's own time; a Complete or Release the store has
 // not answered by then goes on in the background, retried as
-// FinishRetry allows, and the delivery fails (the broker redelivers; the
+// idempotency.FinishRetry allows, and the delivery fails (the broker redelivers; the
 // copy finds the key in progress, then completed). Call Drain after the
 // router has stopped, before the process exits.
 func (i *TwoPhaseInbox) Drain(ctx context.Context) error { return i.proto.Leases.Drain(ctx) }

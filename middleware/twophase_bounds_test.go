@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
@@ -27,7 +28,7 @@ const boundedStoreTimeout = 500 * time.Millisecond
 
 // quickFinish retries the last store write quickly, so that Drain ends
 // soon once the store answers again.
-var quickFinish = middleware.FinishRetry{MaxAttempts: 50, InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond}
+var quickFinish = idempotency.FinishRetry{MaxAttempts: 50, InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond}
 
 // timed runs call and returns how long it took; a call that has not
 // returned after limit fails the test (it is left running).
@@ -83,7 +84,7 @@ func TestTwoPhaseStoreThatStopsAnsweringHoldsNoDelivery(t *testing.T) {
 		var err error
 		took := timed(t, 10*bound, func() { _, err = mw(msg) })
 		require.Error(t, err)
-		require.False(t, middleware.IsPermanent(err))
+		require.False(t, idempotency.IsPermanent(err))
 		require.Less(t, took, bound)
 		require.Zero(t, runs.Load())
 
@@ -107,7 +108,7 @@ func TestTwoPhaseStoreThatStopsAnsweringHoldsNoDelivery(t *testing.T) {
 		var err error
 		took := timed(t, 10*bound, func() { _, err = mw(msg) })
 		require.Error(t, err, "the completion is not confirmed")
-		require.False(t, middleware.IsPermanent(err))
+		require.False(t, idempotency.IsPermanent(err))
 		require.Less(t, took, bound)
 
 		repo.Hang.Store(false)
@@ -156,7 +157,7 @@ func TestTwoPhaseStoreThatStopsAnsweringHoldsNoDelivery(t *testing.T) {
 // the effect runs once under either policy, and no copy is sent to
 // intervention while the other is healthy.
 func TestTwoPhaseClaimBlockedByATableLock(t *testing.T) {
-	for _, policy := range []middleware.ExpiredLeasePolicy{middleware.Reclaim, middleware.Intervene} {
+	for _, policy := range []idempotency.ExpiredLeasePolicy{idempotency.Reclaim, idempotency.Intervene} {
 		for _, driver := range []string{"database/sql", "pgx"} {
 			t.Run(policy.String()+"/"+driver, func(t *testing.T) {
 				t.Parallel()
@@ -208,7 +209,7 @@ func TestTwoPhaseClaimBlockedByATableLock(t *testing.T) {
 							switch {
 							case err == nil:
 								return
-							case middleware.IsPermanent(err):
+							case idempotency.IsPermanent(err):
 								permanent.Add(1)
 								return
 							}
@@ -286,10 +287,10 @@ func TestTwoPhaseLateClaimIsRenewedBeforeTheEffect(t *testing.T) {
 		}}
 		var runs atomic.Int64
 		mw := newTwoPhase(t, repo, func(c *middleware.TwoPhaseConfig) {
-			c.Lease, c.StoreTimeout, c.OnExpiredLease = lease, storeTimeout, middleware.Reclaim
+			c.Lease, c.StoreTimeout, c.OnExpiredLease = lease, storeTimeout, idempotency.Reclaim
 		}).Middleware(chargeAPI(&paymentAPI{}, &runs))
 		_, err := mw(message.NewMessage(watermill.NewUUID(), []byte("p")))
-		require.ErrorIs(t, err, middleware.ErrInProgress)
+		require.ErrorIs(t, err, idempotency.ErrInProgress)
 		require.Zero(t, runs.Load(), "the handler does not run on a lease another delivery holds")
 	})
 }

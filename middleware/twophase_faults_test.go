@@ -15,6 +15,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -137,7 +138,7 @@ func TestTwoPhaseSurvivesKilledConnectionsDuringComplete(t *testing.T) {
 		name string
 		open func(t *testing.T) (leaseRepo, func(context.Context) error)
 	}{{"postgres", postgresKillable}, {"redis", redisKillable}} {
-		for _, policy := range []middleware.ExpiredLeasePolicy{middleware.Intervene, middleware.Reclaim} {
+		for _, policy := range []idempotency.ExpiredLeasePolicy{idempotency.Intervene, idempotency.Reclaim} {
 			t.Run(backend.name+"/"+policy.String(), func(t *testing.T) {
 				t.Parallel()
 				real, kill := backend.open(t)
@@ -172,7 +173,7 @@ func TestTwoPhaseSurvivesKilledConnectionsDuringComplete(t *testing.T) {
 								if err == nil {
 									break
 								}
-								if middleware.IsPermanent(err) {
+								if idempotency.IsPermanent(err) {
 									mu.Lock()
 									poisoned[msg.UUID] = err
 									mu.Unlock()
@@ -229,7 +230,7 @@ func TestTwoPhaseHungExtensionDoesNotHoldTheDelivery(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for a handler of 1.5 s")
 	}
-	for _, policy := range []middleware.ExpiredLeasePolicy{middleware.Intervene, middleware.Reclaim} {
+	for _, policy := range []idempotency.ExpiredLeasePolicy{idempotency.Intervene, idempotency.Reclaim} {
 		t.Run(policy.String(), func(t *testing.T) {
 			t.Parallel()
 			db := testenv.Postgres(t)

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
@@ -83,7 +84,7 @@ func (r *flakyRepo) Release(ctx context.Context, p repository.LeaseParams) error
 }
 
 func fastRetry(c *middleware.TwoPhaseConfig) {
-	c.FinishRetry = middleware.FinishRetry{MaxAttempts: 5, InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond}
+	c.FinishRetry = idempotency.FinishRetry{MaxAttempts: 5, InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond}
 }
 
 func TestTwoPhaseCompleteIsRetriedAfterStoreErrors(t *testing.T) {
@@ -119,7 +120,7 @@ func TestTwoPhaseCompleteRetriesAreBounded(t *testing.T) {
 
 		_, err := mw(msg)
 		require.Error(t, err)
-		require.False(t, middleware.IsPermanent(err), "a store outage is retried by the broker")
+		require.False(t, idempotency.IsPermanent(err), "a store outage is retried by the broker")
 		require.EqualValues(t, 5, repo.completes.Load(), "FinishRetry.MaxAttempts")
 		rec, err := real.Get(t.Context(), "payments", msg.UUID)
 		require.NoError(t, err)
@@ -232,7 +233,7 @@ func TestTwoPhaseAcquireWhoseAnswerWasLostIsReleased(t *testing.T) {
 
 		_, err := mw(msg)
 		require.Error(t, err)
-		require.False(t, middleware.IsPermanent(err))
+		require.False(t, idempotency.IsPermanent(err))
 		require.NoError(t, inbox.Drain(t.Context()))
 		_, err = real.Get(t.Context(), "payments", msg.UUID)
 		require.ErrorIs(t, err, repository.ErrNotFound, "the unanswered claim is released")

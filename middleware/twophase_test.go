@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -127,7 +128,7 @@ func newTwoPhase(t *testing.T, repo leaseRepo, mutate ...func(*middleware.TwoPha
 func chargeAPI(api *paymentAPI, runs *atomic.Int64) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		runs.Add(1)
-		key, ok := middleware.KeyFromContext(msg.Context())
+		key, ok := idempotency.KeyFromContext(msg.Context())
 		if !ok {
 			return nil, errors.New("no key in context")
 		}
@@ -159,8 +160,8 @@ func TestTwoPhaseProcessesOnceAndReplays(t *testing.T) {
 		require.Equal(t, repository.StateCompleted, rec.State)
 
 		_, err = mw(message.NewMessage("pay-1", []byte(`{"amount":99}`)))
-		require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
-		require.True(t, middleware.IsPermanent(err))
+		require.ErrorIs(t, err, idempotency.ErrPayloadMismatch)
+		require.True(t, idempotency.IsPermanent(err))
 	})
 }
 
@@ -177,7 +178,7 @@ func TestTwoPhaseHandlerErrorReleasesClaim(t *testing.T) {
 		})
 		_, err := mw(message.NewMessage("pay-1", nil))
 		require.ErrorContains(t, err, "503")
-		require.False(t, middleware.IsPermanent(err))
+		require.False(t, idempotency.IsPermanent(err))
 		_, err = repo.Get(t.Context(), "payments", "pay-1")
 		require.ErrorIs(t, err, repository.ErrNotFound, "a failed handler releases its claim")
 
@@ -219,8 +220,8 @@ func TestTwoPhaseLiveLeaseIsBusy(t *testing.T) {
 		mw := newTwoPhase(t, repo).Middleware(chargeAPI(api, runs))
 
 		_, err := mw(message.NewMessage("pay-1", nil))
-		require.ErrorIs(t, err, middleware.ErrInProgress)
-		require.False(t, middleware.IsPermanent(err), "a busy key is retried later, not poisoned")
+		require.ErrorIs(t, err, idempotency.ErrInProgress)
+		require.False(t, idempotency.IsPermanent(err), "a busy key is retried later, not poisoned")
 		require.Zero(t, runs.Load())
 		rec, err := repo.Get(t.Context(), "payments", "pay-1")
 		require.NoError(t, err)
@@ -233,12 +234,12 @@ func TestTwoPhaseExpiredLeaseIntervene(t *testing.T) {
 		t0 := time.Now().Add(-time.Hour)
 		abandon(t, repo, "pay-1", t0, time.Minute, nil)
 		api, runs := &paymentAPI{}, &atomic.Int64{}
-		mw := newTwoPhase(t, repo, func(c *middleware.TwoPhaseConfig) { c.OnExpiredLease = middleware.Intervene }).
+		mw := newTwoPhase(t, repo, func(c *middleware.TwoPhaseConfig) { c.OnExpiredLease = idempotency.Intervene }).
 			Middleware(chargeAPI(api, runs))
 
 		_, err := mw(message.NewMessage("pay-1", nil))
-		require.ErrorIs(t, err, middleware.ErrNeedsIntervention)
-		require.True(t, middleware.IsPermanent(err), "routed to the poison queue")
+		require.ErrorIs(t, err, idempotency.ErrNeedsIntervention)
+		require.True(t, idempotency.IsPermanent(err), "routed to the poison queue")
 		require.Zero(t, runs.Load(), "the possibly half-done payment is not repeated")
 		rec, err := repo.Get(t.Context(), "payments", "pay-1")
 		require.NoError(t, err, "the record is kept for the operator")
@@ -254,7 +255,7 @@ func TestTwoPhaseExpiredLeaseReclaimRacesOneWinner(t *testing.T) {
 		api, runs := &paymentAPI{}, &atomic.Int64{}
 		release := make(chan struct{})
 		handler := chargeAPI(api, runs)
-		mw := newTwoPhase(t, repo, func(c *middleware.TwoPhaseConfig) { c.OnExpiredLease = middleware.Reclaim }).
+		mw := newTwoPhase(t, repo, func(c *middleware.TwoPhaseConfig) { c.OnExpiredLease = idempotency.Reclaim }).
 			Middleware(func(msg *message.Message) ([]*message.Message, error) {
 				<-release // hold the reclaimed lease while the others race
 				return handler(msg)
@@ -283,7 +284,7 @@ func TestTwoPhaseExpiredLeaseReclaimRacesOneWinner(t *testing.T) {
 				winners++
 				continue
 			}
-			require.ErrorIs(t, err, middleware.ErrInProgress)
+			require.ErrorIs(t, err, idempotency.ErrInProgress)
 		}
 		require.Equal(t, 1, winners, "exactly one delivery reclaims the expired lease")
 		require.EqualValues(t, 1, runs.Load())
@@ -314,7 +315,7 @@ func TestTwoPhaseConcurrentFirstDeliveries(t *testing.T) {
 		wg.Wait()
 		for _, err := range errs {
 			if err != nil {
-				require.ErrorIs(t, err, middleware.ErrInProgress, "losers are told to retry later")
+				require.ErrorIs(t, err, idempotency.ErrInProgress, "losers are told to retry later")
 			}
 		}
 		require.EqualValues(t, 1, runs.Load())
@@ -394,7 +395,7 @@ func TestTwoPhaseLeaseIsExtendedWhileHandlerRuns(t *testing.T) {
 		}, 30*time.Second, 10*time.Millisecond)
 
 		_, err := mw(message.NewMessage("pay-1", nil))
-		require.ErrorIs(t, err, middleware.ErrInProgress, "the extended lease still holds off other deliveries")
+		require.ErrorIs(t, err, idempotency.ErrInProgress, "the extended lease still holds off other deliveries")
 		close(release)
 		require.NoError(t, <-done)
 		require.EqualValues(t, 1, runs.Load())

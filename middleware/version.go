@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/settings"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -24,9 +25,9 @@ type VersionGuardConfig struct {
 	// Consumer is the scope used when the context carries none — outside
 	// an inbox handler, with ApplyIfNewerTx and a transaction of the
 	// caller's. Inside an inbox handler (either mode) the delivery's scope
-	// is used (ScopeFromContext), so two handlers guarding the same entity
+	// is used (idempotency.ScopeFromContext), so two handlers guarding the same entity
 	// never make each other's messages stale. Default: "" (ApplyIfNewer
-	// and ApplyIfNewerTx fail with ErrNoScope outside an inbox handler).
+	// and ApplyIfNewerTx fail with idempotency.ErrNoScope outside an inbox handler).
 	// At most 255 bytes, valid UTF-8, no NUL byte.
 	Consumer string
 }
@@ -61,7 +62,7 @@ func (c VersionGuardConfig) Validate() error {
 // OutcomeStaleVersion to its Observer (the stale counter) — so the
 // handler must return at once: whatever it wrote before would commit.
 // Versions are kept per scope: the scope of the inbox delivery the
-// handler runs in (ScopeFromContext), so one VersionGuard serves every
+// handler runs in (idempotency.ScopeFromContext), so one VersionGuard serves every
 // handler of a router and handlers guarding the same entity each keep
 // their own versions. A handler mapped with HandlerScopes keeps its
 // versions too.
@@ -101,16 +102,16 @@ func (g *VersionGuard) ApplyIfNewer(ctx context.Context, entity string, version 
 // handlers that manage their own (with the TwoPhaseInbox, or no inbox at
 // all). The scope is the inbox delivery's when ctx comes from one
 // (msg.Context() inside either inbox), otherwise VersionGuardConfig.Consumer;
-// with neither it returns ErrNoScope (permanent). The caller commits or
+// with neither it returns idempotency.ErrNoScope (permanent). The caller commits or
 // rolls back; on ErrStaleVersion it should roll back and acknowledge the
 // message.
 func (g *VersionGuard) ApplyIfNewerTx(ctx context.Context, tx repository.Querier, entity string, version int64) error {
-	scope, ok := ScopeFromContext(ctx)
+	scope, ok := idempotency.ScopeFromContext(ctx)
 	if !ok {
 		scope = g.config.Consumer
 	}
 	if scope == "" {
-		return fmt.Errorf("version guard: entity %q: %w: not inside an inbox handler and VersionGuardConfig.Consumer is empty", entity, ErrNoScope)
+		return fmt.Errorf("version guard: entity %q: %w: not inside an inbox handler and VersionGuardConfig.Consumer is empty", entity, idempotency.ErrNoScope)
 	}
 	applied, err := g.config.Guard.AdvanceTx(ctx, tx, repository.AdvanceParams{
 		Consumer: scope, Entity: entity, Version: version,

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
@@ -205,10 +206,10 @@ func TestVersionGuardShuffledDeliveries(t *testing.T) {
 			require.NoError(t, err)
 			require.Empty(t, out)
 		}
-		require.Equal(t, wantProcessed, v.counter.get(middleware.OutcomeProcessed))
-		require.Equal(t, wantStale, v.counter.get(middleware.OutcomeStaleVersion))
-		require.Equal(t, wantDuplicate, v.counter.get(middleware.OutcomeDuplicate))
-		require.Zero(t, v.counter.get(middleware.OutcomeFailed))
+		require.Equal(t, wantProcessed, v.counter.get(idempotency.OutcomeProcessed))
+		require.Equal(t, wantStale, v.counter.get(idempotency.OutcomeStaleVersion))
+		require.Equal(t, wantDuplicate, v.counter.get(idempotency.OutcomeDuplicate))
+		require.Zero(t, v.counter.get(idempotency.OutcomeFailed))
 		v.requireFinalState(t, entities, n)
 		t.Logf("%s: %d deliveries: %d processed, %d stale, %d duplicate", d.name, len(deliveries), wantProcessed, wantStale, wantDuplicate)
 	})
@@ -253,7 +254,7 @@ func TestVersionGuardConcurrentDeliveries(t *testing.T) {
 							break
 						}
 						// The broker would redeliver (MariaDB deadlock victims).
-						if attempt < 20 && !errors.Is(err, middleware.ErrPayloadMismatch) {
+						if attempt < 20 && !errors.Is(err, idempotency.ErrPayloadMismatch) {
 							retries.Add(1)
 							continue
 						}
@@ -268,13 +269,13 @@ func TestVersionGuardConcurrentDeliveries(t *testing.T) {
 		wg.Wait()
 		require.Empty(t, failures)
 
-		processed := v.counter.get(middleware.OutcomeProcessed)
-		stale := v.counter.get(middleware.OutcomeStaleVersion)
-		duplicate := v.counter.get(middleware.OutcomeDuplicate)
+		processed := v.counter.get(idempotency.OutcomeProcessed)
+		stale := v.counter.get(idempotency.OutcomeStaleVersion)
+		duplicate := v.counter.get(idempotency.OutcomeDuplicate)
 		require.Equal(t, len(distinct), processed+stale, "each message is processed or skipped as stale exactly once")
 		require.Equal(t, len(deliveries)-len(distinct), duplicate, "every other delivery is an inbox duplicate")
 		require.Equal(t, len(v.applied), processed, "each processed message applied one version")
-		require.EqualValues(t, retries.Load(), v.counter.get(middleware.OutcomeFailed))
+		require.EqualValues(t, retries.Load(), v.counter.get(idempotency.OutcomeFailed))
 		v.requireFinalState(t, entities, n)
 		t.Logf("%s: %d deliveries (%d messages) over %d workers: %d processed, %d stale, %d duplicate, %d retried",
 			d.name, len(deliveries), len(distinct), workers, processed, stale, duplicate, retries.Load())

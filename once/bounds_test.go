@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/once"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
 )
@@ -28,14 +28,14 @@ func TestStoreThatStopsAnsweringHoldsNoCall(t *testing.T) {
 		repo := &backends.Hanging{TwoPhase: memory.NewRepository()}
 		o, err := once.NewTwoPhase(once.Config{
 			Repository: repo, Scope: "jobs", Lease: 3 * time.Second, StoreTimeout: storeTimeout,
-			FinishRetry: middleware.FinishRetry{MaxAttempts: 50, InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+			FinishRetry: idempotency.FinishRetry{MaxAttempts: 50, InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		})
 		require.NoError(t, err)
 		return repo, o
 	}
 	// do calls o.Do and returns how long it took, failing the test if it
 	// has not returned after 10 × bound.
-	do := func(t *testing.T, o *once.TwoPhase, fn once.Func) (once.Result, error, time.Duration) {
+	do := func(t *testing.T, o *once.TwoPhase, fn once.Func) (once.Result, time.Duration, error) {
 		type answer struct {
 			res once.Result
 			err error
@@ -48,10 +48,10 @@ func TestStoreThatStopsAnsweringHoldsNoCall(t *testing.T) {
 		}()
 		select {
 		case a := <-done:
-			return a.res, a.err, time.Since(start)
+			return a.res, time.Since(start), a.err
 		case <-time.After(10 * bound):
 			t.Fatalf("Do has not returned after %s", 10*bound)
-			return once.Result{}, nil, 0
+			return once.Result{}, 0, nil
 		}
 	}
 	drain := func(t *testing.T, o *once.TwoPhase) {
@@ -66,7 +66,7 @@ func TestStoreThatStopsAnsweringHoldsNoCall(t *testing.T) {
 		repo.Hang.Store(true)
 		var runs atomic.Int64
 		fn := func(context.Context) ([]byte, error) { runs.Add(1); return []byte("done"), nil }
-		_, err, took := do(t, o, fn)
+		_, took, err := do(t, o, fn)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.Less(t, took, bound)
 		require.Zero(t, runs.Load())
@@ -86,7 +86,7 @@ func TestStoreThatStopsAnsweringHoldsNoCall(t *testing.T) {
 			repo.Hang.Store(true)
 			return []byte("done"), nil
 		}
-		_, err, took := do(t, o, fn)
+		_, took, err := do(t, o, fn)
 		require.Error(t, err, "the completion is not confirmed")
 		require.Less(t, took, bound)
 		repo.Hang.Store(false)
@@ -109,7 +109,7 @@ func TestStoreThatStopsAnsweringHoldsNoCall(t *testing.T) {
 			}
 			return []byte("done"), nil
 		}
-		_, err, took := do(t, o, fn)
+		_, took, err := do(t, o, fn)
 		require.ErrorIs(t, err, boom)
 		require.Less(t, took, bound)
 		repo.Hang.Store(false)

@@ -26,13 +26,13 @@
 // bounded by Config.StoreTimeout, and an extension still in flight when
 // the function returns is abandoned rather than waited for.
 //
-// Errors: middleware.ErrPayloadMismatch (the key was used with other
-// input, see DoInput) and middleware.ErrNeedsIntervention are permanent
-// (middleware.IsPermanent); *BusyError (middleware.ErrInProgress) is
+// Errors: idempotency.ErrPayloadMismatch (the key was used with other
+// input, see DoInput) and idempotency.ErrNeedsIntervention are permanent
+// (idempotency.IsPermanent); *BusyError (idempotency.ErrInProgress) is
 // transient: another call holds the key right now.
 //
 // Both run the module's one protocol (claim, run, store, answer a
 // duplicate) with the inboxes, and report every call to Config.Observer
-// (TxConfig.Observer) as a middleware.Delivery of consumer Scope, so the
+// (TxConfig.Observer) as a idempotency.Delivery of consumer Scope, so the
 // metrics package counts calls as it counts deliveries.
 package once

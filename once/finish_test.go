@@ -10,20 +10,20 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/once"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 // doUntilSettled calls o.Do as a patient client does: again while another
-// call holds the key (middleware.ErrInProgress), until a deadline.
+// call holds the key (idempotency.ErrInProgress), until a deadline.
 func doUntilSettled(t *testing.T, o *once.TwoPhase, key string, fn once.Func) (once.Result, error) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		res, err := o.Do(t.Context(), key, fn)
-		if !errors.Is(err, middleware.ErrInProgress) || time.Now().After(deadline) {
+		if !errors.Is(err, idempotency.ErrInProgress) || time.Now().After(deadline) {
 			return res, err
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -36,7 +36,7 @@ func doUntilSettled(t *testing.T, o *once.TwoPhase, key string, fn once.Func) (o
 // the lease is held, and a Complete that committed with its answer lost
 // is recognised as this call's own.
 func TestTwoPhaseCompleteFailingOnce(t *testing.T) {
-	for _, policy := range []middleware.ExpiredLeasePolicy{middleware.Intervene, middleware.Reclaim} {
+	for _, policy := range []idempotency.ExpiredLeasePolicy{idempotency.Intervene, idempotency.Reclaim} {
 		for _, lostAnswer := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/lost-answer=%t", policy, lostAnswer), func(t *testing.T) {
 				t.Parallel()
@@ -121,7 +121,7 @@ func TestTwoPhaseCompleteRetriesAreBounded(t *testing.T) {
 		scope := backends.RandomName("pay")
 		o, err := once.NewTwoPhase(once.Config{
 			Repository: repo, Scope: scope,
-			FinishRetry: middleware.FinishRetry{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond},
+			FinishRetry: idempotency.FinishRetry{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond},
 		})
 		require.NoError(t, err)
 		_, err = o.Do(t.Context(), "k", func(context.Context) ([]byte, error) { return []byte("v"), nil })
@@ -138,8 +138,8 @@ func TestTwoPhaseStoreConfig(t *testing.T) {
 		for name, cfg := range map[string]once.Config{
 			"store timeout not below lease": {Lease: time.Second, StoreTimeout: time.Second},
 			"negative store timeout":        {StoreTimeout: -time.Second},
-			"negative attempts":             {FinishRetry: middleware.FinishRetry{MaxAttempts: -1}},
-			"max interval below initial":    {FinishRetry: middleware.FinishRetry{InitialInterval: time.Second, MaxInterval: time.Millisecond}},
+			"negative attempts":             {FinishRetry: idempotency.FinishRetry{MaxAttempts: -1}},
+			"max interval below initial":    {FinishRetry: idempotency.FinishRetry{InitialInterval: time.Second, MaxInterval: time.Millisecond}},
 		} {
 			cfg.Repository, cfg.Scope = s.Repo, "job"
 			_, err := once.NewTwoPhase(cfg)

@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/once"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
 )
@@ -28,19 +28,19 @@ func TestObserverReportsEveryCall(t *testing.T) {
 	_, err = o.DoInput(t.Context(), "k", []byte("a"), ok)
 	require.NoError(t, err)
 	_, err = o.DoInput(t.Context(), "k", []byte("b"), ok)
-	require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
+	require.ErrorIs(t, err, idempotency.ErrPayloadMismatch)
 	_, err = o.Do(t.Context(), "other", func(context.Context) ([]byte, error) { return nil, boom })
 	require.ErrorIs(t, err, boom)
 	_, err = o.Do(t.Context(), "", ok)
 	require.ErrorIs(t, err, once.ErrNoKey)
 
-	require.Equal(t, []middleware.Outcome{
-		middleware.OutcomeProcessed, middleware.OutcomeReplayed, middleware.OutcomePayloadMismatch,
-		middleware.OutcomeFailed, middleware.OutcomeNoKey,
+	require.Equal(t, []idempotency.Outcome{
+		idempotency.OutcomeProcessed, idempotency.OutcomeReplayed, idempotency.OutcomePayloadMismatch,
+		idempotency.OutcomeFailed, idempotency.OutcomeNoKey,
 	}, seen.Outcomes())
 	all := seen.All()
 	for _, d := range all {
-		require.Equal(t, "nightly-export", d.Consumer)
+		require.Equal(t, "nightly-export", d.Scope)
 	}
 	require.Equal(t, "k", all[0].Key)
 	require.ErrorIs(t, all[3].Err, boom)
@@ -71,7 +71,7 @@ func TestPanicIsObservedInBothModes(t *testing.T) {
 			_, _ = two.Do(t.Context(), "k", func(context.Context) ([]byte, error) { panic("bug") })
 		}))
 		require.Equal(t, 2, obs.Started())
-		require.Equal(t, []middleware.Outcome{middleware.OutcomeFailed, middleware.OutcomeFailed}, obs.Outcomes())
+		require.Equal(t, []idempotency.Outcome{idempotency.OutcomeFailed, idempotency.OutcomeFailed}, obs.Outcomes())
 
 		res, err := tx.Do(t.Context(), "k", func(context.Context, *sql.Tx) ([]byte, error) { return []byte("ran"), nil })
 		require.NoError(t, err)

@@ -8,9 +8,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/fanout"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -24,20 +24,20 @@ type Result struct {
 	Replayed bool
 }
 
-// BusyError is returned (wrapping middleware.ErrInProgress) when another
+// BusyError is returned (wrapping idempotency.ErrInProgress) when another
 // call holds the key in progress. It is transient: try again after
 // LeaseUntil, when the other call has completed, released or expired.
 // Owner is the attempt holding the key (empty when unknown); LeaseUntil is
 // when its lease runs out unless it is extended (zero when unknown).
 type BusyError = repository.BusyError
 
-// ErrNoKey is returned (wrapping middleware.ErrNoKey) for an empty key.
-var ErrNoKey = fmt.Errorf("once: %w", middleware.ErrNoKey)
+// ErrNoKey is returned (wrapping idempotency.ErrNoKey) for an empty key.
+var ErrNoKey = fmt.Errorf("once: %w", idempotency.ErrNoKey)
 
 var errNilFunc = errors.New("once: nil function")
 
 // modeOnce is the Delivery.Mode of a call.
-const modeOnce = "once"
+const modeOnce = idempotency.ModeOnce
 
 // begin refuses a call without a function, unreported, or without a
 // key, reported to observer. Otherwise it starts the call with
@@ -47,20 +47,20 @@ func (c calls) begin(ctx context.Context, key string, noFunc bool) (context.Cont
 	if noFunc {
 		return ctx, errNilFunc
 	}
-	if s, ok := c.observer.(middleware.DeliveryStarter); ok {
-		ctx = fanout.Started(ctx, s, middleware.Delivery{Consumer: c.scope, Mode: modeOnce, Key: key}, middleware.DeliveryStarter.StartDelivery, c.logger, c.fields(key))
+	if s, ok := c.observer.(idempotency.DeliveryStarter); ok {
+		ctx = fanout.Started(ctx, s, idempotency.Delivery{Scope: c.scope, Mode: modeOnce, Key: key}, idempotency.DeliveryStarter.StartDelivery, c.logger, c.fields(key))
 	}
 	if key == "" {
-		c.report(ctx, middleware.Delivery{Consumer: c.scope, Mode: modeOnce, Outcome: middleware.OutcomeNoKey, Err: ErrNoKey})
+		c.report(ctx, idempotency.Delivery{Scope: c.scope, Mode: modeOnce, Outcome: idempotency.OutcomeNoKey, Err: ErrNoKey})
 		return ctx, ErrNoKey
 	}
 	return ctx, nil
 }
 
 // report tells the observer, if any, how a call ended.
-func (c calls) report(ctx context.Context, d middleware.Delivery) {
+func (c calls) report(ctx context.Context, d idempotency.Delivery) {
 	if c.observer != nil {
-		fanout.Reported(ctx, c.observer, d, middleware.Observer.ObserveDelivery, c.logger, c.fields(d.Key))
+		fanout.Reported(ctx, c.observer, d, idempotency.Observer.ObserveDelivery, c.logger, c.fields(d.Key))
 	}
 }
 
@@ -84,8 +84,8 @@ func checkScope(field, scope string) error {
 // error. It reports the call to observer (if any) first. A panic of fn
 // goes on up.
 func (c calls) result(ctx context.Context, start time.Time, key string, a protocol.Answer) (Result, error) {
-	c.report(ctx, middleware.Delivery{
-		Consumer: c.scope, Mode: modeOnce, Key: key, Outcome: middleware.Outcome(a.Outcome()), Err: a.Err,
+	c.report(ctx, idempotency.Delivery{
+		Scope: c.scope, Mode: modeOnce, Key: key, Outcome: idempotency.Outcome(a.Outcome()), Err: a.Err,
 		Claim: a.Claim, Total: time.Since(start),
 	})
 	if a.Panic != nil {
@@ -104,7 +104,7 @@ func (c calls) result(ctx context.Context, start time.Time, key string, a protoc
 // to the observer.
 type calls struct {
 	scope    string
-	observer middleware.Observer
+	observer idempotency.Observer
 	logger   watermill.LoggerAdapter
 }
 
@@ -130,7 +130,7 @@ func withCall(ctx context.Context, scope, key string) context.Context {
 }
 
 // KeyFromContext returns the key of the call running fn, for deriving
-// downstream idempotency keys (middleware.Derive). ok is false outside Do.
+// downstream idempotency keys (idempotency.Derive). ok is false outside Do.
 func KeyFromContext(ctx context.Context) (key string, ok bool) {
 	c, ok := ctx.Value(keyCtx{}).(callInfo)
 	return c.key, ok && c.key != ""

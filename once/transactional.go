@@ -10,8 +10,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -26,7 +26,7 @@ type TxConfig struct {
 	// Scope is the consumer part of every record, as in Config. Required.
 	Scope string
 	// Retention is how long a completed key is remembered. Default:
-	// middleware.DefaultRetention (7 days).
+	// idempotency.DefaultRetention (7 days).
 	Retention time.Duration
 	// TxOptions are used to begin the transaction. Default: nil.
 	TxOptions *sql.TxOptions
@@ -35,18 +35,18 @@ type TxConfig struct {
 	// Now returns the current time. Default: time.Now.
 	Now func() time.Time
 	// Observer, if set, receives every call's outcome as a
-	// middleware.Delivery with Consumer Scope and Mode "once"
+	// idempotency.Delivery with Consumer Scope and Mode "once"
 	// (processed, replayed, payload_mismatch, lease_busy,
 	// needs_intervention, no_key, failed), so metrics.Metrics counts
-	// calls as it counts deliveries; a middleware.DeliveryStarter starts
+	// calls as it counts deliveries; a idempotency.DeliveryStarter starts
 	// each call too, and fn runs in the context it returns (so
 	// tracing.New(tp) gives each call a span, fn's spans under it).
 	// Default: nil.
-	Observer middleware.Observer
+	Observer idempotency.Observer
 }
 
 func (c *TxConfig) setDefaults() {
-	protocol.SetDefaults(&c.Retention, middleware.DefaultRetention, &c.Logger, &c.Now)
+	protocol.SetDefaults(&c.Retention, idempotency.DefaultRetention, &c.Logger, &c.Now)
 }
 
 // Validate reports every problem with the configuration at once.
@@ -111,7 +111,7 @@ func (o *Transactional) Do(ctx context.Context, key string, fn TxFunc) (Result, 
 //     the marker and its output commit together; Replayed false;
 //   - key completed, same input: fn does not run; the stored output is
 //     returned with Replayed true;
-//   - key completed with other input: middleware.ErrPayloadMismatch
+//   - key completed with other input: idempotency.ErrPayloadMismatch
 //     (permanent);
 //   - a concurrent call with the same key: waits on the database until
 //     the first transaction ends, then replays (or claims, if the first

@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/once"
 )
 
@@ -60,8 +60,8 @@ func TestTransactionalRunsOnceAndReplays(t *testing.T) {
 		require.Equal(t, 1, rows(t, s, table))
 
 		_, err = o.DoInput(t.Context(), "step-1", []byte("batch 2"), insert(table))
-		require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
-		require.True(t, middleware.IsPermanent(err))
+		require.ErrorIs(t, err, idempotency.ErrPayloadMismatch)
+		require.True(t, idempotency.IsPermanent(err))
 		require.Equal(t, 1, rows(t, s, table))
 	})
 }

@@ -8,9 +8,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/lease"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -24,19 +24,19 @@ type Config struct {
 	// never meet. Required; at most 255 bytes, valid UTF-8, no NUL byte.
 	Scope string
 	// Lease is how long a claim stays exclusive without being extended.
-	// Default: middleware.DefaultLease (30 s).
+	// Default: idempotency.DefaultLease (30 s).
 	Lease time.Duration
 	// ExtendEvery is how often the lease of a running function is
 	// extended. Default: Lease/3. Must be shorter than Lease.
 	ExtendEvery time.Duration
 	// OnExpiredLease decides what a call does with a key whose earlier
-	// attempt's lease expired mid-run (crashed or hung): middleware.Intervene
+	// attempt's lease expired mid-run (crashed or hung): idempotency.Intervene
 	// (ErrNeedsIntervention, record kept for an operator) or
-	// middleware.Reclaim (exactly one racing call takes over and runs fn
-	// again). Default: middleware.Intervene.
-	OnExpiredLease middleware.ExpiredLeasePolicy
+	// idempotency.Reclaim (exactly one racing call takes over and runs fn
+	// again). Default: idempotency.Intervene.
+	OnExpiredLease idempotency.ExpiredLeasePolicy
 	// Retention is how long a completed key is remembered. Default:
-	// middleware.DefaultRetention (7 days). Must be longer than Lease.
+	// idempotency.DefaultRetention (7 days). Must be longer than Lease.
 	Retention time.Duration
 	// StoreTimeout bounds each store call: the claim, every lease
 	// extension and every Complete or Release attempt. A hung call is
@@ -53,27 +53,27 @@ type Config struct {
 	// FinishRetry bounds how Complete (and Release after fn failed) is
 	// retried after a store error, as in middleware.TwoPhaseConfig: while
 	// the lease is held and extended between attempts, fenced by the
-	// owner. Default: see middleware.FinishRetry (10 attempts over about
+	// owner. Default: see idempotency.FinishRetry (10 attempts over about
 	// 11 s).
-	FinishRetry middleware.FinishRetry
+	FinishRetry idempotency.FinishRetry
 	// Logger receives the logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.
 	Now func() time.Time
 	// Observer, if set, receives every call's outcome as a
-	// middleware.Delivery with Consumer Scope and Mode "once"
+	// idempotency.Delivery with Consumer Scope and Mode "once"
 	// (processed, replayed, payload_mismatch, lease_busy,
 	// needs_intervention, no_key, failed), so metrics.Metrics counts
-	// calls as it counts deliveries; a middleware.DeliveryStarter starts
+	// calls as it counts deliveries; a idempotency.DeliveryStarter starts
 	// each call too, and fn runs in the context it returns (so
 	// tracing.New(tp) gives each call a span, fn's spans under it).
 	// Default: nil.
-	Observer middleware.Observer
+	Observer idempotency.Observer
 }
 
 func (c *Config) setDefaults() {
 	lease.Fill(&c.Lease, &c.ExtendEvery, &c.StoreTimeout, (*lease.Retry)(&c.FinishRetry))
-	protocol.SetDefaults(&c.Retention, middleware.DefaultRetention, &c.Logger, &c.Now)
+	protocol.SetDefaults(&c.Retention, idempotency.DefaultRetention, &c.Logger, &c.Now)
 }
 
 // protocol returns the settings the protocol's two-phase run takes.
@@ -145,11 +145,11 @@ func (o *TwoPhase) Do(ctx context.Context, key string, fn Func) (Result, error) 
 //   - key completed, same input: fn does not run; the stored output is
 //     returned with Replayed true;
 //   - key completed or in progress with other input:
-//     middleware.ErrPayloadMismatch (permanent);
+//     idempotency.ErrPayloadMismatch (permanent);
 //   - key in progress under a live lease (a concurrent call): *BusyError,
-//     wrapping middleware.ErrInProgress (transient);
+//     wrapping idempotency.ErrInProgress (transient);
 //   - key in progress under an expired lease: OnExpiredLease decides —
-//     middleware.ErrNeedsIntervention (permanent, record kept), or
+//     idempotency.ErrNeedsIntervention (permanent, record kept), or
 //     exactly one racing call reclaims it and runs fn again;
 //   - fn returns an error or panics: the claim is released so that a
 //     retry runs fn again; the error is returned (a panic is re-raised

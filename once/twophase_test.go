@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/once"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -47,12 +47,12 @@ func TestTwoPhaseRunsOnceAndReplays(t *testing.T) {
 		require.Equal(t, 1, runs)
 
 		_, err = o.DoInput(t.Context(), "k1", []byte("other input"), fn)
-		require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
-		require.True(t, middleware.IsPermanent(err))
+		require.ErrorIs(t, err, idempotency.ErrPayloadMismatch)
+		require.True(t, idempotency.IsPermanent(err))
 		require.Equal(t, 1, runs)
 
 		_, err = o.Do(t.Context(), "", fn)
-		require.ErrorIs(t, err, middleware.ErrNoKey)
+		require.ErrorIs(t, err, idempotency.ErrNoKey)
 	})
 }
 
@@ -106,8 +106,8 @@ func TestTwoPhaseConcurrentCallsRunOnce(t *testing.T) {
 			if errs[i] != nil {
 				var busy *once.BusyError
 				require.ErrorAs(t, errs[i], &busy)
-				require.ErrorIs(t, errs[i], middleware.ErrInProgress)
-				require.False(t, middleware.IsPermanent(errs[i]))
+				require.ErrorIs(t, errs[i], idempotency.ErrInProgress)
+				require.False(t, idempotency.IsPermanent(errs[i]))
 				continue
 			}
 			require.Equal(t, []byte("v"), results[i].Value)
@@ -138,13 +138,13 @@ func TestTwoPhaseExpiredLease(t *testing.T) {
 	backends.ForEach(t, nil, func(t *testing.T, s *backends.Store) {
 		scope := backends.RandomName("job")
 		intervene := newTwoPhase(t, s, once.Config{Scope: scope})
-		reclaim := newTwoPhase(t, s, once.Config{Scope: scope, OnExpiredLease: middleware.Reclaim})
+		reclaim := newTwoPhase(t, s, once.Config{Scope: scope, OnExpiredLease: idempotency.Reclaim})
 		crashedAttempt(t, s, scope, "a")
 		crashedAttempt(t, s, scope, "b")
 
 		_, err := intervene.Do(t.Context(), "a", func(context.Context) ([]byte, error) { t.Error("ran"); return nil, nil })
-		require.ErrorIs(t, err, middleware.ErrNeedsIntervention)
-		require.True(t, middleware.IsPermanent(err))
+		require.ErrorIs(t, err, idempotency.ErrNeedsIntervention)
+		require.True(t, idempotency.IsPermanent(err))
 		rec, err := s.Repo.Get(t.Context(), scope, "a")
 		require.NoError(t, err)
 		require.Equal(t, repository.StateInProgress, rec.State, "the record stays for an operator")
@@ -164,7 +164,7 @@ func TestTwoPhaseLeaseIsExtended(t *testing.T) {
 		scope := backends.RandomName("job")
 		const lease = 300 * time.Millisecond
 		o := newTwoPhase(t, s, once.Config{Scope: scope, Lease: lease, ExtendEvery: 50 * time.Millisecond})
-		other := newTwoPhase(t, s, once.Config{Scope: scope, Lease: lease, OnExpiredLease: middleware.Reclaim})
+		other := newTwoPhase(t, s, once.Config{Scope: scope, Lease: lease, OnExpiredLease: idempotency.Reclaim})
 		entered := make(chan struct{})
 		finish := make(chan struct{})
 		done := make(chan error, 1)
@@ -194,7 +194,7 @@ func TestTwoPhaseLeaseIsExtended(t *testing.T) {
 		require.True(t, rec.LeaseUntil.After(first.LeaseUntil.Add(lease)), "extended deadline %s", rec.LeaseUntil)
 		require.Equal(t, first.LeaseOwner, rec.LeaseOwner, "extended by the running call, not taken over")
 		_, err = other.Do(t.Context(), "long", func(context.Context) ([]byte, error) { t.Error("reclaimed a live call"); return nil, nil })
-		require.ErrorIs(t, err, middleware.ErrInProgress, "the running call's lease must still be live")
+		require.ErrorIs(t, err, idempotency.ErrInProgress, "the running call's lease must still be live")
 		close(finish)
 		require.NoError(t, <-done)
 		res, err := other.Do(t.Context(), "long", func(context.Context) ([]byte, error) { t.Error("ran again"); return nil, nil })

@@ -58,7 +58,7 @@ var (
 	// byte or invalid UTF-8, which its text refuses. A UUID the database
 	// would refuse also wraps repository.ErrDataException, so the inbox
 	// middleware treats the delivery that wrote it as permanent
-	// (middleware.IsPermanent) in every pgx query exec mode: in the
+	// (idempotency.IsPermanent) in every pgx query exec mode: in the
 	// simple protocol the server answers a NUL byte with a protocol
 	// violation instead of a data exception.
 	ErrInvalidMessage = errors.New("outbox: invalid message")

@@ -12,7 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
@@ -127,7 +127,7 @@ func TestWriteTxRefusesWhatPostgresTextCannotHold(t *testing.T) {
 			err := b.tryWrite("orders", message.NewMessage("ok", nil), message.NewMessage(c.uuid, nil))
 			require.ErrorIs(t, err, outbox.ErrInvalidMessage, c.name)
 			require.ErrorIs(t, err, repository.ErrDataException, c.name)
-			require.True(t, middleware.IsPermanent(fmt.Errorf("handler: %w", err)), "%s: %v", c.name, err)
+			require.True(t, idempotency.IsPermanent(fmt.Errorf("handler: %w", err)), "%s: %v", c.name, err)
 		}
 		require.Zero(t, b.outboxRows(t))
 

@@ -9,7 +9,7 @@
 //
 //	// With metrics too:
 //	inbox, err := middleware.NewInbox(middleware.Config{…,
-//		Observer: middleware.Observers(m, tracer)})
+//		Observer: idempotency.Observers(m, tracer)})
 //	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{…,
 //		Observer: outbox.RelayObservers(m, tracer)})
 //	j, err := janitor.NewJanitor(repo, janitor.Config{…,

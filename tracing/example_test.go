@@ -9,13 +9,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/tracetest"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 	"github.com/idemkit/watermill-idempotent/tracing"
 )
 
-// An inbox with metrics and tracing: middleware.Observers gives it both.
+// An inbox with metrics and tracing: idempotency.Observers gives it both.
 // Each delivery gets a span, and the handler's own spans nest under it.
 func Example() {
 	dir, _ := os.MkdirTemp("", "example")
@@ -32,7 +33,7 @@ func Example() {
 	counts := outcomeCounts{}
 	inbox, err := middleware.NewInbox(middleware.Config{
 		DB: db, Repository: repo, Consumer: "billing",
-		Observer: middleware.Observers(counts, tracing.New(tp)),
+		Observer: idempotency.Observers(counts, tracing.New(tp)),
 	})
 	if err != nil {
 		panic(err)
@@ -72,6 +73,6 @@ func Example() {
 
 // outcomeCounts counts deliveries by outcome, a stand-in for
 // metrics.Metrics (not safe for concurrent use).
-type outcomeCounts map[middleware.Outcome]int
+type outcomeCounts map[idempotency.Outcome]int
 
-func (c outcomeCounts) ObserveDelivery(_ context.Context, d middleware.Delivery) { c[d.Outcome]++ }
+func (c outcomeCounts) ObserveDelivery(_ context.Context, d idempotency.Delivery) { c[d.Outcome]++ }

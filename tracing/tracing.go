@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 )
@@ -19,7 +19,7 @@ import (
 const instrumentationName = "github.com/idemkit/watermill-idempotent/tracing"
 
 // Tracer starts and ends the spans of deliveries, relay batches and
-// janitor batches. It is a middleware.Observer and DeliveryStarter, an
+// janitor batches. It is a idempotency.Observer and DeliveryStarter, an
 // outbox.RelayObserver and RelayBatchStarter, and a janitor.Observer and
 // BatchStarter. It ends only the spans it started: a report whose
 // context did not come from its start part is ignored. A Tracer is safe
@@ -44,8 +44,8 @@ func New(tp trace.TracerProvider) *Tracer {
 }
 
 var _ interface {
-	middleware.DeliveryStarter
-	middleware.Observer
+	idempotency.DeliveryStarter
+	idempotency.Observer
 	outbox.RelayBatchStarter
 	outbox.RelayObserver
 	janitor.BatchStarter
@@ -61,28 +61,28 @@ type (
 )
 
 // StartDelivery starts the delivery's span, a child of ctx's, and
-// returns ctx with it. It implements middleware.DeliveryStarter.
-func (t *Tracer) StartDelivery(ctx context.Context, d middleware.Delivery) context.Context {
+// returns ctx with it. It implements idempotency.DeliveryStarter.
+func (t *Tracer) StartDelivery(ctx context.Context, d idempotency.Delivery) context.Context {
 	if t.tracer == nil {
 		return ctx
 	}
 	name, kind := "inbox", trace.SpanKindConsumer
 	switch d.Mode {
-	case "http":
+	case idempotency.ModeHTTP:
 		name, kind = "idempotency", trace.SpanKindInternal
-	case "once":
+	case idempotency.ModeOnce:
 		name, kind = "once", trace.SpanKindInternal
 	}
 	attrs := []attribute.KeyValue{
-		attribute.String("idempotency.consumer", d.Consumer),
-		attribute.String("idempotency.mode", d.Mode),
+		attribute.String("idempotency.consumer", d.Scope),
+		attribute.String("idempotency.mode", string(d.Mode)),
 	}
 	switch {
-	case d.HTTPRoute != "":
-		name += " " + d.HTTPRoute
-		attrs = append(attrs, attribute.String("http.route", d.HTTPRoute))
-	case d.Consumer != "":
-		name += " " + d.Consumer
+	case d.Mode == idempotency.ModeHTTP && d.Operation != "":
+		name += " " + d.Operation
+		attrs = append(attrs, attribute.String("http.route", d.Operation))
+	case d.Scope != "":
+		name += " " + d.Scope
 	}
 	if d.MessageUUID != "" {
 		attrs = append(attrs, attribute.String("messaging.message.id", d.MessageUUID))
@@ -91,8 +91,8 @@ func (t *Tracer) StartDelivery(ctx context.Context, d middleware.Delivery) conte
 }
 
 // ObserveDelivery ends the span StartDelivery put in ctx, with d's
-// outcome. It implements middleware.Observer.
-func (t *Tracer) ObserveDelivery(ctx context.Context, d middleware.Delivery) {
+// outcome. It implements idempotency.Observer.
+func (t *Tracer) ObserveDelivery(ctx context.Context, d idempotency.Delivery) {
 	span := t.started(ctx, deliveryKey{t})
 	if span == nil {
 		return
@@ -105,9 +105,6 @@ func (t *Tracer) ObserveDelivery(ctx context.Context, d middleware.Delivery) {
 		attrs = append(attrs, attribute.String("idempotency.outcome", string(d.Outcome)))
 		if d.Replayed > 0 {
 			attrs = append(attrs, attribute.Int("idempotency.replayed", d.Replayed))
-		}
-		if d.HTTPStatus != 0 {
-			attrs = append(attrs, attribute.Int("http.response.status_code", d.HTTPStatus))
 		}
 		finish(span, attrs, d.Err, string(d.Outcome))
 	}

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/internal/tracetest"
 	"github.com/idemkit/watermill-idempotent/middleware"
@@ -31,7 +32,7 @@ import (
 
 // entry runs one delivery of key through an entry point observed by obs,
 // in the trace of parent; work runs in the handler's context.
-type entry func(t *testing.T, obs middleware.Observer, parent context.Context, key string, work func(context.Context) error) error
+type entry func(t *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error
 
 // deliver runs msg, carrying parent's trace in its metadata, through mw.
 func deliver(mw message.HandlerMiddleware, parent context.Context, key string, work func(context.Context) error) error {
@@ -56,31 +57,31 @@ var entries = map[string]struct {
 	kind       trace.SpanKind
 }{
 	"inbox": {span: "inbox billing", mode: "transactional", kind: trace.SpanKindConsumer,
-		run: func(t *testing.T, obs middleware.Observer, parent context.Context, key string, work func(context.Context) error) error {
+		run: func(t *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error {
 			db, repo := sqliteRepo(t)
 			inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing", Observer: obs})
 			require.NoError(t, err)
 			return deliver(inbox.Middleware, parent, key, work)
 		}},
 	"two-phase inbox": {span: "inbox billing", mode: "two-phase", kind: trace.SpanKindConsumer,
-		run: func(t *testing.T, obs middleware.Observer, parent context.Context, key string, work func(context.Context) error) error {
+		run: func(t *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error {
 			inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: memory.NewRepository(), Consumer: "billing", Observer: obs})
 			require.NoError(t, err)
 			return deliver(inbox.Middleware, parent, key, work)
 		}},
 	"natural key": {span: "inbox billing", mode: "natural", kind: trace.SpanKindConsumer,
-		run: func(_ *testing.T, obs middleware.Observer, parent context.Context, key string, work func(context.Context) error) error {
+		run: func(_ *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error {
 			return deliver(middleware.NewNaturalKey(middleware.NaturalKeyConfig{Consumer: "billing", Observer: obs}).Middleware, parent, key, work)
 		}},
 	"once": {span: "once billing", mode: "once", kind: trace.SpanKindInternal,
-		run: func(t *testing.T, obs middleware.Observer, parent context.Context, key string, work func(context.Context) error) error {
+		run: func(t *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error {
 			o, err := once.NewTwoPhase(once.Config{Repository: memory.NewRepository(), Scope: "billing", Observer: obs})
 			require.NoError(t, err)
 			_, err = o.Do(parent, key, func(ctx context.Context) ([]byte, error) { return nil, work(ctx) })
 			return err
 		}},
 	"once transactional": {span: "once billing", mode: "once", kind: trace.SpanKindInternal,
-		run: func(t *testing.T, obs middleware.Observer, parent context.Context, key string, work func(context.Context) error) error {
+		run: func(t *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error {
 			db, repo := sqliteRepo(t)
 			o, err := once.NewTransactional(once.TxConfig{DB: db, Repository: repo, Scope: "billing", Observer: obs})
 			require.NoError(t, err)
@@ -146,7 +147,7 @@ func TestDeliverySpans(t *testing.T) {
 func TestObserversCombine(t *testing.T) {
 	tp := tracetest.NewRecorder()
 	seen := &reports{}
-	err := entries["inbox"].run(t, middleware.Observers(nil, tracing.New(tp), seen), t.Context(), "order-1", func(context.Context) error { return nil })
+	err := entries["inbox"].run(t, idempotency.Observers(nil, tracing.New(tp), seen), t.Context(), "order-1", func(context.Context) error { return nil })
 	require.NoError(t, err)
 	spans := named(tp, "inbox billing")
 	require.Len(t, spans, 1)
@@ -159,7 +160,7 @@ func TestObserversCombine(t *testing.T) {
 func TestEndsOnlyItsOwnSpans(t *testing.T) {
 	tp := tracetest.NewRecorder()
 	a, b := tracing.New(tp), tracing.New(tp)
-	d := middleware.Delivery{Consumer: "billing", Mode: "transactional", Outcome: middleware.OutcomeProcessed}
+	d := idempotency.Delivery{Scope: "billing", Mode: "transactional", Outcome: idempotency.OutcomeProcessed}
 
 	a.ObserveDelivery(t.Context(), d) // not started
 	ctx := b.StartDelivery(t.Context(), d)
@@ -175,7 +176,7 @@ func TestEndsOnlyItsOwnSpans(t *testing.T) {
 // starts spans nor allocates.
 func TestNoopProviderStartsNothing(t *testing.T) {
 	tr := tracing.New(noop.NewTracerProvider())
-	d := middleware.Delivery{Consumer: "billing", Mode: "transactional", MessageUUID: "order-1"}
+	d := idempotency.Delivery{Scope: "billing", Mode: "transactional", MessageUUID: "order-1"}
 	ctx := t.Context()
 	allocs := testing.AllocsPerRun(100, func() {
 		c := tr.StartDelivery(ctx, d)
@@ -282,7 +283,7 @@ func named(tp *tracetest.Recorder, name string) []*tracetest.Span {
 	return out
 }
 
-// reports is a middleware.Observer that keeps each delivery's outcome
+// reports is a idempotency.Observer that keeps each delivery's outcome
 // and the span context it was reported in.
 type reports struct {
 	mu       sync.Mutex
@@ -290,7 +291,7 @@ type reports struct {
 	spans    []trace.SpanContext
 }
 
-func (r *reports) ObserveDelivery(ctx context.Context, d middleware.Delivery) {
+func (r *reports) ObserveDelivery(ctx context.Context, d idempotency.Delivery) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.outcomes = append(r.outcomes, string(d.Outcome))

@@ -21,6 +21,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
@@ -106,9 +107,9 @@ func killedConsumer() {
 	os.Exit(1) // not reached: the handler exits
 }
 
-type observerFunc func(middleware.Delivery)
+type observerFunc func(idempotency.Delivery)
 
-func (f observerFunc) ObserveDelivery(_ context.Context, d middleware.Delivery) { f(d) }
+func (f observerFunc) ObserveDelivery(_ context.Context, d idempotency.Delivery) { f(d) }
 
 func suffix() string {
 	var b [5]byte
@@ -268,9 +269,9 @@ func TestStuckRecordOfAKilledConsumer(t *testing.T) {
 	// The redelivery is a duplicate: acknowledged, the handler not run.
 	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
 	require.NoError(t, err)
-	var outcomes []middleware.Outcome
+	var outcomes []idempotency.Outcome
 	inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: repo, Consumer: "billing",
-		Observer: observerFunc(func(d middleware.Delivery) { outcomes = append(outcomes, d.Outcome) })})
+		Observer: observerFunc(func(d idempotency.Delivery) { outcomes = append(outcomes, d.Outcome) })})
 	require.NoError(t, err)
 	ran := false
 	_, err = inbox.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -279,7 +280,7 @@ func TestStuckRecordOfAKilledConsumer(t *testing.T) {
 	})(message.NewMessage(key, []byte(`{"order":"7","amount":42}`)))
 	require.NoError(t, err)
 	require.False(t, ran)
-	require.Equal(t, []middleware.Outcome{middleware.OutcomeDuplicate}, outcomes)
+	require.Equal(t, []idempotency.Outcome{idempotency.OutcomeDuplicate}, outcomes)
 	rec, err := repo.Get(t.Context(), "billing", key)
 	require.NoError(t, err)
 	require.Equal(t, repository.StateCompleted, rec.State)

@@ -9,12 +9,12 @@
 //     returns middleware.ErrNaturalDuplicate and middleware.NaturalKey
 //     acknowledges it;
 //   - another hash: the key was reused for other content; the handler
-//     returns middleware.ErrPayloadMismatch, which middleware.IsPermanent
+//     returns idempotency.ErrPayloadMismatch, which idempotency.IsPermanent
 //     sends to the poison queue.
 //
 // The router:
 //
-//	poison, err := wmiddleware.PoisonQueueWithFilter(pub, "orders_poison", middleware.IsPermanent)
+//	poison, err := wmiddleware.PoisonQueueWithFilter(pub, "orders_poison", idempotency.IsPermanent)
 //	if err != nil {
 //		return err
 //	}
@@ -36,6 +36,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -64,7 +65,7 @@ type Document struct {
 
 // Apply creates the document id for payload. On a conflict it reads the
 // stored document and compares the payload hashes: equal, it returns
-// middleware.ErrNaturalDuplicate; different, middleware.ErrPayloadMismatch
+// middleware.ErrNaturalDuplicate; different, idempotency.ErrPayloadMismatch
 // (wrapped). Other errors are returned wrapped, to be retried.
 func Apply(ctx context.Context, c Container, id string, payload []byte) error {
 	hash := hex.EncodeToString(repository.HashPayload(payload))
@@ -89,7 +90,7 @@ func Apply(ctx context.Context, c Container, id string, payload []byte) error {
 	}
 	if existing.PayloadHash != hash {
 		return fmt.Errorf("%w: document %q holds payload %s, the message has %s",
-			middleware.ErrPayloadMismatch, id, existing.PayloadHash, hash)
+			idempotency.ErrPayloadMismatch, id, existing.PayloadHash, hash)
 	}
 	return middleware.ErrNaturalDuplicate
 }
@@ -97,7 +98,7 @@ func Apply(ctx context.Context, c Container, id string, payload []byte) error {
 // Handler returns a handler that applies each message as the document
 // key(msg) names. Put middleware.NaturalKey around it, so that
 // ErrNaturalDuplicate is acknowledged, and the poison queue
-// (middleware.IsPermanent) around that.
+// (idempotency.IsPermanent) around that.
 func Handler(c Container, key middleware.KeyFunc) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		id, err := key(msg)
@@ -105,7 +106,7 @@ func Handler(c Container, key middleware.KeyFunc) message.NoPublishHandlerFunc {
 			return err
 		}
 		if id == "" {
-			return middleware.ErrNoKey
+			return idempotency.ErrNoKey
 		}
 		return Apply(msg.Context(), c, id, msg.Payload)
 	}

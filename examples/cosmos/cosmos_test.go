@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/examples/cosmos"
 	"github.com/idemkit/watermill-idempotent/examples/internal/ledger"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
@@ -32,8 +33,8 @@ func TestApply(t *testing.T) {
 	err := cosmos.Apply(ctx, c, "order-1", []byte(`{"id":"order-1","cents":100}`))
 	require.ErrorIs(t, err, middleware.ErrNaturalDuplicate, "a copy: same id, same payload")
 	err = cosmos.Apply(ctx, c, "order-1", []byte(`{"id":"order-1","cents":999}`))
-	require.ErrorIs(t, err, middleware.ErrPayloadMismatch, "the id reused for other content")
-	require.True(t, middleware.IsPermanent(err))
+	require.ErrorIs(t, err, idempotency.ErrPayloadMismatch, "the id reused for other content")
+	require.True(t, idempotency.IsPermanent(err))
 
 	stored, err := c.Read(ctx, "order-1")
 	require.NoError(t, err)
@@ -80,7 +81,7 @@ func TestRouter(t *testing.T) {
 	pubsub := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	defer pubsub.Close()
 	poisoned := &ledger.Topic{}
-	poison, err := wmiddleware.PoisonQueueWithFilter(poisoned, "orders_poison", middleware.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(poisoned, "orders_poison", idempotency.IsPermanent)
 	require.NoError(t, err)
 	outcomes := &ledger.Outcomes{}
 	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
@@ -103,8 +104,8 @@ func TestRouter(t *testing.T) {
 	}
 	require.NoError(t, outcomes.WaitAcked(ctx, 3))
 	require.Eventually(t, func() bool { return len(poisoned.Messages()) == 1 }, 10*time.Second, 5*time.Millisecond)
-	require.Equal(t, 2, outcomes.Count(middleware.OutcomeProcessed))
-	require.Equal(t, 1, outcomes.Count(middleware.OutcomeDuplicate))
+	require.Equal(t, 2, outcomes.Count(idempotency.OutcomeProcessed))
+	require.Equal(t, 1, outcomes.Count(idempotency.OutcomeDuplicate))
 	require.JSONEq(t, `{"id":"order-1","cents":999}`, string(poisoned.Messages()[0].Payload))
 	var docs int
 	require.NoError(t, c.DB.QueryRowContext(ctx, `SELECT count(*) FROM documents`).Scan(&docs))

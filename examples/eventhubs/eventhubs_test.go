@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/examples/eventhubs"
 	"github.com/idemkit/watermill-idempotent/examples/internal/ledger"
 	"github.com/idemkit/watermill-idempotent/examples/kafkaproducer"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
@@ -115,7 +116,7 @@ func TestInboxThroughSASL(t *testing.T) {
 	rows, distinct, err := ledger.Count(ctx, db)
 	require.NoError(t, err)
 	require.Equal(t, [2]int{12, 12}, [2]int{rows, distinct})
-	require.Equal(t, 4, outcomes.Count(middleware.OutcomeDuplicate)+outcomes.Count(middleware.OutcomeReplayed))
+	require.Equal(t, 4, outcomes.Count(idempotency.OutcomeDuplicate)+outcomes.Count(idempotency.OutcomeReplayed))
 
 	admin, err := sarama.NewClusterAdmin(brokers, kfakeConfig(sarama.NewConfig(), connectionString))
 	require.NoError(t, err)
@@ -126,7 +127,7 @@ func TestInboxThroughSASL(t *testing.T) {
 	rows, distinct, err = ledger.Count(ctx, db)
 	require.NoError(t, err)
 	require.Equal(t, [2]int{12, 12}, [2]int{rows, distinct})
-	require.Equal(t, 4+published, outcomes.Count(middleware.OutcomeDuplicate)+outcomes.Count(middleware.OutcomeReplayed))
+	require.Equal(t, 4+published, outcomes.Count(idempotency.OutcomeDuplicate)+outcomes.Count(idempotency.OutcomeReplayed))
 }
 
 // consume runs handler "billing" on consumer group "billing" behind inbox

@@ -29,6 +29,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
@@ -122,7 +123,7 @@ func run(ctx context.Context, dbPath string, out io.Writer, wrap ...message.Hand
 		// The event's UUID derives from the request's key, so even a re-run
 		// would publish a copy the shipping inbox recognises.
 		key := r.Header.Get(httpidem.HeaderKey)
-		event := message.NewMessage(middleware.Derive(client+"/"+key, "order-placed"), fmt.Appendf(nil, "%d", id))
+		event := message.NewMessage(idempotency.Derive(client+"/"+key, "order-placed"), fmt.Appendf(nil, "%d", id))
 		if err := pubSub.Publish("orders.placed", event); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return

@@ -36,6 +36,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -151,7 +152,7 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	}
 	// Permanent inbox errors (no key, a key reused for other content) go to
 	// the poison topic and are acknowledged; every other error is retried.
-	poison, err := wmiddleware.PoisonQueueWithFilter(pub, orders+"_poison", middleware.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(pub, orders+"_poison", idempotency.IsPermanent)
 	if err != nil {
 		return err
 	}

@@ -54,6 +54,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
 	"github.com/idemkit/watermill-idempotent/examples/internal/ledger"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -166,7 +167,7 @@ type shop struct {
 func (s *shop) retry() wmiddleware.Retry {
 	return wmiddleware.Retry{
 		MaxRetries: 1, InitialInterval: time.Millisecond,
-		ShouldRetry: func(p wmiddleware.RetryParams) bool { return !middleware.IsPermanent(p.Err) },
+		ShouldRetry: func(p wmiddleware.RetryParams) bool { return !idempotency.IsPermanent(p.Err) },
 	}
 }
 
@@ -190,7 +191,7 @@ func (s *shop) inbox(router *message.Router, repo *postgres.Repository, key midd
 	if err != nil {
 		return err
 	}
-	poison, err := wmiddleware.PoisonQueueWithFilter(s.pubsub, "orders_poison", middleware.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(s.pubsub, "orders_poison", idempotency.IsPermanent)
 	if err != nil {
 		return err
 	}
@@ -236,7 +237,7 @@ func legacyKey(repo repository.Transactional, old middleware.KeyFunc) message.Ha
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
 			tx, ok := middleware.TxFromContext(ctx)
-			scope, _ := middleware.ScopeFromContext(ctx)
+			scope, _ := idempotency.ScopeFromContext(ctx)
 			if !ok {
 				return nil, fmt.Errorf("legacyKey must run inside the inbox")
 			}

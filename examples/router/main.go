@@ -28,6 +28,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -93,7 +94,7 @@ func run(ctx context.Context, dsn string, pub message.Publisher, sub message.Sub
 	// Messages that can never succeed go to a poison queue: permanent inbox
 	// errors (no key, key reused for other content) and malformed orders.
 	poison, err := wmiddleware.PoisonQueueWithFilter(pub, "orders.poison", func(err error) bool {
-		return middleware.IsPermanent(err) || errors.Is(err, errMalformed)
+		return idempotency.IsPermanent(err) || errors.Is(err, errMalformed)
 	})
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/examples/internal/ledger"
 	"github.com/idemkit/watermill-idempotent/examples/servicebus"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
@@ -241,7 +242,7 @@ func TestRouterWithInbox(t *testing.T) {
 	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Observer: outcomes})
 	require.NoError(t, err)
 	poisoned := &ledger.Topic{}
-	poison, err := wmiddleware.PoisonQueueWithFilter(poisoned, "orders_poison", middleware.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(poisoned, "orders_poison", idempotency.IsPermanent)
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -270,7 +271,7 @@ func TestRouterWithInbox(t *testing.T) {
 	rows, distinct, err := ledger.Count(ctx, db)
 	require.NoError(t, err)
 	require.Equal(t, [2]int{2, 2}, [2]int{rows, distinct})
-	require.Equal(t, 1, outcomes.Count(middleware.OutcomePayloadMismatch))
+	require.Equal(t, 1, outcomes.Count(idempotency.OutcomePayloadMismatch))
 	eventually(t, func() bool { return len(poisoned.Messages()) == 1 })
 	require.Equal(t, "cherry", string(poisoned.Messages()[0].Payload))
 }

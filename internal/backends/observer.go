@@ -5,33 +5,33 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 )
 
-// Deliveries is a middleware.Observer that records every delivery it
+// Deliveries is a idempotency.Observer that records every delivery it
 // receives, for tests of the inboxes, once and httpidem.
 type Deliveries struct {
 	mu  sync.Mutex
-	all []middleware.Delivery
+	all []idempotency.Delivery
 }
 
-// ObserveDelivery implements middleware.Observer.
-func (d *Deliveries) ObserveDelivery(_ context.Context, dl middleware.Delivery) {
+// ObserveDelivery implements idempotency.Observer.
+func (d *Deliveries) ObserveDelivery(_ context.Context, dl idempotency.Delivery) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.all = append(d.all, dl)
 }
 
 // All returns the deliveries received so far.
-func (d *Deliveries) All() []middleware.Delivery {
+func (d *Deliveries) All() []idempotency.Delivery {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return append([]middleware.Delivery(nil), d.all...)
+	return append([]idempotency.Delivery(nil), d.all...)
 }
 
 // Outcomes returns the outcomes of the deliveries received so far.
-func (d *Deliveries) Outcomes() []middleware.Outcome {
-	var out []middleware.Outcome
+func (d *Deliveries) Outcomes() []idempotency.Outcome {
+	var out []idempotency.Outcome
 	for _, dl := range d.All() {
 		out = append(out, dl.Outcome)
 	}
@@ -39,7 +39,7 @@ func (d *Deliveries) Outcomes() []middleware.Outcome {
 }
 
 // Lifecycle is a Deliveries that also starts each delivery
-// (middleware.DeliveryStarter) and counts the starts, so that a test can
+// (idempotency.DeliveryStarter) and counts the starts, so that a test can
 // check every started delivery ended. PanicOnStart and PanicOnObserve
 // make it panic in either call, after recording it, to check that an
 // observer's panic changes nothing for the delivery.
@@ -50,8 +50,8 @@ type Lifecycle struct {
 	started atomic.Int64
 }
 
-// StartDelivery implements middleware.DeliveryStarter.
-func (l *Lifecycle) StartDelivery(ctx context.Context, _ middleware.Delivery) context.Context {
+// StartDelivery implements idempotency.DeliveryStarter.
+func (l *Lifecycle) StartDelivery(ctx context.Context, _ idempotency.Delivery) context.Context {
 	l.started.Add(1)
 	if l.PanicOnStart {
 		panic("observer panics in StartDelivery")
@@ -59,8 +59,8 @@ func (l *Lifecycle) StartDelivery(ctx context.Context, _ middleware.Delivery) co
 	return ctx
 }
 
-// ObserveDelivery implements middleware.Observer.
-func (l *Lifecycle) ObserveDelivery(ctx context.Context, d middleware.Delivery) {
+// ObserveDelivery implements idempotency.Observer.
+func (l *Lifecycle) ObserveDelivery(ctx context.Context, d idempotency.Delivery) {
 	l.Deliveries.ObserveDelivery(ctx, d)
 	if l.PanicOnObserve {
 		panic("observer panics in ObserveDelivery")

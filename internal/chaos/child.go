@@ -19,6 +19,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
@@ -51,9 +52,9 @@ type spec struct {
 	AMQPURL          string  //
 	ExitAfterCommit  float64 // probability per processed delivery
 	Lease            time.Duration
-	Policy           middleware.ExpiredLeasePolicy // two-phase
-	EffectDelay      time.Duration                 // two-phase: up to this long before and after the effect
-	Batch            int                           // transactional: group commit's MaxMessages, 0 when off
+	Policy           idempotency.ExpiredLeasePolicy // two-phase
+	EffectDelay      time.Duration                  // two-phase: up to this long before and after the effect
+	Batch            int                            // transactional: group commit's MaxMessages, 0 when off
 	// Partitioned puts the inbox on postgres.PartitionedRepository, with
 	// records kept for Retention (RunSurfaces).
 	Partitioned bool
@@ -180,13 +181,13 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 	// Permanent inbox errors go to the poison queue (the orchestrator
 	// counts them); transient ones are retried with backoff in process,
 	// then nacked for the broker to redeliver.
-	poison, err := wmiddleware.PoisonQueueWithFilter(pub, s.Names.Poison, middleware.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(pub, s.Names.Poison, idempotency.IsPermanent)
 	if err != nil {
 		return err
 	}
 	retry := wmiddleware.Retry{
 		MaxRetries: 6, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second, Multiplier: 2,
-		ShouldRetry: func(p wmiddleware.RetryParams) bool { return !middleware.IsPermanent(p.Err) },
+		ShouldRetry: func(p wmiddleware.RetryParams) bool { return !idempotency.IsPermanent(p.Err) },
 	}
 	exit := exitAfterCommit(s.ExitAfterCommit)
 

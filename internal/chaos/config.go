@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
@@ -64,10 +65,10 @@ type Config struct {
 	// (same UUID, same payload): half at once, half later in the stream.
 	Duplicates float64
 	// TwoPhasePolicy is the two-phase phase's policy for expired leases.
-	// Default: middleware.Intervene, which must show 0 doubled. Reclaim
+	// Default: idempotency.Intervene, which must show 0 doubled. Reclaim
 	// re-runs effects by design: a run with it shows that the ledger sees
 	// doubles, and must show 0 lost.
-	TwoPhasePolicy middleware.ExpiredLeasePolicy
+	TwoPhasePolicy idempotency.ExpiredLeasePolicy
 	// Lease is the two-phase lease. Default: 2 s.
 	Lease time.Duration
 	// EffectDelay is the longest pause before and after the two-phase
@@ -174,7 +175,7 @@ func (c Config) Validate() error {
 	if c.ExitAfterCommit < 0 || c.ExitAfterCommit > 1 || c.Duplicates < 0 || c.Duplicates > 1 {
 		errs = append(errs, errors.New("chaos: ExitAfterCommit and Duplicates are fractions in [0, 1]"))
 	}
-	if c.TwoPhasePolicy != middleware.Intervene && c.TwoPhasePolicy != middleware.Reclaim {
+	if c.TwoPhasePolicy != idempotency.Intervene && c.TwoPhasePolicy != idempotency.Reclaim {
 		errs = append(errs, fmt.Errorf("chaos: unknown two-phase policy %s", c.TwoPhasePolicy))
 	}
 	if c.Batch < 0 || c.Batch > middleware.MaxBatchMessages {

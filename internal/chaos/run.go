@@ -22,8 +22,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/dsn"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
@@ -938,7 +938,7 @@ func (p Phase) OK() bool {
 	if p.Effects.Unknown != 0 || p.Wrong != 0 || p.UnexplainedLost != 0 || (p.Janitor != nil && !p.Janitor.OK()) {
 		return false
 	}
-	if p.Mode == TwoPhase && p.Policy == middleware.Reclaim.String() {
+	if p.Mode == TwoPhase && p.Policy == idempotency.Reclaim.String() {
 		// Reclaim re-runs an effect whose attempt died: at least once.
 		return p.Effects.Lost == 0
 	}

@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
@@ -56,8 +56,8 @@ type SurfacesConfig struct {
 	Late      float64
 	LateAfter time.Duration
 	// HTTPPolicy is the httpidem scenario's expired-lease policy.
-	// Default: middleware.Intervene.
-	HTTPPolicy middleware.ExpiredLeasePolicy
+	// Default: idempotency.Intervene.
+	HTTPPolicy idempotency.ExpiredLeasePolicy
 }
 
 // SurfacesCI is the configuration of -config surfaces: a few hundred
@@ -112,7 +112,7 @@ func (c SurfacesConfig) Validate() error {
 	if c.Late < 0 || c.Late > 1 {
 		errs = append(errs, errors.New("chaos: Late is a fraction in [0, 1]"))
 	}
-	if c.HTTPPolicy != middleware.Intervene && c.HTTPPolicy != middleware.Reclaim {
+	if c.HTTPPolicy != idempotency.Intervene && c.HTTPPolicy != idempotency.Reclaim {
 		errs = append(errs, fmt.Errorf("chaos: unknown HTTP policy %s", c.HTTPPolicy))
 	}
 	return errors.Join(errs...)
@@ -183,7 +183,7 @@ func RunSurfaces(ctx context.Context, config SurfacesConfig) (*Report, error) {
 type scenario struct {
 	surface, api, mode string
 	short              string // in table and process names
-	policy             middleware.ExpiredLeasePolicy
+	policy             idempotency.ExpiredLeasePolicy
 	n                  names
 	outcomes           string // SQLite table of the answers
 }
@@ -196,12 +196,12 @@ func (sc scenario) phase() Phase {
 	return ph
 }
 
-func (e *env) scenarios(httpPolicy middleware.ExpiredLeasePolicy) []scenario {
+func (e *env) scenarios(httpPolicy idempotency.ExpiredLeasePolicy) []scenario {
 	var out []scenario
 	for _, sc := range []scenario{
 		{surface: surfaceOnceTx, api: apiOnceTx, mode: Transactional},
-		{surface: surfaceOnceTP, api: apiOnceTwoPhase, mode: TwoPhase, policy: middleware.Reclaim},
-		{surface: surfaceOnceTP, api: apiOnceTwoPhase, mode: TwoPhase, policy: middleware.Intervene},
+		{surface: surfaceOnceTP, api: apiOnceTwoPhase, mode: TwoPhase, policy: idempotency.Reclaim},
+		{surface: surfaceOnceTP, api: apiOnceTwoPhase, mode: TwoPhase, policy: idempotency.Intervene},
 		{surface: surfaceHTTP, api: apiHTTP, mode: TwoPhase, policy: httpPolicy},
 	} {
 		short := map[string]string{apiOnceTx: "otx", apiOnceTwoPhase: "otp", apiHTTP: "htp"}[sc.api]
@@ -536,7 +536,7 @@ func tallyKeyed(keys int, effects map[string][]string, answers []answer, inProgr
 			ph.Notes = append(ph.Notes, fmt.Sprintf("%s: a caller gave up after %d attempts: %s", a.Key, a.Attempts, a.Value))
 		}
 	}
-	intervene := ph.Mode == TwoPhase && ph.Policy == middleware.Intervene.String()
+	intervene := ph.Mode == TwoPhase && ph.Policy == idempotency.Intervene.String()
 	for key := range ids {
 		if inProgress[key] {
 			ph.Intervention++
@@ -587,7 +587,7 @@ func printSurfaces(w io.Writer, phases []Phase) {
 			fmt.Fprintf(w, "%s: janitor: %d expired partitions (%d records) seeded, %d DeleteExpired calls under the faults (%d failed), %d records reported deleted, %d seeded records left\n",
 				p.label(), j.Partitions, j.Records, j.Runs, j.Errors, j.Deleted, j.Left)
 		}
-		if p.Mode == TwoPhase && p.Policy == middleware.Reclaim.String() && p.Effects.Doubled > 0 {
+		if p.Mode == TwoPhase && p.Policy == idempotency.Reclaim.String() && p.Effects.Doubled > 0 {
 			fmt.Fprintf(w, "%s: %d doubled effects are Reclaim's documented price (an attempt SIGKILLed after its effect, re-run after its lease)\n", p.label(), p.Effects.Doubled)
 		}
 		for _, n := range p.Notes {

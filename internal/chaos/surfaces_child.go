@@ -20,7 +20,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
-	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/once"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
@@ -212,9 +212,9 @@ func onceOutcome(res once.Result, err error) (outcome, value string, retry bool)
 		return outcomeReplayed, string(res.Value), false
 	case err == nil:
 		return outcomeOK, string(res.Value), false
-	case errors.Is(err, middleware.ErrNeedsIntervention):
+	case errors.Is(err, idempotency.ErrNeedsIntervention):
 		return outcomeIntervention, err.Error(), false
-	case errors.Is(err, middleware.ErrPayloadMismatch):
+	case errors.Is(err, idempotency.ErrPayloadMismatch):
 		return outcomeFailed, err.Error(), false
 	default:
 		return "", err.Error(), true

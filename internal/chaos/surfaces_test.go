@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
-	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/once"
 )
 
@@ -153,8 +153,8 @@ func TestOnceOutcome(t *testing.T) {
 	}{
 		{once.Result{Value: []byte("v")}, nil, outcomeOK, false},
 		{once.Result{Value: []byte("v"), Replayed: true}, nil, outcomeReplayed, false},
-		{once.Result{}, fmt.Errorf("x: %w", middleware.ErrNeedsIntervention), outcomeIntervention, false},
-		{once.Result{}, fmt.Errorf("x: %w", middleware.ErrPayloadMismatch), outcomeFailed, false},
+		{once.Result{}, fmt.Errorf("x: %w", idempotency.ErrNeedsIntervention), outcomeIntervention, false},
+		{once.Result{}, fmt.Errorf("x: %w", idempotency.ErrPayloadMismatch), outcomeFailed, false},
 		{once.Result{}, &once.BusyError{Key: "k"}, "", true},
 		{once.Result{}, errors.New("conn reset"), "", true},
 	} {

@@ -1,5 +1,5 @@
 // Package fanout is the body of the observer combinators
-// (middleware.Observers, outbox.RelayObservers, janitor.Observers): one
+// (idempotency.Observers, outbox.RelayObservers, janitor.Observers): one
 // report goes to every observer implementing the part it belongs to,
 // and a start part passes the context on from one observer to the next.
 //

@@ -18,6 +18,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
@@ -81,7 +82,7 @@ func Start(t *testing.T, c Config) *Consumer {
 
 	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: c.Store.SQL, Consumer: "shop", Key: c.Key})
 	require.NoError(t, err)
-	poison, err := wmiddleware.PoisonQueueWithFilter(c.Poison, c.PoisonTopic, middleware.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(c.Poison, c.PoisonTopic, idempotency.IsPermanent)
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)

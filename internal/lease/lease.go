@@ -30,7 +30,7 @@ const (
 )
 
 // Retry bounds the retries of the last store write, Complete or Release.
-// Its fields are those of middleware.FinishRetry, which converts to it.
+// Its fields are those of idempotency.FinishRetry, which converts to it.
 type Retry struct {
 	MaxAttempts     int
 	InitialInterval time.Duration

@@ -6,7 +6,7 @@
 // message published by a Java, Python or plain amqp091-go client reaches
 // the router with no UUID and none of the identifiers its producer set:
 // the inbox has no key and fails every delivery with the permanent
-// middleware.ErrNoKey. Marshaler keeps them. One line of subscriber
+// idempotency.ErrNoKey. Marshaler keeps them. One line of subscriber
 // configuration keys every message by its standard message_id property,
 // with the default middleware.UUIDKey:
 //

@@ -13,6 +13,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
 	"github.com/idemkit/watermill-idempotent/internal/keysourcetest"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
@@ -188,7 +189,7 @@ func TestRawProducerWithoutMessageID(t *testing.T) {
 	require.Equal(t, keyless.Body, got.Body)
 	require.Equal(t, "checkout-order-2", got.CorrelationId)
 	require.Empty(t, got.MessageId)
-	require.Contains(t, got.Headers[wmiddleware.ReasonForPoisonedKey], middleware.ErrNoKey.Error())
+	require.Contains(t, got.Headers[wmiddleware.ReasonForPoisonedKey], idempotency.ErrNoKey.Error())
 	require.Contains(t, got.Headers[wmiddleware.ReasonForPoisonedKey], "UUID is empty")
 	require.Equal(t, r.queue, got.Headers[wmiddleware.PoisonedTopicKey])
 	_, ok, err = r.ch.Get(r.poison, true)

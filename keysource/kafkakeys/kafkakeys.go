@@ -6,7 +6,7 @@
 // "_watermill_message_uuid" header, so a record from a Java, Python or
 // franz-go producer reaches the router with an empty UUID, and the
 // inbox's default key, middleware.UUIDKey, fails it with the permanent
-// middleware.ErrNoKey. Unmarshaler fills the UUID from the producer's own
+// idempotency.ErrNoKey. Unmarshaler fills the UUID from the producer's own
 // identifier: a header you name, or a CloudEvent's source and id. One line
 // of subscriber configuration:
 //

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/backends"
 	"github.com/idemkit/watermill-idempotent/internal/keysourcetest"
 	"github.com/idemkit/watermill-idempotent/keysource/kafkakeys"
@@ -220,7 +221,7 @@ func TestRawProducerWithoutKey(t *testing.T) {
 	for _, h := range poisoned[0].Headers {
 		headers[h.Key] = string(h.Value)
 	}
-	require.Contains(t, headers[wmiddleware.ReasonForPoisonedKey], middleware.ErrNoKey.Error())
+	require.Contains(t, headers[wmiddleware.ReasonForPoisonedKey], idempotency.ErrNoKey.Error())
 	require.Contains(t, headers[wmiddleware.ReasonForPoisonedKey], "UUID is empty")
 	require.Equal(t, "acme", headers["tenant"])
 }

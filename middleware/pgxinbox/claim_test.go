@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -52,7 +53,7 @@ func TestBeginClaim(t *testing.T) {
 		require.Equal(t, first[0].UUID, again[0].UUID, "a duplicate replays the stored output")
 	}
 	_, err = handler(message.NewMessage(key, []byte("o-2")))
-	require.ErrorIs(t, err, middleware.ErrPayloadMismatch)
+	require.ErrorIs(t, err, idempotency.ErrPayloadMismatch)
 
 	require.Equal(t, 2, runs, "the failed run and the first success")
 	var charges int

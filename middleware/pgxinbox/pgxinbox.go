@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
@@ -336,7 +337,7 @@ func (t inboxTx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx)
 // transaction back (return it).
 func ApplyIfNewer(ctx context.Context, store VersionStore, entity string, version int64) error {
 	tx, ok := TxFromContext(ctx)
-	scope, _ := middleware.ScopeFromContext(ctx)
+	scope, _ := idempotency.ScopeFromContext(ctx)
 	if !ok || scope == "" {
 		return fmt.Errorf("version guard: entity %q: %w", entity, middleware.ErrNoTransaction)
 	}

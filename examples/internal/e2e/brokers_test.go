@@ -11,8 +11,8 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/shop"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
-	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 // TestNATS plays the scenario on the real NATS server (JetStream, durable
@@ -70,18 +70,18 @@ func playOnReplacedSubscribers(t *testing.T, config broker.Config) {
 	require.Equal(t, resent, l.Resent())
 
 	b := l.Billing
-	require.Equal(t, orders, b[middleware.OutcomeProcessed], "each order charged by one delivery")
+	require.Equal(t, orders, b[idempotency.OutcomeProcessed], "each order charged by one delivery")
 	require.Equal(t, resent+crashes, b.Duplicates(), "producer re-sends and crash redeliveries")
 	require.Equal(t, failures, l.Failures, "injected failures")
 	require.Equal(t, crashes, l.Crashes)
-	require.GreaterOrEqual(t, b[middleware.OutcomeFailed], failures)
-	require.LessOrEqual(t, b[middleware.OutcomeFailed], failures+crashes, "a crash interrupts at most the one delivery its subscriber handed over while closing")
-	require.Equal(t, l.Published+b[middleware.OutcomeFailed]+crashes, b.Total(), "every publish, plus one redelivery per failed delivery and per crash")
+	require.GreaterOrEqual(t, b[idempotency.OutcomeFailed], failures)
+	require.LessOrEqual(t, b[idempotency.OutcomeFailed], failures+crashes, "a crash interrupts at most the one delivery its subscriber handed over while closing")
+	require.Equal(t, l.Published+b[idempotency.OutcomeFailed]+crashes, b.Total(), "every publish, plus one redelivery per failed delivery and per crash")
 	require.GreaterOrEqual(t, l.InstancesDown, 1, "a crash takes its subscriber down")
 	require.LessOrEqual(t, l.InstancesDown, crashes)
 	require.Equal(t, l.InstancesDown, l.Restarts, "each crashed instance replaced by a new one")
-	require.Equal(t, 1, b[middleware.OutcomeNoKey])
-	require.Equal(t, 1, b[middleware.OutcomePayloadMismatch])
+	require.Equal(t, 1, b[idempotency.OutcomeNoKey])
+	require.Equal(t, 1, b[idempotency.OutcomePayloadMismatch])
 
 	require.Equal(t, orders, l.ChargedOrders)
 	require.Zero(t, l.DoubleCharged)
@@ -89,18 +89,18 @@ func playOnReplacedSubscribers(t *testing.T, config broker.Config) {
 	require.True(t, l.ChargedOnce())
 
 	require.True(t, l.ViaOutbox)
-	require.Zero(t, b[middleware.OutcomeReplayed], "nothing to replay: payments left through the outbox")
+	require.Zero(t, b[idempotency.OutcomeReplayed], "nothing to replay: payments left through the outbox")
 	require.Equal(t, orders, l.PaymentsPublished, "the relay publishes each committed payment once")
 	require.Equal(t, orders, l.PaymentsDelivered)
 	require.Zero(t, l.OutboxBacklog)
-	require.Equal(t, orders, l.Receipts[middleware.OutcomeProcessed])
+	require.Equal(t, orders, l.Receipts[idempotency.OutcomeProcessed])
 	require.Zero(t, l.Receipts.Duplicates())
 	require.Equal(t, orders, l.ReceiptRows)
 	require.Equal(t, orders, l.ReceiptOrders)
 
 	require.ElementsMatch(t, l.BadUUIDs, l.Poisoned, "the poison topic holds the two bad messages and nothing else")
 	require.True(t, l.ExactlyOnce())
-	require.Contains(t, out, fmt.Sprintf("billing    %d deliveries = 40 processed + %d failed + 12 duplicates + 2 poisoned\n", b.Total(), b[middleware.OutcomeFailed]))
+	require.Contains(t, out, fmt.Sprintf("billing    %d deliveries = 40 processed + %d failed + 12 duplicates + 2 poisoned\n", b.Total(), b[idempotency.OutcomeFailed]))
 	require.Contains(t, out, "12 duplicates acknowledged without charging: 10 re-sent by the producer, 2 redelivered after a crash\n")
 	require.Contains(t, out, "payments   40 published by the relay from the outbox, 40 delivered to receipts, 0 left in the outbox\n")
 	require.Contains(t, out, "every order charged exactly once")

@@ -8,8 +8,8 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/shop"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
-	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 // TestKafka runs the example through an in-process kfake broker with the
@@ -41,7 +41,7 @@ func TestKafka(t *testing.T) {
 	b := l.Billing
 	require.GreaterOrEqual(t, b.Total(), orders+resent+bad+failures+crashes, "every publish, plus at least one redelivery per failure and per crash")
 	require.Equal(t, failures, l.Failures, "injected failures")
-	require.GreaterOrEqual(t, b[middleware.OutcomeFailed], failures)
+	require.GreaterOrEqual(t, b[idempotency.OutcomeFailed], failures)
 	require.Equal(t, crashes, l.Crashes)
 	// Two crash orders in flight in one member at once (it consumes its
 	// partitions concurrently) take it down once.
@@ -53,10 +53,10 @@ func TestKafka(t *testing.T) {
 	// offset the crashed member held uncommitted comes again to the
 	// partition's next owner, and is poisoned again (seen in CI: two
 	// payload mismatches for one bad message).
-	require.GreaterOrEqual(t, b[middleware.OutcomePayloadMismatch], 1)
-	require.LessOrEqual(t, b[middleware.OutcomePayloadMismatch], 1+l.InstancesDown, "once, and again at most once per member down")
-	require.GreaterOrEqual(t, b[middleware.OutcomeNoKey], 1)
-	require.LessOrEqual(t, b[middleware.OutcomeNoKey], 1+l.InstancesDown, "once, and again at most once per member down")
+	require.GreaterOrEqual(t, b[idempotency.OutcomePayloadMismatch], 1)
+	require.LessOrEqual(t, b[idempotency.OutcomePayloadMismatch], 1+l.InstancesDown, "once, and again at most once per member down")
+	require.GreaterOrEqual(t, b[idempotency.OutcomeNoKey], 1)
+	require.LessOrEqual(t, b[idempotency.OutcomeNoKey], 1+l.InstancesDown, "once, and again at most once per member down")
 
 	require.Equal(t, orders, l.ChargedOrders, "every order charged")
 	require.Zero(t, l.DoubleCharged, "no order charged twice")
@@ -66,7 +66,7 @@ func TestKafka(t *testing.T) {
 	require.Equal(t, orders, l.PaymentsPublished, "one payment per committed charge, through the outbox")
 	require.Equal(t, orders, l.PaymentsDelivered, "every payment event delivered downstream")
 	require.Zero(t, l.OutboxBacklog)
-	require.Equal(t, orders, l.Receipts[middleware.OutcomeProcessed])
+	require.Equal(t, orders, l.Receipts[idempotency.OutcomeProcessed])
 	require.Equal(t, orders, l.ReceiptRows)
 	require.Equal(t, orders, l.ReceiptOrders)
 

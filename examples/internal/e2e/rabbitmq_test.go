@@ -13,8 +13,8 @@ import (
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/shop"
 	"github.com/idemkit/watermill-idempotent/health"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 )
 
@@ -59,15 +59,15 @@ func TestRabbitMQ(t *testing.T) {
 
 			b := l.Billing
 			require.Equal(t, orders+resent+bad+failures+crashes, b.Total(), "every publish, plus one redelivery per failure and per crash")
-			require.Equal(t, orders, b[middleware.OutcomeProcessed], "each order charged by one delivery")
-			require.Equal(t, failures, b[middleware.OutcomeFailed])
+			require.Equal(t, orders, b[idempotency.OutcomeProcessed], "each order charged by one delivery")
+			require.Equal(t, failures, b[idempotency.OutcomeFailed])
 			require.Equal(t, failures, l.Failures)
 			require.Equal(t, crashes, l.Crashes)
 			require.Zero(t, l.InstancesDown, "a crash closes the delivery's channel; the subscriber survives")
 			require.Zero(t, l.Restarts, "watermill-amqp reconnects a crashed subscriber")
 			require.Equal(t, resent+crashes, b.Duplicates(), "producer re-sends and crash redeliveries")
-			require.Equal(t, 1, b[middleware.OutcomeNoKey])
-			require.Equal(t, 1, b[middleware.OutcomePayloadMismatch])
+			require.Equal(t, 1, b[idempotency.OutcomeNoKey])
+			require.Equal(t, 1, b[idempotency.OutcomePayloadMismatch])
 
 			require.Equal(t, orders, l.ChargedOrders)
 			require.Zero(t, l.DoubleCharged)
@@ -76,16 +76,16 @@ func TestRabbitMQ(t *testing.T) {
 
 			if db == shop.Postgres {
 				require.True(t, l.ViaOutbox)
-				require.Zero(t, b[middleware.OutcomeReplayed], "nothing to replay: payments left through the outbox")
+				require.Zero(t, b[idempotency.OutcomeReplayed], "nothing to replay: payments left through the outbox")
 				require.Equal(t, orders, l.PaymentsPublished, "the relay publishes each committed payment once")
 				require.Zero(t, l.OutboxBacklog)
 			} else {
 				require.False(t, l.ViaOutbox)
-				require.Equal(t, resent+crashes, b[middleware.OutcomeReplayed], "every duplicate replays its payment")
+				require.Equal(t, resent+crashes, b[idempotency.OutcomeReplayed], "every duplicate replays its payment")
 				require.Equal(t, orders-crashes+resent+crashes, l.PaymentsPublished, "crashed runs published nothing; replays publish again")
 			}
 			require.Equal(t, l.PaymentsPublished, l.PaymentsDelivered, "every payment event delivered downstream")
-			require.Equal(t, orders, l.Receipts[middleware.OutcomeProcessed])
+			require.Equal(t, orders, l.Receipts[idempotency.OutcomeProcessed])
 			require.Equal(t, l.PaymentsPublished-orders, l.Receipts.Duplicates())
 			require.Equal(t, orders, l.ReceiptRows)
 			require.Equal(t, orders, l.ReceiptOrders)

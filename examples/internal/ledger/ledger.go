@@ -15,6 +15,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
@@ -57,24 +58,24 @@ func Count(ctx context.Context, db *sql.DB) (rows, distinct int, err error) {
 	return rows, distinct, err
 }
 
-// Outcomes is a middleware.Observer counting the inbox's outcomes.
+// Outcomes is a idempotency.Observer counting the inbox's outcomes.
 type Outcomes struct {
 	mu sync.Mutex
-	n  map[middleware.Outcome]int
+	n  map[idempotency.Outcome]int
 }
 
-// ObserveDelivery implements middleware.Observer.
-func (o *Outcomes) ObserveDelivery(_ context.Context, d middleware.Delivery) {
+// ObserveDelivery implements idempotency.Observer.
+func (o *Outcomes) ObserveDelivery(_ context.Context, d idempotency.Delivery) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.n == nil {
-		o.n = map[middleware.Outcome]int{}
+		o.n = map[idempotency.Outcome]int{}
 	}
 	o.n[d.Outcome]++
 }
 
 // Count returns how many deliveries had outcome.
-func (o *Outcomes) Count(outcome middleware.Outcome) int {
+func (o *Outcomes) Count(outcome idempotency.Outcome) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.n[outcome]
@@ -83,7 +84,7 @@ func (o *Outcomes) Count(outcome middleware.Outcome) int {
 // Acked returns how many deliveries were acknowledged: processed,
 // duplicates and replays.
 func (o *Outcomes) Acked() int {
-	return o.Count(middleware.OutcomeProcessed) + o.Count(middleware.OutcomeDuplicate) + o.Count(middleware.OutcomeReplayed)
+	return o.Count(idempotency.OutcomeProcessed) + o.Count(idempotency.OutcomeDuplicate) + o.Count(idempotency.OutcomeReplayed)
 }
 
 // WaitAcked polls until at least n deliveries were acknowledged, or ctx

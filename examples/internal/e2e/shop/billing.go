@@ -27,6 +27,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
@@ -82,8 +83,8 @@ func (b *Billing) Handle(msg *message.Message) ([]*message.Message, error) {
 	// The payment's UUID is a function of the handler's scope and the
 	// order's key: a re-run after a rollback produces the same UUID, so
 	// downstream dedupes it.
-	key, _ := middleware.KeyFromContext(ctx)
-	scope, _ := middleware.ScopeFromContext(ctx)
+	key, _ := idempotency.KeyFromContext(ctx)
+	scope, _ := idempotency.ScopeFromContext(ctx)
 	payload, err := json.Marshal(PaymentCompleted(o))
 	if err != nil {
 		return nil, err

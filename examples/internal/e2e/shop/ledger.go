@@ -10,11 +10,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 )
 
 // Outcomes counts an inbox's deliveries by outcome.
-type Outcomes map[middleware.Outcome]int
+type Outcomes map[idempotency.Outcome]int
 
 // Total is the number of deliveries the inbox saw.
 func (o Outcomes) Total() int {
@@ -28,7 +28,7 @@ func (o Outcomes) Total() int {
 // Duplicates is the number of deliveries acknowledged without running the
 // handler, with or without a replay of stored output.
 func (o Outcomes) Duplicates() int {
-	return o[middleware.OutcomeDuplicate] + o[middleware.OutcomeReplayed]
+	return o[idempotency.OutcomeDuplicate] + o[idempotency.OutcomeReplayed]
 }
 
 // Ledger is what a Run counted and what the database holds at the end.
@@ -128,16 +128,16 @@ func (l *Ledger) Print(w io.Writer) {
 		l.Orders, l.Published, l.Resent(), l.BadMessages)
 
 	b := l.Billing
-	processed := b[middleware.OutcomeProcessed]
+	processed := b[idempotency.OutcomeProcessed]
 	// A commit that went through while a dying instance reported it failed
 	// counts as a failure in the inbox's outcomes and as a charge in the
 	// database.
 	unknown := max(l.ChargedOrders-processed, 0)
-	failed := b[middleware.OutcomeFailed] - unknown
-	poisoned := b[middleware.OutcomeNoKey] + b[middleware.OutcomePayloadMismatch]
+	failed := b[idempotency.OutcomeFailed] - unknown
+	poisoned := b[idempotency.OutcomeNoKey] + b[idempotency.OutcomePayloadMismatch]
 	fmt.Fprintf(w, "billing   %3d deliveries = %d processed + %d failed + %d duplicates + %d poisoned",
-		b.Total(), processed, b[middleware.OutcomeFailed], b.Duplicates(), poisoned)
-	if other := b.Total() - processed - b[middleware.OutcomeFailed] - b.Duplicates() - poisoned; other != 0 {
+		b.Total(), processed, b[idempotency.OutcomeFailed], b.Duplicates(), poisoned)
+	if other := b.Total() - processed - b[idempotency.OutcomeFailed] - b.Duplicates() - poisoned; other != 0 {
 		fmt.Fprintf(w, " + %d other", other)
 	}
 	fmt.Fprintln(w)
@@ -155,7 +155,7 @@ func (l *Ledger) Print(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "          %3d failed: %d rolled back and redelivered (%d injected, %d interrupted by a crash)",
-		b[middleware.OutcomeFailed], failed, l.Failures, failed-l.Failures)
+		b[idempotency.OutcomeFailed], failed, l.Failures, failed-l.Failures)
 	if unknown > 0 {
 		fmt.Fprintf(w, " + %d reported failed by a dying instance although the commit went through (charged; its redelivery a duplicate)", unknown)
 	}
@@ -167,22 +167,22 @@ func (l *Ledger) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	if l.ViaOutbox {
-		fmt.Fprintf(w, "              none replays a payment: the payment was written to the outbox with the charge (%d replayed)\n", b[middleware.OutcomeReplayed])
+		fmt.Fprintf(w, "              none replays a payment: the payment was written to the outbox with the charge (%d replayed)\n", b[idempotency.OutcomeReplayed])
 	} else {
-		fmt.Fprintf(w, "              %d replayed the payment stored with the charge, with its original UUID\n", b[middleware.OutcomeReplayed])
+		fmt.Fprintf(w, "              %d replayed the payment stored with the charge, with its original UUID\n", b[idempotency.OutcomeReplayed])
 	}
 	fmt.Fprintf(w, "          %3d poisoned: %d without a key, %d reusing a key for other content\n",
-		poisoned, b[middleware.OutcomeNoKey], b[middleware.OutcomePayloadMismatch])
+		poisoned, b[idempotency.OutcomeNoKey], b[idempotency.OutcomePayloadMismatch])
 
 	if l.ViaOutbox {
 		fmt.Fprintf(w, "payments  %3d published by the relay from the outbox, %d delivered to receipts, %d left in the outbox\n",
 			l.PaymentsPublished, l.PaymentsDelivered, l.OutboxBacklog)
 	} else {
 		fmt.Fprintf(w, "payments  %3d published by the router = %d after a charge (%d processed - %d crashed) + %d replayed; %d delivered to receipts\n",
-			l.PaymentsPublished, processed-l.Crashes, processed, l.Crashes, b[middleware.OutcomeReplayed], l.PaymentsDelivered)
+			l.PaymentsPublished, processed-l.Crashes, processed, l.Crashes, b[idempotency.OutcomeReplayed], l.PaymentsDelivered)
 	}
 	fmt.Fprintf(w, "receipts  %3d deliveries = %d processed + %d duplicates skipped; %d receipts for %d orders\n",
-		l.Receipts.Total(), l.Receipts[middleware.OutcomeProcessed], l.Receipts.Duplicates(), l.ReceiptRows, l.ReceiptOrders)
+		l.Receipts.Total(), l.Receipts[idempotency.OutcomeProcessed], l.Receipts.Duplicates(), l.ReceiptRows, l.ReceiptOrders)
 	if !l.ViaOutbox && l.Crashes > 0 {
 		fmt.Fprintf(w, "              (the replays for the %d crashed orders were the first copy of their payment)\n", l.Crashes)
 	}
@@ -220,17 +220,17 @@ func dollars(cents int) string { return fmt.Sprintf("$%d.%02d", cents/100, cents
 // handler ("billing") and passing every delivery on to next (metrics), if
 // set.
 type outcomeCounter struct {
-	next middleware.Observer
+	next idempotency.Observer
 
 	mu     sync.Mutex
 	counts map[string]Outcomes
 }
 
-func newOutcomeCounter(next middleware.Observer) *outcomeCounter {
+func newOutcomeCounter(next idempotency.Observer) *outcomeCounter {
 	return &outcomeCounter{next: next, counts: map[string]Outcomes{}}
 }
 
-func (c *outcomeCounter) ObserveDelivery(ctx context.Context, d middleware.Delivery) {
+func (c *outcomeCounter) ObserveDelivery(ctx context.Context, d idempotency.Delivery) {
 	handler := message.HandlerNameFromCtx(ctx)
 	c.mu.Lock()
 	if c.counts[handler] == nil {

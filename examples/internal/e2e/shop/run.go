@@ -20,6 +20,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
@@ -57,7 +58,7 @@ type Config struct {
 	Run string
 	// Observer also receives every inbox outcome (for example the metrics
 	// package's Prometheus observer). Default: nil.
-	Observer middleware.Observer
+	Observer idempotency.Observer
 	// RelayObserver receives the outbox relay's batches and backlog
 	// samples, under the relay name "payments" (for example
 	// metrics.Metrics). Default: nil.
@@ -416,7 +417,7 @@ func (s *scenario) play(ctx context.Context) (err error) {
 	// redelivery timer.
 	minDeliveries := func() int {
 		billing := s.counter.snapshot("billing")
-		return s.ledger.Published + len(s.faults.CrashBeforeAck) + max(billing[middleware.OutcomeFailed], len(s.faults.FailOnce))
+		return s.ledger.Published + len(s.faults.CrashBeforeAck) + max(billing[idempotency.OutcomeFailed], len(s.faults.FailOnce))
 	}
 	if err := s.waitUntil(ctx, "the flow to settle", func() bool {
 		if s.counter.total("billing") < minDeliveries() ||
@@ -592,7 +593,7 @@ func (s *scenario) billingInstance(name string) (*message.Router, error) {
 	}
 	// Permanent inbox errors (no key, key reused for other content) go to
 	// the poison queue and are acknowledged; everything else is retried.
-	poison, err := wmiddleware.PoisonQueueWithFilter(s.broker.Publisher(), s.topics.Poison, middleware.IsPermanent)
+	poison, err := wmiddleware.PoisonQueueWithFilter(s.broker.Publisher(), s.topics.Poison, idempotency.IsPermanent)
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
-	"github.com/idemkit/watermill-idempotent/middleware"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 )
 
 // TestRunOnGoChannel plays the scenario with no services at all: the
@@ -30,7 +30,7 @@ func TestRunOnGoChannel(t *testing.T) {
 
 	require.Equal(t, 52, l.Published)
 	require.Equal(t, 58, l.Billing.Total(), "52 published + 4 failures + 2 crashes redelivered")
-	require.Equal(t, 40, l.Billing[middleware.OutcomeProcessed])
+	require.Equal(t, 40, l.Billing[idempotency.OutcomeProcessed])
 	require.Equal(t, 12, l.Billing.Duplicates())
 	require.Equal(t, 2, l.Crashes)
 	require.Equal(t, 4, l.Failures)

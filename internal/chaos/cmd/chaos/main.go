@@ -32,8 +32,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/chaos"
-	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
 var started = time.Now()
@@ -100,7 +100,7 @@ func run() int {
 			config.Duration = *duration
 		}
 		if *httpPolicy == "reclaim" {
-			config.HTTPPolicy = middleware.Reclaim
+			config.HTTPPolicy = idempotency.Reclaim
 		}
 		config.Workers, config.Keep = *workers, *keep
 		report, err := chaos.RunSurfaces(ctx, config)
@@ -173,9 +173,9 @@ func run() int {
 	}
 	switch *policy {
 	case "intervene":
-		config.TwoPhasePolicy = middleware.Intervene
+		config.TwoPhasePolicy = idempotency.Intervene
 	case "reclaim":
-		config.TwoPhasePolicy = middleware.Reclaim
+		config.TwoPhasePolicy = idempotency.Reclaim
 	default:
 		fmt.Fprintf(os.Stderr, "chaos: unknown -two-phase-policy %q (intervene or reclaim)\n", *policy)
 		return 2
