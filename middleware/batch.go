@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
@@ -177,7 +178,7 @@ func (i *Inbox) handleInBatch(h message.HandlerFunc, msg *message.Message) ([]*m
 		done: make(chan struct{}),
 	}
 	d.claim = repository.ClaimParams{Consumer: scope, Key: key, PayloadHash: d.hash, Now: now, ExpiresAt: now.Add(i.config.Retention)}
-	if err := repository.ValidateClaim(d.claim); err != nil {
+	if err := storekit.ValidateClaim(d.claim); err != nil {
 		return nil, obs.end(ctx, idempotency.OutcomeFailed, fmt.Errorf("inbox: claim key %q: %w", key, err), nil)
 	}
 	i.batch.submit(d)
@@ -527,7 +528,7 @@ func (b *batcher) retryable(err error) bool {
 	if br, ok := b.inbox.config.Repository.(repository.BatchTransactional); ok && br.RetryableTx(err) {
 		return true
 	}
-	return repository.IsSerializationFailure(err)
+	return storekit.IsSerializationFailure(err)
 }
 
 // inFailedTx recognises PostgreSQL's "current transaction is aborted"

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -345,8 +346,8 @@ func TestBatchDataExceptionIsPermanent(t *testing.T) {
 
 func TestIsPermanentForInputTheStoreRefuses(t *testing.T) {
 	for _, err := range []error{
-		repository.ValidateConsumer("bill\x00ing"),
-		repository.ValidateConsumer("bill\xffing"),
+		storekit.ValidateConsumer("bill\x00ing"),
+		storekit.ValidateConsumer("bill\xffing"),
 		fmt.Errorf("version guard: %w", repository.ErrInvalidParams),
 	} {
 		require.True(t, idempotency.IsPermanent(err), "%v", err)

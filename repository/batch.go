@@ -2,8 +2,6 @@ package repository
 
 import (
 	"context"
-
-	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // BatchTransactional is the optional capability behind the inbox's group
@@ -30,13 +28,4 @@ type BatchTransactional interface {
 	Transactional
 	ClaimBatchTx(ctx context.Context, tx Querier, params []ClaimParams) ([]Claim, error)
 	RetryableTx(err error) bool
-}
-
-// IsSerializationFailure reports whether err, or any error it wraps,
-// carries SQLSTATE 40001 (serialization_failure) or 40P01
-// (deadlock_detected, PostgreSQL), from any error with a SQLState()
-// string method: the whole transaction was rolled back and may run again.
-func IsSerializationFailure(err error) bool {
-	state := sqldialect.SQLState(err)
-	return state == "40001" || state == "40P01"
 }

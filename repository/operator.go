@@ -1,14 +1,9 @@
 package repository
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
-
-	"github.com/idemkit/watermill-idempotent/resultcodec"
 )
 
 // ResolveAction is what an operator does with a stuck two-phase record.
@@ -105,76 +100,4 @@ type ResolveParams struct {
 type Operator interface {
 	ListStuck(ctx context.Context, params ListStuckParams) ([]Record, error)
 	Resolve(ctx context.Context, params ResolveParams) error
-}
-
-// ValidateListStuck checks the arguments of [Operator.ListStuck] and
-// returns them with defaults applied.
-func ValidateListStuck(p ListStuckParams) (ListStuckParams, error) {
-	if p.Consumer != "" {
-		if err := ValidateConsumer(p.Consumer); err != nil {
-			return p, err
-		}
-	}
-	if p.Now.IsZero() {
-		return p, fmt.Errorf("%w: Now is required", ErrInvalidParams)
-	}
-	if p.Limit < 0 {
-		return p, fmt.Errorf("%w: Limit must not be negative, got %d", ErrInvalidParams, p.Limit)
-	}
-	if p.Limit == 0 {
-		p.Limit = DefaultListStuckLimit
-	}
-	return p, nil
-}
-
-// OrderStuck sorts records in ListStuck's order (oldest lease first, then
-// consumer and key, byte-wise) and cuts them to limit; backends that
-// cannot sort in a query use it.
-func OrderStuck(recs []Record, limit int) []Record {
-	slices.SortFunc(recs, func(a, b Record) int {
-		return cmp.Or(a.LeaseUntil.Compare(b.LeaseUntil), strings.Compare(a.Consumer, b.Consumer), strings.Compare(a.Key, b.Key))
-	})
-	return recs[:min(len(recs), limit)]
-}
-
-// ValidateResolve checks the arguments of [Operator.Resolve]: consumer,
-// stored key and expected owner are set, the key is a stored key (at most
-// MaxKeyLength bytes of UTF-8 without NUL), the action is known, Now is
-// set and, for ResolveComplete, Result is a stored result (see
-// ValidateResult).
-func ValidateResolve(p ResolveParams) error {
-	if err := validateConsumerKey(p.Consumer, p.Key); err != nil {
-		return err
-	}
-	if len(p.Key) > MaxKeyLength || !storable(p.Key) {
-		return fmt.Errorf("%w: Key must be a stored key (Record.Key, see StorageKey) of at most %d bytes", ErrInvalidParams, MaxKeyLength)
-	}
-	if err := validateOwner("ExpectedOwner", p.ExpectedOwner); err != nil {
-		return err
-	}
-	if p.Action != ResolveComplete && p.Action != ResolveRelease {
-		return fmt.Errorf("%w: unknown action %s", ErrInvalidParams, p.Action)
-	}
-	if p.Now.IsZero() {
-		return fmt.Errorf("%w: Now is required", ErrInvalidParams)
-	}
-	if p.Action == ResolveComplete {
-		if err := ValidateResult(p.Result); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// ValidateResult reports whether b is a stored result the inbox can
-// replay: nil or empty (no messages), or the output of
-// middleware.EncodeResult (any format version the inbox has written). It
-// returns an error wrapping ErrInvalidParams otherwise. The format belongs
-// to the middleware; it lives in a package both import, so the repository
-// can check it without importing the middleware.
-func ValidateResult(b []byte) error {
-	if err := resultcodec.Validate(b); err != nil {
-		return fmt.Errorf("%w: Result is not a stored result (build it with middleware.EncodeResult): %w", ErrInvalidParams, err)
-	}
-	return nil
 }

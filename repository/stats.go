@@ -2,7 +2,6 @@ package repository
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -44,12 +43,4 @@ type RecordCount struct {
 // one (one SQL statement, the memory mutex), not on Redis.
 type Stats interface {
 	CountRecords(ctx context.Context, now time.Time) ([]RecordCount, error)
-}
-
-// ValidateCountRecords checks the argument of [Stats.CountRecords].
-func ValidateCountRecords(now time.Time) error {
-	if now.IsZero() {
-		return fmt.Errorf("%w: now is required", ErrInvalidParams)
-	}
-	return nil
 }

@@ -2,8 +2,6 @@ package repository
 
 import (
 	"context"
-	"fmt"
-	"math"
 )
 
 // DefaultVersionsTableName is the version guard's table name used when
@@ -22,8 +20,8 @@ type AdvanceParams struct {
 	Consumer string
 	// Entity identifies what the version orders (an order id, an
 	// aggregate id); required. Any bytes: entities that do not fit
-	// MaxEntityLength bytes of UTF-8 without NUL are stored hashed (see
-	// PrepareAdvance).
+	// MaxEntityLength bytes of UTF-8 without NUL are stored hashed, like
+	// keys (StorageKey).
 	Entity string
 	// Version is the message's version of the entity. Any int64 except
 	// math.MinInt64; larger is newer.
@@ -46,24 +44,4 @@ type AdvanceParams struct {
 // writes that follow an applied AdvanceTx run in version order.
 type VersionGuard interface {
 	AdvanceTx(ctx context.Context, tx Querier, params AdvanceParams) (applied bool, err error)
-}
-
-// PrepareAdvance checks the arguments of [VersionGuard.AdvanceTx] and
-// returns them as the backend stores them: Entity in its stored form,
-// StorageKey(Entity), so an entity of any length or content is stored the
-// same way on every backend. Every backend's AdvanceTx calls it, and
-// reads by entity (LastVersion) look up StorageKey(entity). A refused
-// argument wraps ErrInvalidParams and names the problem.
-func PrepareAdvance(p AdvanceParams) (AdvanceParams, error) {
-	if err := ValidateConsumer(p.Consumer); err != nil {
-		return p, err
-	}
-	if p.Entity == "" {
-		return p, fmt.Errorf("%w: entity is required", ErrInvalidParams)
-	}
-	if p.Version == math.MinInt64 {
-		return p, fmt.Errorf("%w: version must be greater than math.MinInt64", ErrInvalidParams)
-	}
-	p.Entity = StorageKey(p.Entity)
-	return p, nil
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -124,7 +125,7 @@ func (s *Inbox) ClaimStatement(params []repository.ClaimParams) (string, []any, 
 // holds the (consumer, stored key) pairs of the rows before it: a pair
 // given twice is refused with repository.ErrInvalidParams.
 func batchRow(d *Dialect, seen map[[2]string]bool, i int, p repository.ClaimParams) (string, error) {
-	if err := repository.ValidateClaim(p); err != nil {
+	if err := storekit.ValidateClaim(p); err != nil {
 		return "", fmt.Errorf("%s: claim batch: row %d: %w", d.Name, i, err)
 	}
 	key := repository.StorageKey(p.Key)
@@ -190,5 +191,5 @@ func (s *Inbox) RetryableTx(err error) bool {
 	if err == nil {
 		return false
 	}
-	return s.d.isRetryable(err) || repository.IsSerializationFailure(err)
+	return s.d.isRetryable(err) || storekit.IsSerializationFailure(err)
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -62,7 +63,7 @@ func (s *Inbox) ClaimTx(ctx context.Context, tx repository.Querier, p repository
 
 // ClaimOn is ClaimTx on any driver's transaction (see pgxexec.Exec).
 func (s *Inbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimParams) (repository.Claim, error) {
-	if err := repository.ValidateClaim(p); err != nil {
+	if err := storekit.ValidateClaim(p); err != nil {
 		return repository.Claim{}, err
 	}
 	args, err := s.claimArgs(p)
@@ -104,7 +105,7 @@ func (s *Inbox) SaveResultTx(ctx context.Context, tx repository.Querier, p repos
 
 // SaveResultOn is SaveResultTx on any driver's transaction.
 func (s *Inbox) SaveResultOn(ctx context.Context, ex Executor, p repository.SaveResultParams) error {
-	if err := repository.ValidateSaveResult(p); err != nil {
+	if err := storekit.ValidateSaveResult(p); err != nil {
 		return err
 	}
 	key := repository.StorageKey(p.Key)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
@@ -190,7 +191,7 @@ func (s *PartitionedInbox) ClaimTx(ctx context.Context, tx repository.Querier, p
 // transaction to end. It never needs a second connection, so a pool that
 // every handler's transaction fills cannot deadlock on it.
 func (s *PartitionedInbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimParams) (repository.Claim, error) {
-	if err := repository.ValidateClaim(p); err != nil {
+	if err := storekit.ValidateClaim(p); err != nil {
 		return repository.Claim{}, err
 	}
 	key := repository.StorageKey(p.Key)
@@ -238,7 +239,7 @@ func (s *PartitionedInbox) lock(ctx context.Context, ex Executor, consumer, key 
 // record if no partition holds the key, and otherwise reads the record
 // there.
 func (s *PartitionedInbox) Acquire(ctx context.Context, p repository.AcquireParams) (repository.Acquisition, error) {
-	if err := repository.ValidateAcquire(p); err != nil {
+	if err := storekit.ValidateAcquire(p); err != nil {
 		return repository.Acquisition{}, err
 	}
 	key := repository.StorageKey(p.Key)

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -90,7 +91,7 @@ func (s Stmt) send(args []any) (string, []any) {
 
 // GetOn is Get on any driver's connection or transaction.
 func (s *Inbox) GetOn(ctx context.Context, ex Executor, consumer, key string) (repository.Record, error) {
-	if err := repository.ValidateGet(consumer, key); err != nil {
+	if err := storekit.ValidateGet(consumer, key); err != nil {
 		return repository.Record{}, err
 	}
 	rec, err := s.get(ctx, ex, s.q.get, consumer, repository.StorageKey(key))

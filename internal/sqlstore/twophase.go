@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -15,7 +16,7 @@ import (
 // that was released between insert and read, or the insert was a
 // deadlock victim, it tries again (a bounded number of times).
 func (s *Inbox) Acquire(ctx context.Context, p repository.AcquireParams) (repository.Acquisition, error) {
-	if err := repository.ValidateAcquire(p); err != nil {
+	if err := storekit.ValidateAcquire(p); err != nil {
 		return repository.Acquisition{}, err
 	}
 	args, err := s.args(p.PayloadHash, p.Consumer, repository.StorageKey(p.Key), p.PayloadHash, p.Owner, p.LeaseUntil, p.Now, p.ExpiresAt)
@@ -41,7 +42,7 @@ func (s *Inbox) Acquire(ctx context.Context, p repository.AcquireParams) (reposi
 // after the first commits, the others match nothing and get
 // repository.ErrLeaseLost.
 func (s *Inbox) Reclaim(ctx context.Context, p repository.ReclaimParams) (repository.Record, error) {
-	if err := repository.ValidateReclaim(p); err != nil {
+	if err := storekit.ValidateReclaim(p); err != nil {
 		return repository.Record{}, err
 	}
 	args, err := s.args(nil, p.Consumer, repository.StorageKey(p.Key), p.PrevOwner, p.Owner, p.Now, p.LeaseUntil)
@@ -75,7 +76,7 @@ func (s *Inbox) Reclaim(ctx context.Context, p repository.ReclaimParams) (reposi
 // to the deadline already stored succeeds, also where that reports no
 // changed row (MySQL): the fenced lease is then checked to exist.
 func (s *Inbox) Extend(ctx context.Context, p repository.LeaseParams) error {
-	if err := repository.ValidateExtend(p); err != nil {
+	if err := storekit.ValidateExtend(p); err != nil {
 		return err
 	}
 	args, err := s.args(nil, p.Consumer, repository.StorageKey(p.Key), p.Owner, p.LeaseUntil)
@@ -94,7 +95,7 @@ func (s *Inbox) Extend(ctx context.Context, p repository.LeaseParams) error {
 // Complete implements repository.TwoPhase with one fenced UPDATE that
 // stores the result and marks the record completed.
 func (s *Inbox) Complete(ctx context.Context, p repository.CompleteParams) error {
-	if err := repository.ValidateComplete(p); err != nil {
+	if err := storekit.ValidateComplete(p); err != nil {
 		return err
 	}
 	args, err := s.args(nil, p.Consumer, repository.StorageKey(p.Key), p.Owner, p.Result, p.Now)
@@ -106,7 +107,7 @@ func (s *Inbox) Complete(ctx context.Context, p repository.CompleteParams) error
 
 // Release implements repository.TwoPhase with one fenced DELETE.
 func (s *Inbox) Release(ctx context.Context, p repository.LeaseParams) error {
-	if err := repository.ValidateRelease(p); err != nil {
+	if err := storekit.ValidateRelease(p); err != nil {
 		return err
 	}
 	return s.fenced(ctx, "release", s.q.release, p.Consumer, repository.StorageKey(p.Key), p.Owner)
@@ -126,7 +127,7 @@ func (s *Inbox) fenced(ctx context.Context, op string, st Stmt, args ...any) err
 // without locking on the partial index of in-progress leases (migration
 // 2), so its cost grows with the in-progress records, not the table.
 func (s *Inbox) ListStuck(ctx context.Context, p repository.ListStuckParams) ([]repository.Record, error) {
-	p, err := repository.ValidateListStuck(p)
+	p, err := storekit.ValidateListStuck(p)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +145,7 @@ func (s *Inbox) ListStuck(ctx context.Context, p repository.ListStuckParams) ([]
 // every dialect. When it matches no row, a second read tells
 // repository.ErrNotFound from repository.ErrLeaseLost.
 func (s *Inbox) Resolve(ctx context.Context, p repository.ResolveParams) error {
-	if err := repository.ValidateResolve(p); err != nil {
+	if err := storekit.ValidateResolve(p); err != nil {
 		return err
 	}
 	args, err := s.args(nil, p.Consumer, p.Key, p.ExpectedOwner, p.Now, p.Result)
@@ -172,7 +173,7 @@ func (s *Inbox) Resolve(ctx context.Context, p repository.ResolveParams) error {
 // snapshot that takes no row locks; it reads every live record, so run it
 // at janitor intervals, not per message.
 func (s *Inbox) CountRecords(ctx context.Context, now time.Time) ([]repository.RecordCount, error) {
-	if err := repository.ValidateCountRecords(now); err != nil {
+	if err := storekit.ValidateCountRecords(now); err != nil {
 		return nil, err
 	}
 	args, err := s.args(nil, now)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -47,7 +48,7 @@ func (s *Versions) AdvanceTx(ctx context.Context, tx repository.Querier, p repos
 
 // AdvanceOn is AdvanceTx on any driver's transaction (see pgxexec.Exec).
 func (s *Versions) AdvanceOn(ctx context.Context, ex Executor, p repository.AdvanceParams) (bool, error) {
-	stored, err := repository.PrepareAdvance(p)
+	stored, err := storekit.PrepareAdvance(p)
 	if err != nil {
 		return false, err
 	}

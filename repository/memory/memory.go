@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -47,7 +48,7 @@ func clone(rec *repository.Record) repository.Record {
 // Acquire implements repository.TwoPhase. It creates the in_progress
 // record unless a live one exists, which it returns.
 func (r *Repository) Acquire(_ context.Context, p repository.AcquireParams) (repository.Acquisition, error) {
-	if err := repository.ValidateAcquire(p); err != nil {
+	if err := storekit.ValidateAcquire(p); err != nil {
 		return repository.Acquisition{}, err
 	}
 	id := recordID{p.Consumer, repository.StorageKey(p.Key)}
@@ -74,7 +75,7 @@ func (r *Repository) Acquire(_ context.Context, p repository.AcquireParams) (rep
 
 // Reclaim implements repository.TwoPhase.
 func (r *Repository) Reclaim(_ context.Context, p repository.ReclaimParams) (repository.Record, error) {
-	if err := repository.ValidateReclaim(p); err != nil {
+	if err := storekit.ValidateReclaim(p); err != nil {
 		return repository.Record{}, err
 	}
 	now := at(p.Now)
@@ -93,7 +94,7 @@ func (r *Repository) Reclaim(_ context.Context, p repository.ReclaimParams) (rep
 
 // Extend implements repository.TwoPhase.
 func (r *Repository) Extend(_ context.Context, p repository.LeaseParams) error {
-	if err := repository.ValidateExtend(p); err != nil {
+	if err := storekit.ValidateExtend(p); err != nil {
 		return err
 	}
 	return r.updateOwned("extend", p.Consumer, p.Key, p.Owner, func(rec *repository.Record) {
@@ -103,7 +104,7 @@ func (r *Repository) Extend(_ context.Context, p repository.LeaseParams) error {
 
 // Complete implements repository.TwoPhase.
 func (r *Repository) Complete(_ context.Context, p repository.CompleteParams) error {
-	if err := repository.ValidateComplete(p); err != nil {
+	if err := storekit.ValidateComplete(p); err != nil {
 		return err
 	}
 	return r.updateOwned("complete", p.Consumer, p.Key, p.Owner, func(rec *repository.Record) {
@@ -115,7 +116,7 @@ func (r *Repository) Complete(_ context.Context, p repository.CompleteParams) er
 
 // Release implements repository.TwoPhase.
 func (r *Repository) Release(_ context.Context, p repository.LeaseParams) error {
-	if err := repository.ValidateRelease(p); err != nil {
+	if err := storekit.ValidateRelease(p); err != nil {
 		return err
 	}
 	return r.updateOwned("release", p.Consumer, p.Key, p.Owner, func(rec *repository.Record) {
@@ -149,7 +150,7 @@ func (r *Repository) owned(consumer, key, owner string) *repository.Record {
 
 // Get implements repository.Reader. The returned record is a copy.
 func (r *Repository) Get(_ context.Context, consumer, key string) (repository.Record, error) {
-	if err := repository.ValidateGet(consumer, key); err != nil {
+	if err := storekit.ValidateGet(consumer, key); err != nil {
 		return repository.Record{}, err
 	}
 	r.mu.Lock()

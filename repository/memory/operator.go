@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 // ListStuck implements repository.Operator. It walks every record under
 // the mutex, so it holds up other calls for the length of the walk.
 func (r *Repository) ListStuck(_ context.Context, p repository.ListStuckParams) ([]repository.Record, error) {
-	p, err := repository.ValidateListStuck(p)
+	p, err := storekit.ValidateListStuck(p)
 	if err != nil {
 		return nil, err
 	}
@@ -25,12 +26,12 @@ func (r *Repository) ListStuck(_ context.Context, p repository.ListStuckParams) 
 		}
 	}
 	r.mu.Unlock()
-	return repository.OrderStuck(recs, p.Limit), nil
+	return storekit.OrderStuck(recs, p.Limit), nil
 }
 
 // Resolve implements repository.Operator atomically under the mutex.
 func (r *Repository) Resolve(_ context.Context, p repository.ResolveParams) error {
-	if err := repository.ValidateResolve(p); err != nil {
+	if err := storekit.ValidateResolve(p); err != nil {
 		return err
 	}
 	now := at(p.Now)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -13,7 +14,7 @@ import (
 // the mutex — a consistent snapshot that holds up other calls for the
 // length of the walk.
 func (r *Repository) CountRecords(_ context.Context, now time.Time) ([]repository.RecordCount, error) {
-	if err := repository.ValidateCountRecords(now); err != nil {
+	if err := storekit.ValidateCountRecords(now); err != nil {
 		return nil, err
 	}
 	now = at(now)

@@ -7,6 +7,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -52,7 +53,7 @@ func (r *Repository) storedRecordKey(consumer, storedKey string) string {
 // missed or seen. Over a *redis.ClusterClient it walks every master
 // (ForEachMaster), over a *redis.Ring every shard.
 func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams) ([]repository.Record, error) {
-	p, err := repository.ValidateListStuck(p)
+	p, err := storekit.ValidateListStuck(p)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +81,7 @@ func (r *Repository) ListStuck(ctx context.Context, p repository.ListStuckParams
 	if err != nil {
 		return nil, fmt.Errorf("redis: list stuck: %w", err)
 	}
-	return repository.OrderStuck(recs, p.Limit), nil
+	return storekit.OrderStuck(recs, p.Limit), nil
 }
 
 // scanEach walks the keys matching match on every node that holds records
@@ -110,7 +111,7 @@ func (r *Repository) scanEach(ctx context.Context, match string, queue func(gore
 // state, owner, lease expiry and record expiry and then completes (keeping
 // the record's TTL) or deletes the record.
 func (r *Repository) Resolve(ctx context.Context, p repository.ResolveParams) error {
-	if err := repository.ValidateResolve(p); err != nil {
+	if err := storekit.ValidateResolve(p); err != nil {
 		return err
 	}
 	action := "complete"

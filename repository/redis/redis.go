@@ -10,6 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -96,7 +97,7 @@ func flag(b []byte) string {
 // (PEXPIREAT ExpiresAt), otherwise it returns the stored record. A record
 // whose ExpiresAt is not after Now counts as absent and is replaced.
 func (r *Repository) Acquire(ctx context.Context, p repository.AcquireParams) (repository.Acquisition, error) {
-	if err := repository.ValidateAcquire(p); err != nil {
+	if err := storekit.ValidateAcquire(p); err != nil {
 		return repository.Acquisition{}, err
 	}
 	v, err := acquireScript.Run(ctx, r.client, []string{r.RecordKey(p.Consumer, p.Key)},
@@ -120,7 +121,7 @@ func (r *Repository) Acquire(ctx context.Context, p repository.AcquireParams) (r
 // moves the lease and increments Attempts. Racing reclaims run one after
 // the other on the server; all but the first get repository.ErrLeaseLost.
 func (r *Repository) Reclaim(ctx context.Context, p repository.ReclaimParams) (repository.Record, error) {
-	if err := repository.ValidateReclaim(p); err != nil {
+	if err := storekit.ValidateReclaim(p); err != nil {
 		return repository.Record{}, err
 	}
 	v, err := reclaimScript.Run(ctx, r.client, []string{r.RecordKey(p.Consumer, p.Key)},
@@ -141,7 +142,7 @@ func (r *Repository) Reclaim(ctx context.Context, p repository.ReclaimParams) (r
 // Extend implements repository.TwoPhase with one Lua script. It does not
 // change the record's TTL.
 func (r *Repository) Extend(ctx context.Context, p repository.LeaseParams) error {
-	if err := repository.ValidateExtend(p); err != nil {
+	if err := storekit.ValidateExtend(p); err != nil {
 		return err
 	}
 	return r.fenced(ctx, "extend", extendScript, p.Consumer, p.Key, p.Owner, micros(p.LeaseUntil))
@@ -150,7 +151,7 @@ func (r *Repository) Extend(ctx context.Context, p repository.LeaseParams) error
 // Complete implements repository.TwoPhase with one Lua script. The record
 // keeps its TTL: it expires at the ExpiresAt given to Acquire.
 func (r *Repository) Complete(ctx context.Context, p repository.CompleteParams) error {
-	if err := repository.ValidateComplete(p); err != nil {
+	if err := storekit.ValidateComplete(p); err != nil {
 		return err
 	}
 	return r.fenced(ctx, "complete", completeScript, p.Consumer, p.Key, p.Owner, micros(p.Now), p.Result, flag(p.Result))
@@ -159,7 +160,7 @@ func (r *Repository) Complete(ctx context.Context, p repository.CompleteParams) 
 // Release implements repository.TwoPhase with one Lua script that deletes
 // the record.
 func (r *Repository) Release(ctx context.Context, p repository.LeaseParams) error {
-	if err := repository.ValidateRelease(p); err != nil {
+	if err := storekit.ValidateRelease(p); err != nil {
 		return err
 	}
 	return r.fenced(ctx, "release", releaseScript, p.Consumer, p.Key, p.Owner)
@@ -180,7 +181,7 @@ func (r *Repository) fenced(ctx context.Context, op string, s *goredis.Script, c
 
 // Get implements repository.Reader with one HGETALL.
 func (r *Repository) Get(ctx context.Context, consumer, key string) (repository.Record, error) {
-	if err := repository.ValidateGet(consumer, key); err != nil {
+	if err := storekit.ValidateGet(consumer, key); err != nil {
 		return repository.Record{}, err
 	}
 	m, err := r.client.HGetAll(ctx, r.RecordKey(consumer, key)).Result()

@@ -10,6 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -26,7 +27,7 @@ import (
 // the whole cluster; during a failover a record may be missed or counted
 // twice.
 func (r *Repository) CountRecords(ctx context.Context, now time.Time) ([]repository.RecordCount, error) {
-	if err := repository.ValidateCountRecords(now); err != nil {
+	if err := storekit.ValidateCountRecords(now); err != nil {
 		return nil, err
 	}
 	us := micros(now)
