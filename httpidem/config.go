@@ -240,8 +240,8 @@ func (c Config) Validate() error {
 }
 
 // onceConfig is the configuration of the once.TwoPhase that stores keys.
-func (c Config) onceConfig() once.Config {
-	return once.Config{
+func (c Config) onceConfig() once.TwoPhaseConfig {
+	return once.TwoPhaseConfig{
 		Repository: c.Repository, Scope: c.Namespace,
 		Lease: c.Lease, ExtendEvery: c.ExtendEvery, OnExpiredLease: c.OnExpiredLease,
 		StoreTimeout: c.StoreTimeout, FinishRetry: c.FinishRetry,

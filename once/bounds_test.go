@@ -26,7 +26,7 @@ func TestStoreThatStopsAnsweringHoldsNoCall(t *testing.T) {
 	bound := 3 * storeTimeout
 	setup := func(t *testing.T) (*backends.Hanging, *once.TwoPhase) {
 		repo := &backends.Hanging{TwoPhase: memory.NewRepository()}
-		o, err := once.NewTwoPhase(once.Config{
+		o, err := once.NewTwoPhase(once.TwoPhaseConfig{
 			Repository: repo, Scope: "jobs", Lease: 3 * time.Second, StoreTimeout: storeTimeout,
 			FinishRetry: idempotency.FinishRetry{MaxAttempts: 50, InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		})

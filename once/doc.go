@@ -7,7 +7,7 @@
 // holds the key's marker, so its writes and the marker commit together:
 //
 //	repo, _ := postgres.NewRepository(db, postgres.Config{})
-//	charges, err := once.NewTransactional(once.TxConfig{DB: db, Repository: repo, Scope: "stripe-webhook"})
+//	charges, err := once.NewTransactional(once.Config{DB: db, Repository: repo, Scope: "stripe-webhook"})
 //	if err != nil { … }
 //	res, err := charges.Do(ctx, event.ID, func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
 //		_, err := tx.ExecContext(ctx, "INSERT INTO payments …")
@@ -19,11 +19,11 @@
 // effects outside a database: it claims the key under a lease, runs the
 // function while extending the lease, and stores its output — with the
 // two-phase inbox's guarantees: storing the output (or releasing the key
-// after a failure) is retried while the lease is held (Config.FinishRetry),
+// after a failure) is retried while the lease is held (TwoPhaseConfig.FinishRetry),
 // fenced by the call's owner, and a store write that committed with its
 // answer lost is recognised, so one dropped connection after the effect
 // neither runs it twice nor strands a completed call; every store call is
-// bounded by Config.StoreTimeout, and an extension still in flight when
+// bounded by TwoPhaseConfig.StoreTimeout, and an extension still in flight when
 // the function returns is abandoned rather than waited for.
 //
 // Errors: idempotency.ErrPayloadMismatch (the key was used with other
@@ -32,7 +32,7 @@
 // transient: another call holds the key right now.
 //
 // Both run the module's one protocol (claim, run, store, answer a
-// duplicate) with the inboxes, and report every call to Config.Observer
-// (TxConfig.Observer) as a idempotency.Delivery of consumer Scope, so the
+// duplicate) with the inboxes, and report every call to TwoPhaseConfig.Observer
+// (Config.Observer) as an idempotency.Delivery of Scope, so the
 // metrics package counts calls as it counts deliveries.
 package once

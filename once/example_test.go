@@ -15,7 +15,7 @@ import (
 // A webhook delivered three times sends one e-mail: the two-phase Do on
 // the in-memory store (Redis or a SQL backend in production).
 func ExampleTwoPhase_Do() {
-	sender, err := once.NewTwoPhase(once.Config{Repository: memory.NewRepository(), Scope: "welcome-email"})
+	sender, err := once.NewTwoPhase(once.TwoPhaseConfig{Repository: memory.NewRepository(), Scope: "welcome-email"})
 	if err != nil {
 		panic(err)
 	}
@@ -60,7 +60,7 @@ func ExampleTransactional_Do() {
 	if _, err := db.Exec(`CREATE TABLE sales (day TEXT, amount INTEGER)`); err != nil {
 		panic(err)
 	}
-	etl, err := once.NewTransactional(once.TxConfig{DB: db, Repository: repo, Scope: "load-sales"})
+	etl, err := once.NewTransactional(once.Config{DB: db, Repository: repo, Scope: "load-sales"})
 	if err != nil {
 		panic(err)
 	}

@@ -43,7 +43,7 @@ func TestTwoPhaseCompleteFailingOnce(t *testing.T) {
 				backends.ForEach(t, nil, func(t *testing.T, s *backends.Store) {
 					repo := &backends.Faulty{TwoPhase: s.Repo, CommitFirst: lostAnswer}
 					repo.FailComplete.Store(1)
-					o, err := once.NewTwoPhase(once.Config{
+					o, err := once.NewTwoPhase(once.TwoPhaseConfig{
 						Repository: repo, Scope: backends.RandomName("pay"),
 						Lease: 5 * time.Second, OnExpiredLease: policy,
 					})
@@ -86,7 +86,7 @@ func TestTwoPhaseHungExtensionDoesNotHoldDo(t *testing.T) {
 			hang         = 30 * time.Second
 		)
 		repo := &backends.Faulty{TwoPhase: s.Repo, ExtendHang: hang}
-		o, err := once.NewTwoPhase(once.Config{
+		o, err := once.NewTwoPhase(once.TwoPhaseConfig{
 			Repository: repo, Scope: backends.RandomName("job"),
 			Lease: lease, ExtendEvery: 50 * time.Millisecond,
 		})
@@ -119,7 +119,7 @@ func TestTwoPhaseCompleteRetriesAreBounded(t *testing.T) {
 		repo := &backends.Faulty{TwoPhase: s.Repo}
 		repo.FailComplete.Store(100)
 		scope := backends.RandomName("pay")
-		o, err := once.NewTwoPhase(once.Config{
+		o, err := once.NewTwoPhase(once.TwoPhaseConfig{
 			Repository: repo, Scope: scope,
 			FinishRetry: idempotency.FinishRetry{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond},
 		})
@@ -135,7 +135,7 @@ func TestTwoPhaseCompleteRetriesAreBounded(t *testing.T) {
 
 func TestTwoPhaseStoreConfig(t *testing.T) {
 	backends.ForEach(t, []string{"memory"}, func(t *testing.T, s *backends.Store) {
-		for name, cfg := range map[string]once.Config{
+		for name, cfg := range map[string]once.TwoPhaseConfig{
 			"store timeout not below lease": {Lease: time.Second, StoreTimeout: time.Second},
 			"negative store timeout":        {StoreTimeout: -time.Second},
 			"negative attempts":             {FinishRetry: idempotency.FinishRetry{MaxAttempts: -1}},

@@ -18,7 +18,7 @@ import (
 // with the inboxes' outcomes, so one metrics value counts them too.
 func TestObserverReportsEveryCall(t *testing.T) {
 	seen := &backends.Deliveries{}
-	o, err := once.NewTwoPhase(once.Config{Repository: memory.NewRepository(), Scope: "nightly-export", Observer: seen})
+	o, err := once.NewTwoPhase(once.TwoPhaseConfig{Repository: memory.NewRepository(), Scope: "nightly-export", Observer: seen})
 	require.NoError(t, err)
 	ok := func(context.Context) ([]byte, error) { return []byte("done"), nil }
 	boom := errors.New("boom")
@@ -59,9 +59,9 @@ func callRecovered(call func()) (panicked any) {
 func TestPanicIsObservedInBothModes(t *testing.T) {
 	backends.ForEach(t, []string{"sqlite", "postgres"}, func(t *testing.T, s *backends.Store) {
 		obs := &backends.Lifecycle{}
-		tx, err := once.NewTransactional(once.TxConfig{DB: s.DB, Repository: s.SQL, Scope: backends.RandomName("etl"), Observer: obs})
+		tx, err := once.NewTransactional(once.Config{DB: s.DB, Repository: s.SQL, Scope: backends.RandomName("etl"), Observer: obs})
 		require.NoError(t, err)
-		two, err := once.NewTwoPhase(once.Config{Repository: s.SQL, Scope: backends.RandomName("etl"), Observer: obs})
+		two, err := once.NewTwoPhase(once.TwoPhaseConfig{Repository: s.SQL, Scope: backends.RandomName("etl"), Observer: obs})
 		require.NoError(t, err)
 
 		require.Equal(t, "bug", callRecovered(func() {
@@ -88,7 +88,7 @@ func TestObserverPanicDoesNotFailTheCall(t *testing.T) {
 	for _, where := range []string{"start", "observe"} {
 		t.Run(where, func(t *testing.T) {
 			obs := &backends.Lifecycle{PanicOnStart: where == "start", PanicOnObserve: where == "observe"}
-			o, err := once.NewTwoPhase(once.Config{Repository: memory.NewRepository(), Scope: "jobs", Observer: obs})
+			o, err := once.NewTwoPhase(once.TwoPhaseConfig{Repository: memory.NewRepository(), Scope: "jobs", Observer: obs})
 			require.NoError(t, err)
 			var res once.Result
 			require.Nil(t, callRecovered(func() {

@@ -15,15 +15,15 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// TxConfig configures a Transactional.
-type TxConfig struct {
+// Config configures a Transactional.
+type Config struct {
 	// DB is the database the call's transaction runs on; the repository's
 	// table and the tables fn writes must live in it. Required.
 	DB *sql.DB
 	// Repository stores the markers: a SQL backend (postgres, mysql,
 	// sqlite) created on DB. Required.
 	Repository repository.Transactional
-	// Scope is the consumer part of every record, as in Config. Required.
+	// Scope is the consumer part of every record, as in TwoPhaseConfig. Required.
 	Scope string
 	// Retention is how long a completed key is remembered. Default:
 	// idempotency.DefaultRetention (7 days).
@@ -45,12 +45,12 @@ type TxConfig struct {
 	Observer idempotency.Observer
 }
 
-func (c *TxConfig) setDefaults() {
+func (c *Config) setDefaults() {
 	protocol.SetDefaults(&c.Retention, idempotency.DefaultRetention, &c.Logger, &c.Now)
 }
 
 // Validate reports every problem with the configuration at once.
-func (c TxConfig) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	if c.DB == nil {
 		errs = append(errs, errors.New("missing TxConfig.DB"))
@@ -83,7 +83,7 @@ type Transactional struct {
 }
 
 // NewTransactional validates config and returns a Transactional.
-func NewTransactional(config TxConfig) (*Transactional, error) {
+func NewTransactional(config Config) (*Transactional, error) {
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
 		return nil, err

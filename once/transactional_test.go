@@ -40,7 +40,7 @@ func insert(table string) once.TxFunc {
 }
 
 func newTransactional(t *testing.T, s *backends.Store) *once.Transactional {
-	o, err := once.NewTransactional(once.TxConfig{DB: s.DB, Repository: s.SQL, Scope: backends.RandomName("etl")})
+	o, err := once.NewTransactional(once.Config{DB: s.DB, Repository: s.SQL, Scope: backends.RandomName("etl")})
 	require.NoError(t, err)
 	return o
 }
@@ -133,10 +133,10 @@ func TestTransactionalConcurrentCallsRunOnce(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	_, err := once.NewTwoPhase(once.Config{})
+	_, err := once.NewTwoPhase(once.TwoPhaseConfig{})
 	require.ErrorContains(t, err, "missing Config.Repository")
 	require.ErrorContains(t, err, "missing Config.Scope")
-	_, err = once.NewTransactional(once.TxConfig{Scope: "a\x00b"})
+	_, err = once.NewTransactional(once.Config{Scope: "a\x00b"})
 	require.ErrorContains(t, err, "missing TxConfig.DB")
 	require.ErrorContains(t, err, "NUL byte")
 }

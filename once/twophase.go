@@ -14,8 +14,8 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// Config configures a TwoPhase.
-type Config struct {
+// TwoPhaseConfig configures a TwoPhase.
+type TwoPhaseConfig struct {
 	// Repository stores the records: any repository.TwoPhase backend
 	// (memory, redis, postgres, mysql, sqlite). Required.
 	Repository repository.TwoPhase
@@ -71,13 +71,13 @@ type Config struct {
 	Observer idempotency.Observer
 }
 
-func (c *Config) setDefaults() {
+func (c *TwoPhaseConfig) setDefaults() {
 	lease.Fill(&c.Lease, &c.ExtendEvery, &c.StoreTimeout, (*lease.Retry)(&c.FinishRetry))
 	protocol.SetDefaults(&c.Retention, idempotency.DefaultRetention, &c.Logger, &c.Now)
 }
 
 // protocol returns the settings the protocol's two-phase run takes.
-func (c Config) protocol() protocol.TwoPhaseConfig {
+func (c TwoPhaseConfig) protocol() protocol.TwoPhaseConfig {
 	return protocol.TwoPhaseConfig{
 		Repo: c.Repository, Policy: c.OnExpiredLease, Retention: c.Retention,
 		Lease: lease.Settings{Lease: c.Lease, ExtendEvery: c.ExtendEvery, StoreTimeout: c.StoreTimeout, Retry: lease.Retry(c.FinishRetry)},
@@ -86,7 +86,7 @@ func (c Config) protocol() protocol.TwoPhaseConfig {
 }
 
 // Validate reports every problem with the configuration at once.
-func (c Config) Validate() error {
+func (c TwoPhaseConfig) Validate() error {
 	errs := c.protocol().Validate("Config")
 	if err := checkScope("Config.Scope", c.Scope); err != nil {
 		errs = append(errs, err)
@@ -112,7 +112,7 @@ type TwoPhase struct {
 }
 
 // NewTwoPhase validates config and returns a TwoPhase.
-func NewTwoPhase(config Config) (*TwoPhase, error) {
+func NewTwoPhase(config TwoPhaseConfig) (*TwoPhase, error) {
 	config.setDefaults()
 	if err := config.Validate(); err != nil {
 		return nil, err

@@ -16,7 +16,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-func newTwoPhase(t *testing.T, s *backends.Store, cfg once.Config) *once.TwoPhase {
+func newTwoPhase(t *testing.T, s *backends.Store, cfg once.TwoPhaseConfig) *once.TwoPhase {
 	t.Helper()
 	cfg.Repository = s.Repo
 	if cfg.Scope == "" {
@@ -29,7 +29,7 @@ func newTwoPhase(t *testing.T, s *backends.Store, cfg once.Config) *once.TwoPhas
 
 func TestTwoPhaseRunsOnceAndReplays(t *testing.T) {
 	backends.ForEach(t, nil, func(t *testing.T, s *backends.Store) {
-		o := newTwoPhase(t, s, once.Config{})
+		o := newTwoPhase(t, s, once.TwoPhaseConfig{})
 		runs := 0
 		fn := func(ctx context.Context) ([]byte, error) {
 			runs++
@@ -58,7 +58,7 @@ func TestTwoPhaseRunsOnceAndReplays(t *testing.T) {
 
 func TestTwoPhaseFailureReleases(t *testing.T) {
 	backends.ForEach(t, nil, func(t *testing.T, s *backends.Store) {
-		o := newTwoPhase(t, s, once.Config{})
+		o := newTwoPhase(t, s, once.TwoPhaseConfig{})
 		boom := errors.New("boom")
 		_, err := o.Do(t.Context(), "k", func(context.Context) ([]byte, error) { return nil, boom })
 		require.ErrorIs(t, err, boom)
@@ -75,7 +75,7 @@ func TestTwoPhaseFailureReleases(t *testing.T) {
 
 func TestTwoPhaseConcurrentCallsRunOnce(t *testing.T) {
 	backends.ForEach(t, nil, func(t *testing.T, s *backends.Store) {
-		o := newTwoPhase(t, s, once.Config{})
+		o := newTwoPhase(t, s, once.TwoPhaseConfig{})
 		const callers = 32
 		var runs atomic.Int32
 		release := make(chan struct{})
@@ -137,8 +137,8 @@ func crashedAttempt(t *testing.T, s *backends.Store, scope, key string) {
 func TestTwoPhaseExpiredLease(t *testing.T) {
 	backends.ForEach(t, nil, func(t *testing.T, s *backends.Store) {
 		scope := backends.RandomName("job")
-		intervene := newTwoPhase(t, s, once.Config{Scope: scope})
-		reclaim := newTwoPhase(t, s, once.Config{Scope: scope, OnExpiredLease: idempotency.Reclaim})
+		intervene := newTwoPhase(t, s, once.TwoPhaseConfig{Scope: scope})
+		reclaim := newTwoPhase(t, s, once.TwoPhaseConfig{Scope: scope, OnExpiredLease: idempotency.Reclaim})
 		crashedAttempt(t, s, scope, "a")
 		crashedAttempt(t, s, scope, "b")
 
@@ -163,8 +163,8 @@ func TestTwoPhaseLeaseIsExtended(t *testing.T) {
 	backends.ForEach(t, nil, func(t *testing.T, s *backends.Store) {
 		scope := backends.RandomName("job")
 		const lease = 300 * time.Millisecond
-		o := newTwoPhase(t, s, once.Config{Scope: scope, Lease: lease, ExtendEvery: 50 * time.Millisecond})
-		other := newTwoPhase(t, s, once.Config{Scope: scope, Lease: lease, OnExpiredLease: idempotency.Reclaim})
+		o := newTwoPhase(t, s, once.TwoPhaseConfig{Scope: scope, Lease: lease, ExtendEvery: 50 * time.Millisecond})
+		other := newTwoPhase(t, s, once.TwoPhaseConfig{Scope: scope, Lease: lease, OnExpiredLease: idempotency.Reclaim})
 		entered := make(chan struct{})
 		finish := make(chan struct{})
 		done := make(chan error, 1)

@@ -75,7 +75,7 @@ var entries = map[string]struct {
 		}},
 	"once": {span: "once billing", mode: "once", kind: trace.SpanKindInternal,
 		run: func(t *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error {
-			o, err := once.NewTwoPhase(once.Config{Repository: memory.NewRepository(), Scope: "billing", Observer: obs})
+			o, err := once.NewTwoPhase(once.TwoPhaseConfig{Repository: memory.NewRepository(), Scope: "billing", Observer: obs})
 			require.NoError(t, err)
 			_, err = o.Do(parent, key, func(ctx context.Context) ([]byte, error) { return nil, work(ctx) })
 			return err
@@ -83,7 +83,7 @@ var entries = map[string]struct {
 	"once transactional": {span: "once billing", mode: "once", kind: trace.SpanKindInternal,
 		run: func(t *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error {
 			db, repo := sqliteRepo(t)
-			o, err := once.NewTransactional(once.TxConfig{DB: db, Repository: repo, Scope: "billing", Observer: obs})
+			o, err := once.NewTransactional(once.Config{DB: db, Repository: repo, Scope: "billing", Observer: obs})
 			require.NoError(t, err)
 			_, err = o.Do(parent, key, func(ctx context.Context, _ *sql.Tx) ([]byte, error) { return nil, work(ctx) })
 			return err

@@ -65,7 +65,7 @@ type StormConfig struct {
 	Workers int
 	// Drivers are StormDatabaseSQL and StormPgxpool. Default: both.
 	Drivers []string
-	// StoreTimeouts are the once.Config.StoreTimeout values measured, each
+	// StoreTimeouts are the once.TwoPhaseConfig.StoreTimeout values measured, each
 	// with a Lease three times as long (the default ratio). Default:
 	// 100 ms, 1 s, 5 s.
 	StoreTimeouts []time.Duration
@@ -350,7 +350,7 @@ func (s *storm) cell(parent context.Context, driver string, storeTimeout time.Du
 				return cell, err
 			}
 		}
-		o, err := once.NewTwoPhase(once.Config{Repository: repo, Scope: "storm", Lease: 3 * storeTimeout, StoreTimeout: storeTimeout})
+		o, err := once.NewTwoPhase(once.TwoPhaseConfig{Repository: repo, Scope: "storm", Lease: 3 * storeTimeout, StoreTimeout: storeTimeout})
 		if err != nil {
 			return cell, err
 		}

@@ -235,7 +235,7 @@ func runCaller(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 	var attempt attemptFunc
 	switch sp.API {
 	case apiOnceTx:
-		o, err := once.NewTransactional(once.TxConfig{DB: db, Repository: repo, Scope: "chaos", Logger: logger})
+		o, err := once.NewTransactional(once.Config{DB: db, Repository: repo, Scope: "chaos", Logger: logger})
 		if err != nil {
 			return err
 		}
@@ -248,7 +248,7 @@ func runCaller(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 			}))
 		}
 	case apiOnceTwoPhase:
-		o, err := once.NewTwoPhase(once.Config{Repository: repo, Scope: "chaos", Lease: s.Lease, OnExpiredLease: s.Policy, Logger: logger})
+		o, err := once.NewTwoPhase(once.TwoPhaseConfig{Repository: repo, Scope: "chaos", Lease: s.Lease, OnExpiredLease: s.Policy, Logger: logger})
 		if err != nil {
 			return err
 		}
