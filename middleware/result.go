@@ -6,7 +6,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/resultcodec"
+	"github.com/idemkit/watermill-idempotent/internal/resultcodec"
 )
 
 // DefaultMaxResultBytes is the default largest stored result: 1 MiB. The

@@ -13,8 +13,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/watermill-idempotent/internal/resultcodec"
 	"github.com/idemkit/watermill-idempotent/repository"
-	"github.com/idemkit/watermill-idempotent/resultcodec"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 

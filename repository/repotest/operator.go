@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/watermill-idempotent/repository"
-	"github.com/idemkit/watermill-idempotent/resultcodec"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/watermill-idempotent/internal/resultcodec"
+	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 // operatorResult is a valid stored result, as middleware.EncodeResult

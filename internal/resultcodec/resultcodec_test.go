@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/resultcodec"
+	"github.com/idemkit/watermill-idempotent/internal/resultcodec"
 )
 
 func TestRoundTripIsByteExact(t *testing.T) {
