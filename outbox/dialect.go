@@ -7,6 +7,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -28,26 +29,6 @@ import (
 //
 //go:embed migrations
 var Migrations embed.FS
-
-// PostgresSchemaSQL is the PostgreSQL DDL for DefaultTableName: the up
-// migrations of migrations/postgres, in order.
-var PostgresSchemaSQL = mustReadMigrations(PostgreSQL)
-
-// MySQLSchemaSQL is the MySQL/MariaDB DDL for DefaultTableName: the up
-// migrations of migrations/mysql, in order.
-var MySQLSchemaSQL = mustReadMigrations(MySQL)
-
-// SQLiteSchemaSQL is the SQLite DDL for DefaultTableName: the up
-// migrations of migrations/sqlite, in order.
-var SQLiteSchemaSQL = mustReadMigrations(SQLite)
-
-func mustReadMigrations(d sqldialect.Dialect) string {
-	ddl, err := migrationLine(d).DDL(DefaultTableName)
-	if err != nil {
-		panic(err)
-	}
-	return ddl
-}
 
 // migrationLine is the outbox's migration line for dialect kind: the
 // files in Migrations, recorded as "outbox:<table>" in the stores'
@@ -76,10 +57,9 @@ func migrationLine(kind sqldialect.Dialect) sqlstore.Line {
 // placeholders; four per row (five on MySQL).
 const maxRowsPerInsert = 1000
 
-// SchemaDDL returns the statements Migrate runs for dialect and table, for
-// callers who apply schema with their own migration tool. It returns ""
-// for an unknown dialect or an invalid table name.
-func SchemaDDL(d sqldialect.Dialect, table string) string {
+// schemaDDL returns the statements Migrate runs for dialect and table, or
+// "" for an unknown dialect or an invalid table name.
+func schemaDDL(d sqldialect.Dialect, table string) string {
 	if (Config{Dialect: d, Table: table}).Validate() != nil {
 		return ""
 	}
@@ -224,8 +204,8 @@ func (a schemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 		out[i] = Outgoing{Topic: topic, Message: m}
 	}
 	if len(out) == 0 {
-		// Publish(topic) without messages writes nothing, like WriteTx.
-		return wsql.Query{Query: "SELECT 1"}, nil
+		// InTx's publisher answers a publish without messages itself.
+		return wsql.Query{}, errors.New("outbox: no messages to insert")
 	}
 	return a.d.insertQuery(out)
 }

@@ -138,9 +138,6 @@ func New(config Config) (*Outbox, error) {
 // Config returns the validated configuration with defaults applied.
 func (o *Outbox) Config() Config { return o.config }
 
-// SchemaDDL returns the statements Migrate runs for this outbox's table.
-func (o *Outbox) SchemaDDL() string { return SchemaDDL(o.config.Dialect, o.config.Table) }
-
 // Migrate applies the outbox's pending migrations (the files in
 // Migrations): the outbox table, its dead-letter table
 // (DeadLetterTableName) and, on PostgreSQL, the trigger that sends NOTIFY
@@ -172,39 +169,36 @@ func (o *Outbox) MigrateOn(ctx context.Context, db sqlexec.DB) error {
 // into the outbox through tx: the rows commit or roll back with tx. It is
 // watermill-sql's Publisher over tx with this package's schema adapter
 // (payload stored as bytes, destination topic in its own column, UUID and
-// metadata kept). Publish(topic, msgs...) writes all msgs in one INSERT;
-// it does not honour a context beyond tx's own. The publisher must not be
-// used after tx ends; Close is optional.
+// metadata kept). Publish(topic, msgs...) writes all msgs in one INSERT,
+// and nothing for no msgs; it does not honour a context beyond tx's own.
+// The publisher must not be used after tx ends; Close is optional.
 //
 // A nil tx gives a publisher whose Publish always fails.
 func (o *Outbox) InTx(tx *sql.Tx) message.Publisher {
-	p, err := NewPublisher(tx, o.config)
-	if err != nil {
-		return failingPublisher{err}
-	}
-	return p
-}
-
-// NewPublisher is InTx for callers without an Outbox value: it returns
-// watermill-sql's Publisher writing into the outbox table described by
-// config through tx.
-func NewPublisher(tx *sql.Tx, config Config) (message.Publisher, error) {
 	if tx == nil {
-		return nil, errors.New("outbox: tx is nil")
-	}
-	config.setDefaults()
-	if err := config.Validate(); err != nil {
-		return nil, err
+		return failingPublisher{errors.New("outbox: tx is nil")}
 	}
 	p, err := wsql.NewPublisher(tx, wsql.PublisherConfig{
-		SchemaAdapter: schemaAdapter{d: newDialect(config.Dialect, config.Table)},
+		SchemaAdapter: schemaAdapter{d: newDialect(o.config.Dialect, o.config.Table)},
 		// Never: DDL inside the caller's transaction would commit it on MySQL.
 		AutoInitializeSchema: false,
-	}, config.Logger)
+	}, o.config.Logger)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: %w", err)
+		return failingPublisher{fmt.Errorf("outbox: %w", err)}
 	}
-	return p, nil
+	return nonEmpty{p}
+}
+
+// nonEmpty passes a publish with messages on to watermill-sql's Publisher
+// and answers one without any itself: there is no row to insert, and the
+// schema adapter is never asked for a statement without rows.
+type nonEmpty struct{ message.Publisher }
+
+func (p nonEmpty) Publish(topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	return p.Publisher.Publish(topic, msgs...)
 }
 
 // WriteTx inserts msgs into the outbox through tx, so they are published

@@ -32,8 +32,6 @@ func TestConfigValidate(t *testing.T) {
 	ob, err := outbox.New(outbox.Config{Dialect: sqldialect.MySQL})
 	require.NoError(t, err)
 	require.Equal(t, outbox.DefaultTableName, ob.Config().Table)
-	require.Equal(t, outbox.MySQLSchemaSQL, ob.SchemaDDL())
-	require.Empty(t, outbox.SchemaDDL(sqldialect.PostgreSQL, "bad name"))
 }
 
 // The business row and the outbox rows commit or roll back together, and
@@ -71,8 +69,8 @@ func TestCommitAndRollbackTogether(t *testing.T) {
 		require.NoError(t, err)
 		_, err = tx.ExecContext(ctx, `INSERT INTO `+orders+` (id) VALUES (`+b.ph(1)+`)`, "o-2")
 		require.NoError(t, err)
-		pub, err := outbox.NewPublisher(tx, b.outbox.Config())
-		require.NoError(t, err)
+		pub := b.outbox.InTx(tx)
+		require.NoError(t, pub.Publish("orders.created"), "no messages: nothing to write")
 		require.NoError(t, pub.Publish("orders.created", message.NewMessage("rolled-back-1", []byte{0})))
 		require.NoError(t, b.outbox.WriteTx(ctx, tx, outbox.Outgoing{Topic: "audit", Message: message.NewMessage("rolled-back-2", nil)}))
 		require.NoError(t, tx.Rollback())

@@ -1,28 +1,38 @@
-package outbox_test
+package outbox
 
 import (
+	"io/fs"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
 // The migration files are what Migrate applies: for the default table
-// SchemaDDL is the file itself.
+// the DDL is the up files, in order, as shipped.
 func TestSchemaFilesMatchMigrate(t *testing.T) {
-	require.Equal(t, outbox.PostgresSchemaSQL, outbox.SchemaDDL(sqldialect.PostgreSQL, outbox.DefaultTableName))
-	require.Equal(t, outbox.MySQLSchemaSQL, outbox.SchemaDDL(sqldialect.MySQL, outbox.DefaultTableName))
-	require.Equal(t, outbox.SQLiteSchemaSQL, outbox.SchemaDDL(sqldialect.SQLite, outbox.DefaultTableName))
+	for _, d := range []sqldialect.Dialect{sqldialect.PostgreSQL, sqldialect.MySQL, sqldialect.SQLite} {
+		files, err := fs.Glob(Migrations, "migrations/"+string(d)+"/*.up.sql")
+		require.NoError(t, err)
+		require.NotEmpty(t, files, d)
+		ddl := schemaDDL(d, DefaultTableName)
+		for _, f := range files {
+			b, err := fs.ReadFile(Migrations, f)
+			require.NoError(t, err)
+			require.Contains(t, ddl, strings.TrimSpace(string(b)), "%s: %s", d, f)
+		}
+	}
+	require.Empty(t, schemaDDL(sqldialect.PostgreSQL, "bad name"))
+	require.Empty(t, schemaDDL("oracle", DefaultTableName))
 }
 
 // Another table name renames the table, its dead-letter table, and on
 // PostgreSQL the notify function (in the table's schema), its trigger
 // and the NOTIFY channel; nothing keeps the default name.
 func TestSchemaDDLRendersTableNames(t *testing.T) {
-	ddl := outbox.SchemaDDL(sqldialect.PostgreSQL, "app.orders_outbox")
+	ddl := schemaDDL(sqldialect.PostgreSQL, "app.orders_outbox")
 	for _, want := range []string{
 		`CREATE TABLE IF NOT EXISTS "app"."orders_outbox" (`,
 		`CREATE TABLE IF NOT EXISTS "app"."orders_outbox_dead_letters" (`,
@@ -33,43 +43,8 @@ func TestSchemaDDLRendersTableNames(t *testing.T) {
 		require.Contains(t, ddl, want)
 	}
 	for _, d := range []sqldialect.Dialect{sqldialect.PostgreSQL, sqldialect.MySQL, sqldialect.SQLite} {
-		ddl := outbox.SchemaDDL(d, "app.orders_outbox")
+		ddl := schemaDDL(d, "app.orders_outbox")
 		require.NotEmpty(t, ddl, d)
-		require.False(t, strings.Contains(ddl, outbox.DefaultTableName), "%s: %s", d, ddl)
+		require.False(t, strings.Contains(ddl, DefaultTableName), "%s: %s", d, ddl)
 	}
-}
-
-// Migrate records the outbox's migrations in the stores' migrations table
-// under "outbox:<table>", applies nothing the second time, and migrates a
-// table dropped since afresh.
-func TestMigrateIsRecorded(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, b backend) {
-		ctx := t.Context()
-		versions := func() []int {
-			rows, err := b.db.QueryContext(ctx, `SELECT version FROM watermill_idempotent_migrations WHERE subject = `+b.ph(1)+` ORDER BY version`, "outbox:"+b.table)
-			require.NoError(t, err)
-			defer rows.Close()
-			var out []int
-			for rows.Next() {
-				var v int
-				require.NoError(t, rows.Scan(&v))
-				out = append(out, v)
-			}
-			require.NoError(t, rows.Err())
-			return out
-		}
-		want := []int{1}
-		if b.dialect == sqldialect.MySQL {
-			want = []int{1, 2}
-		}
-		require.Equal(t, want, versions())
-		require.NoError(t, b.outbox.Migrate(ctx, b.db))
-		require.Equal(t, want, versions())
-
-		_, err := b.db.ExecContext(ctx, `DROP TABLE `+b.table)
-		require.NoError(t, err)
-		require.NoError(t, b.outbox.Migrate(ctx, b.db))
-		require.Equal(t, want, versions())
-		require.Zero(t, b.outboxRows(t))
-	})
 }
