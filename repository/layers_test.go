@@ -36,6 +36,14 @@ func isLeaf(t *testing.T, imp string) bool {
 	return !slices.ContainsFunc(pkg.Imports, func(i string) bool { return strings.HasPrefix(i, module+"/") })
 }
 
+// notMiddleware refuses the inbox middleware, the Watermill adapter.
+func notMiddleware(imp string) string {
+	if under(imp, "middleware") {
+		return "the inbox middleware"
+	}
+	return ""
+}
+
 // TestLayersPointOneWay checks, from the packages' imports as go/build
 // reads them, that layers point one way:
 //   - the storage contracts (repository) import nothing of an
@@ -43,7 +51,9 @@ func isLeaf(t *testing.T, imp string) bool {
 //     leaves themselves (sqldialect, resultcodec);
 //   - the middleware (and pgxinbox) imports no backend and nothing of the
 //     SQL implementation (internal/sqlstore);
-//   - the outbox (and pgxoutbox) works without the inbox middleware.
+//   - the outbox (and pgxoutbox), once, httpidem and tracing work without
+//     the inbox middleware, the Watermill adapter: what they share with it
+//     is in package idempotency, which imports neither.
 func TestLayersPointOneWay(t *testing.T) {
 	backends := []string{"repository/postgres", "repository/mysql", "repository/sqlite", "repository/redis", "repository/memory"}
 	rules := []layerRule{
@@ -65,9 +75,18 @@ func TestLayersPointOneWay(t *testing.T) {
 			}
 			return ""
 		}},
-		{dir: "outbox", forbidden: func(imp string) string {
-			if under(imp, "middleware") {
-				return "the inbox middleware"
+		{dir: "outbox", forbidden: notMiddleware},
+		{dir: "once", forbidden: notMiddleware},
+		{dir: "httpidem", forbidden: notMiddleware},
+		{dir: "tracing", forbidden: notMiddleware},
+		{dir: "idempotency", forbidden: func(imp string) string {
+			if r := notMiddleware(imp); r != "" {
+				return r
+			}
+			for _, p := range []string{"once", "httpidem", "outbox"} {
+				if under(imp, p) {
+					return "an entry point (the vocabulary is below them)"
+				}
 			}
 			return ""
 		}},
