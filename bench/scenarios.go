@@ -225,7 +225,7 @@ func newInbox(ctx context.Context, d *database, t *tables, observer idempotency.
 		return nil, nil, "", err
 	}
 	config := middleware.Config{
-		DB: d.db, Repository: repo, Consumer: "bench", Observer: observer, Retention: retention,
+		DB: d.db, Repository: repo, Consumer: "bench", Observer: observer, Retention: retention, RedeliveryWindow: retention,
 	}
 	for _, m := range mutate {
 		m(&config)

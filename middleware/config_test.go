@@ -50,6 +50,9 @@ func TestConfigValidate(t *testing.T) {
 			c.RedeliveryWindow = 8 * 24 * time.Hour
 		}, "shorter than RedeliveryWindow"},
 		"negative redelivery window": {func(c *middleware.Config) { c.RedeliveryWindow = -1 }, "must not be negative"},
+		// Seconds of retention is a mistake unless the window is declared
+		// that short: the default window (1 h) refuses it.
+		"retention shorter than the default window": {func(c *middleware.Config) { c.Retention = time.Second }, "config.Retention (1s) is shorter than RedeliveryWindow (1h0m0s)"},
 		"DB and Beginner":            {func(c *middleware.Config) { c.Beginner = beginner }, "both set"},
 		"Beginner with TxOptions": {func(c *middleware.Config) {
 			c.DB, c.Beginner, c.TxOptions = nil, beginner, &sql.TxOptions{}
@@ -70,4 +73,17 @@ func TestConfigValidate(t *testing.T) {
 	c.Retention, c.RedeliveryWindow = 24*time.Hour, 24*time.Hour
 	_, err = middleware.NewInbox(c)
 	require.NoError(t, err, "retention equal to the redelivery window is enough")
+
+	c = valid
+	c.Retention, c.RedeliveryWindow = time.Second, time.Second
+	_, err = middleware.NewInbox(c)
+	require.NoError(t, err, "a short retention with the window declared as short")
+
+	// A negative Retention is reported once, as not positive, not as
+	// shorter than the window.
+	c = valid
+	c.Retention = -time.Second
+	_, err = middleware.NewInbox(c)
+	require.ErrorContains(t, err, "Retention must be positive")
+	require.NotContains(t, err.Error(), "shorter than RedeliveryWindow")
 }

@@ -17,6 +17,12 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
+// DefaultRedeliveryWindow is the redelivery window assumed when none is
+// declared (Config.RedeliveryWindow, TwoPhaseConfig.RedeliveryWindow): a
+// broker redelivers an unacknowledged message and a producer retries a
+// send within it, so a shorter Retention is refused as a mistake.
+const DefaultRedeliveryWindow = time.Hour
+
 // Config configures an Inbox.
 type Config struct {
 	// DB is the database/sql database the inbox transaction runs on; the
@@ -77,7 +83,9 @@ type Config struct {
 	// RedeliveryWindow is the longest time after which the broker or the
 	// producer may still deliver a copy of a message. A Retention shorter
 	// than it is refused: duplicates arriving after the marker expired
-	// would be processed again. Default: 0 (not declared; not checked).
+	// would be processed again. Default: DefaultRedeliveryWindow (1 h),
+	// so a Retention of seconds is refused unless the window is declared
+	// that short.
 	RedeliveryWindow time.Duration
 	// TxOptions are used to begin the inbox transaction. Default: nil (the
 	// driver's default isolation level).
@@ -230,6 +238,9 @@ func (c *Config) setDefaults() {
 		c.Key = UUIDKey
 	}
 	protocol.SetDefaults(&c.Retention, idempotency.DefaultRetention, &c.Logger, &c.Now)
+	if c.RedeliveryWindow == 0 {
+		c.RedeliveryWindow = DefaultRedeliveryWindow
+	}
 	if c.MaxResultBytes == 0 {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}

@@ -45,6 +45,7 @@ type TwoPhaseConfig struct {
 	// idempotency.DefaultRetention (7 days).
 	Retention time.Duration
 	// RedeliveryWindow: as in Config; a shorter Retention is refused.
+	// Default: DefaultRedeliveryWindow (1 h).
 	RedeliveryWindow time.Duration
 	// Logger receives the inbox's logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -83,6 +84,9 @@ func (c *TwoPhaseConfig) setDefaults() {
 	}
 	lease.Fill(&c.Lease, &c.ExtendEvery, &c.StoreTimeout, (*lease.Retry)(&c.FinishRetry))
 	protocol.SetDefaults(&c.Retention, idempotency.DefaultRetention, &c.Logger, &c.Now)
+	if c.RedeliveryWindow == 0 {
+		c.RedeliveryWindow = DefaultRedeliveryWindow
+	}
 	if c.MaxResultBytes == 0 {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}

@@ -224,12 +224,12 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 		shared := &sharing{logger: logger, txs: map[*sql.Tx]int{}}
 		billing, err := middleware.NewInbox(middleware.Config{
 			DB: db, Repository: repo, Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch,
-			Outputs: ob.Outputs(s.Names.Payments), Retention: s.Retention,
+			Outputs: ob.Outputs(s.Names.Payments), Retention: s.Retention, RedeliveryWindow: s.Retention,
 		})
 		if err != nil {
 			return err
 		}
-		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch, Retention: s.Retention})
+		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch, Retention: s.Retention, RedeliveryWindow: s.Retention})
 		if err != nil {
 			return err
 		}

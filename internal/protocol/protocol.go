@@ -130,8 +130,8 @@ func ValidateRetention(retention, redeliveryWindow time.Duration) []error {
 	if redeliveryWindow < 0 {
 		errs = append(errs, fmt.Errorf("config.RedeliveryWindow must not be negative, got %s", redeliveryWindow))
 	}
-	if retention < redeliveryWindow {
-		errs = append(errs, fmt.Errorf("config.Retention (%s) is shorter than RedeliveryWindow (%s): duplicates arriving after the marker expired would be processed again", retention, redeliveryWindow))
+	if retention > 0 && retention < redeliveryWindow {
+		errs = append(errs, fmt.Errorf("config.Retention (%s) is shorter than RedeliveryWindow (%s): duplicates arriving after the marker expired would be processed again; raise Retention, or set RedeliveryWindow to the longest time your broker and producers may redeliver a message", retention, redeliveryWindow))
 	}
 	return errs
 }
