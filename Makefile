@@ -3,8 +3,9 @@ GO ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
 # The repository holds several modules (the library at the root; the CLI,
-# examples, benchmarks, fault suite, Kafka key source, Prometheus metrics
-# and migration tests each in a go.mod of their own), joined by go.work.
+# examples, benchmarks, fault suite, Kafka key source, Prometheus metrics,
+# migration tests and the project's tools each in a go.mod of their own),
+# joined by go.work.
 # In workspace mode ./... covers only the module of the current directory,
 # so every target names each module's tree: MODULES are the workspace's
 # module directories, PKGS their package patterns (./... ./bench/... …),
@@ -20,10 +21,10 @@ GO_NEWEST ?= go1.27.0
 
 # The one test command: every package of every module against the real
 # services, with the race detector. CI runs it through .ci/run. The run
-# goes through internal/testsummary, which prints what go test prints and
+# goes through tools/testsummary, which prints what go test prints and
 # ends with a line naming the services that were down and the number of
 # skipped tests.
-SUMMARY = $(GO) run ./internal/testsummary
+SUMMARY = $(GO) run ./tools/testsummary
 test:
 	$(GO) vet $(PKGS)
 	@set -o pipefail; $(GO) test -json -race -count=1 -timeout 9m $(PKGS) 2>&1 | $(SUMMARY)
