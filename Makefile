@@ -3,8 +3,9 @@ GO ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
 # The repository holds several modules (the library at the root; the CLI,
-# examples, benchmarks, fault suite, Kafka key source, Prometheus metrics
-# and migration tests each in a go.mod of their own), joined by go.work.
+# examples, benchmarks, fault suite, Kafka key source, Prometheus metrics,
+# migration tests and the project's tools each in a go.mod of their own),
+# joined by go.work.
 # In workspace mode ./... covers only the module of the current directory,
 # so every target names each module's tree: MODULES are the workspace's
 # module directories, PKGS their package patterns (./... ./bench/... …),
@@ -20,10 +21,10 @@ GO_NEWEST ?= go1.27.0
 
 # The one test command: every package of every module against the real
 # services, with the race detector. CI runs it through .ci/run. The run
-# goes through internal/testsummary, which prints what go test prints and
+# goes through tools/testsummary, which prints what go test prints and
 # ends with a line naming the services that were down and the number of
 # skipped tests.
-SUMMARY = $(GO) run ./internal/testsummary
+SUMMARY = $(GO) run ./tools/testsummary
 test:
 	$(GO) vet $(PKGS)
 	@set -o pipefail; $(GO) test -json -race -count=1 -timeout 9m $(PKGS) 2>&1 | $(SUMMARY)
@@ -65,34 +66,34 @@ bench:
 	$(GO) run ./bench || status=$$?; \
 	exit $$status
 
-# The fault suite (internal/chaos; results in docs/reliability.md): worker
-# processes competing on RabbitMQ, SIGKILLs and exits between commit and
-# ack, a private PostgreSQL cluster (port 5437, created on first use with
-# pg_createcluster, which needs root or the postgres user) restarted and
-# cut off mid-stream, the outbox relay and its LISTEN connection killed; a
-# ledger counts doubled and lost effects. chaos is the full configuration
-# (thousands of orders, minutes); chaos-ci the small one .ci/run runs,
-# once in the default mode and once with group commit (batches of 8),
-# then the surfaces configuration (once, httpidem and the partitioned
-# inbox under the same faults, on a private cluster of its own, port
-# 5450, about a minute), which chaos-surfaces runs alone, then the storm
-# test (every backend of 72 database/sql callers terminated, port 5455)
-# alone and without the race detector, which make test skips. The surfaces
-# children open their pools as a user does (sql.Open): with a 0.67 s
-# StoreTimeout, that their reconnects after a terminate or restart fault
-# do not fill the cluster's accept queue and time out behind each other
-# for minutes is the library's doing (sqlexec.Std; docs/operations.md).
-# The PostgreSQL failover run (-config failover, 3-4 minutes, ports
-# 5440-5441) and the reconnect-storm measurement (-config storm, about
-# a minute, port 5455) are run by hand.
+# The fault suite (chaos/, a module; results in docs/reliability.md):
+# worker processes competing on RabbitMQ, SIGKILLs and exits between
+# commit and ack, a private PostgreSQL cluster (port 5437, created on
+# first use with pg_createcluster, which needs root or the postgres user)
+# restarted and cut off mid-stream, the outbox relay and its LISTEN
+# connection killed; a ledger counts doubled and lost effects. chaos is
+# the full configuration (thousands of orders, minutes); chaos-ci the
+# small one .ci/run runs, once in the default mode and once with group
+# commit (batches of 8), then the surfaces configuration (once, httpidem
+# and the partitioned inbox under the same faults, on a private cluster of
+# its own, port 5450, about a minute), which chaos-surfaces runs alone,
+# then the storm test (every backend of 72 database/sql callers
+# terminated, port 5455) alone and without the race detector, which make
+# test skips. The surfaces children open their pools as a user does
+# (sql.Open): with a 0.67 s StoreTimeout, that their reconnects after a
+# terminate or restart fault do not fill the cluster's accept queue and
+# time out behind each other for minutes is the library's doing
+# (sqlexec.Std; docs/operations.md). The PostgreSQL failover run (-config
+# failover, 3-4 minutes, ports 5440-5441) and the reconnect-storm
+# measurement (-config storm, about a minute, port 5455) are run by hand.
 chaos:
-	$(GO) run ./internal/chaos/cmd/chaos -config full
+	$(GO) run ./chaos/cmd/chaos -config full
 
 chaos-ci:
-	$(GO) run ./internal/chaos/cmd/chaos -config ci
-	$(GO) run ./internal/chaos/cmd/chaos -config ci -batch 8
-	$(GO) run ./internal/chaos/cmd/chaos -config surfaces
-	$(GO) test -count=1 -run '^TestStormComesBackOnDatabaseSQL$$' -v ./internal/chaos
+	$(GO) run ./chaos/cmd/chaos -config ci
+	$(GO) run ./chaos/cmd/chaos -config ci -batch 8
+	$(GO) run ./chaos/cmd/chaos -config surfaces
+	$(GO) test -count=1 -run '^TestStormComesBackOnDatabaseSQL$$' -v ./chaos
 
 chaos-surfaces:
-	$(GO) run ./internal/chaos/cmd/chaos -config surfaces
+	$(GO) run ./chaos/cmd/chaos -config surfaces

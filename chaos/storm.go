@@ -39,7 +39,7 @@ const (
 // stormSettings are the storm cluster's: PostgreSQL's default
 // max_connections (100), so its listening socket's backlog is what a
 // default server has (2·(max_connections + background processes) = 244).
-const stormSettings = `# Written by the watermill-idempotent chaos suite (internal/chaos, storm).
+const stormSettings = `# Written by the watermill-idempotent chaos suite (chaos, storm).
 listen_addresses = '127.0.0.1'
 max_connections = 100
 shared_buffers = 32MB

@@ -5,7 +5,7 @@
 // make test-short pipe through it, so a green run that skipped half the
 // suite for a missing server cannot pass unnoticed.
 //
-//	go test -json ./... | go run ./internal/testsummary
+//	go test -json ./... | go run ./tools/testsummary
 //
 // It exits 1 when a test or a package failed, or when the input has no
 // test event at all (a build that never ran).

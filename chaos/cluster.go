@@ -19,7 +19,7 @@ const sharedPort = 5432
 
 // clusterSettings are written to the private cluster's conf.d on every
 // run, so a cluster created by hand or by an older run is brought in line.
-const clusterSettings = `# Written by the watermill-idempotent chaos suite (internal/chaos).
+const clusterSettings = `# Written by the watermill-idempotent chaos suite (chaos).
 listen_addresses = '127.0.0.1'
 max_connections = 200
 shared_buffers = 32MB
@@ -29,7 +29,7 @@ synchronous_commit = on
 
 // clusterHBA trusts local and loopback connections: the cluster is
 // private to this machine and listens on 127.0.0.1 only.
-const clusterHBA = `# Written by the watermill-idempotent chaos suite (internal/chaos).
+const clusterHBA = `# Written by the watermill-idempotent chaos suite (chaos).
 local all all trust
 host  all all 127.0.0.1/32 trust
 host  all all ::1/128 trust

@@ -38,7 +38,7 @@ const (
 )
 
 // pairHBA trusts loopback connections, replication included.
-const pairHBA = `# Written by the watermill-idempotent chaos suite (internal/chaos, failover).
+const pairHBA = `# Written by the watermill-idempotent chaos suite (chaos, failover).
 local all all trust
 host  all all 127.0.0.1/32 trust
 local replication all trust

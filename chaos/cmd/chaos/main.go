@@ -1,15 +1,15 @@
-// Command chaos runs the fault suite (package internal/chaos): several
+// Command chaos runs the fault suite (package chaos): several
 // worker processes on RabbitMQ with the inbox on a private PostgreSQL
 // cluster, killed, restarted and cut off mid-stream, and a ledger that
 // counts doubled and lost effects.
 //
-//	go run ./internal/chaos/cmd/chaos -config full   # make chaos
-//	go run ./internal/chaos/cmd/chaos -config ci     # make chaos-ci (.ci/run)
-//	go run ./internal/chaos/cmd/chaos -config failover   # primary + replica on ports 5440/5441, killed and promoted
-//	go run ./internal/chaos/cmd/chaos -config pair-start -replication sync   # the pair, left running
-//	go run ./internal/chaos/cmd/chaos -config pair-stop
-//	go run ./internal/chaos/cmd/chaos -config surfaces   # once, httpidem and the partitioned inbox on port 5450
-//	go run ./internal/chaos/cmd/chaos -config storm      # reconnect storms: every backend terminated under once.TwoPhase, port 5455
+//	go run ./chaos/cmd/chaos -config full   # make chaos
+//	go run ./chaos/cmd/chaos -config ci     # make chaos-ci (.ci/run)
+//	go run ./chaos/cmd/chaos -config failover   # primary + replica on ports 5440/5441, killed and promoted
+//	go run ./chaos/cmd/chaos -config pair-start -replication sync   # the pair, left running
+//	go run ./chaos/cmd/chaos -config pair-stop
+//	go run ./chaos/cmd/chaos -config surfaces   # once, httpidem and the partitioned inbox on port 5450
+//	go run ./chaos/cmd/chaos -config storm      # reconnect storms: every backend terminated under once.TwoPhase, port 5455
 //
 // It exits 0 when every phase kept its promise, 1 when the ledger found a
 // doubled or lost effect or the suite failed. A missing prerequisite
@@ -32,8 +32,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/chaos"
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/chaos"
 )
 
 var started = time.Now()

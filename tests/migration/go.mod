@@ -1,4 +1,4 @@
-module github.com/idemkit/watermill-idempotent/internal/migrationtest
+module github.com/idemkit/watermill-idempotent/tests/migration
 
 go 1.26.0
 

@@ -1,4 +1,4 @@
-module github.com/idemkit/watermill-idempotent/internal/chaos
+module github.com/idemkit/watermill-idempotent/chaos
 
 go 1.26.0
 
@@ -46,4 +46,4 @@ require (
 	modernc.org/sqlite v1.62.0 // indirect
 )
 
-replace github.com/idemkit/watermill-idempotent => ../..
+replace github.com/idemkit/watermill-idempotent => ..

@@ -1,14 +1,14 @@
-// Package migrationtest holds the tests of the shipped migration files —
+// Package migration holds the tests of the shipped migration files —
 // the inbox's, the version guard's and the outbox's, for every dialect:
 // versions recorded, tables from before versioning adopted, and the files
 // applied by golang-migrate giving a schema the stores and Migrate accept.
 //
-// It is a module of its own (internal/migrationtest/go.mod) so that
+// It is a module of its own (tests/migration/go.mod) so that
 // golang-migrate, which only these tests use, stays out of the library's
 // go.mod. Run it from the repository root like every module:
 //
-//	go test ./internal/migrationtest/...
-package migrationtest
+//	go test ./tests/migration/...
+package migration
 
 import (
 	"errors"

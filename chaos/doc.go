@@ -2,7 +2,7 @@
 // a real broker and a real database server that the inbox keeps its
 // promises when things break. Run it with
 //
-//	make chaos      # go run ./internal/chaos/cmd/chaos -config full
+//	make chaos      # go run ./chaos/cmd/chaos -config full
 //	make chaos-ci   # the small configuration .ci/run uses, then -config surfaces
 //
 // # What runs

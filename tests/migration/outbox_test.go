@@ -1,4 +1,4 @@
-package migrationtest_test
+package migration_test
 
 import (
 	"database/sql"
@@ -16,13 +16,13 @@ import (
 	gmsqlite "github.com/golang-migrate/migrate/v4/database/sqlite"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/migrationtest"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
+	"github.com/idemkit/watermill-idempotent/tests/migration"
 )
 
 // TestOutboxGolangMigrate: the outbox's shipped files, applied by
@@ -46,7 +46,7 @@ func TestOutboxGolangMigrate(t *testing.T) {
 		require.NoError(t, err)
 		drv, err := gmpgx.WithInstance(gmdb, &gmpgx.Config{SchemaName: schema})
 		require.NoError(t, err)
-		migrationtest.GolangMigrate(t, outbox.Migrations, "migrations/postgres", "postgres", drv)
+		migration.GolangMigrate(t, outbox.Migrations, "migrations/postgres", "postgres", drv)
 		db, err := sql.Open("pgx", dsn)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
@@ -61,7 +61,7 @@ func TestOutboxGolangMigrate(t *testing.T) {
 		require.NoError(t, err)
 		drv, err := gmmysql.WithInstance(gmdb, &gmmysql.Config{})
 		require.NoError(t, err)
-		migrationtest.GolangMigrate(t, outbox.Migrations, "migrations/mysql", "mysql", drv)
+		migration.GolangMigrate(t, outbox.Migrations, "migrations/mysql", "mysql", drv)
 		cfg.MultiStatements = false
 		db, err := sql.Open("mysql", cfg.FormatDSN())
 		require.NoError(t, err)
@@ -75,7 +75,7 @@ func TestOutboxGolangMigrate(t *testing.T) {
 		require.NoError(t, err)
 		drv, err := gmsqlite.WithInstance(gmdb, &gmsqlite.Config{})
 		require.NoError(t, err)
-		migrationtest.GolangMigrate(t, outbox.Migrations, "migrations/sqlite", "sqlite", drv)
+		migration.GolangMigrate(t, outbox.Migrations, "migrations/sqlite", "sqlite", drv)
 		db, err := sqlite.Open(path)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })

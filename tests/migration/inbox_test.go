@@ -1,4 +1,4 @@
-package migrationtest_test
+package migration_test
 
 import (
 	"context"
@@ -21,7 +21,6 @@ import (
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/migrationtest"
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstoretest"
 	"github.com/idemkit/watermill-idempotent/internal/testenv"
@@ -30,6 +29,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/repository/repotest"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
+	"github.com/idemkit/watermill-idempotent/tests/migration"
 )
 
 // backend is one SQL backend under test.
@@ -248,7 +248,7 @@ func golangMigrate(t testing.TB, b backend, inst func(table string) (database.Dr
 	t.Helper()
 	drv, err := inst("schema_migrations_" + line)
 	require.NoError(t, err)
-	migrationtest.GolangMigrate(t, b.migrations, "migrations/"+line, b.name, drv)
+	migration.GolangMigrate(t, b.migrations, "migrations/"+line, b.name, drv)
 }
 
 // TestGolangMigratePostgres: the shipped PostgreSQL files applied by
