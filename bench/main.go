@@ -56,7 +56,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/bench/internal/stats"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 

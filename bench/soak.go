@@ -18,7 +18,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/bench/internal/stats"
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 )
 

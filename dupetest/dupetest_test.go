@@ -16,7 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/watermill-idempotent/dupetest"
-	"github.com/idemkit/watermill-idempotent/internal/backends"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/backends"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 

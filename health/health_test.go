@@ -17,7 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/watermill-idempotent/health"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"

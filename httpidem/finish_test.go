@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/backends"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/backends"
 )
 
 // sendUntilSettled sends q again while the answer is 409 in flight, as a

@@ -17,8 +17,8 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/httpidem"
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/internal/tracetest"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/backends"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/tracetest"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
 	"github.com/idemkit/watermill-idempotent/tracing"
 )

@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/tracetest"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/tracetest"
 	"github.com/idemkit/watermill-idempotent/metrics"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"

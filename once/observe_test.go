@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/backends"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/backends"
 	"github.com/idemkit/watermill-idempotent/once"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
 )

@@ -3,10 +3,13 @@ package repository_test
 import (
 	"go/build"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 const module = "github.com/idemkit/watermill-idempotent"
@@ -136,4 +139,45 @@ func packageDirs(t *testing.T, root string, skip func(dir string) bool) []string
 		t.Fatal(err)
 	}
 	return dirs
+}
+
+// TestNoLibraryPackageImportsTestSupport checks that internal/testsupport
+// (service addresses, backends for the suites, trace recorders) is
+// reached only by tests: no non-test file of a package of the library
+// module imports it, directly or through another module package.
+func TestNoLibraryPackageImportsTestSupport(t *testing.T) {
+	support := module + "/internal/testsupport"
+	// Other modules of the repository have a go.mod of their own; the
+	// test support itself may import its own packages.
+	other := func(dir string) bool {
+		_, err := os.Stat(filepath.Join(dir, "go.mod"))
+		return err == nil || filepath.ToSlash(dir) == "../internal/testsupport"
+	}
+	imports := map[string][]string{}
+	for _, dir := range packageDirs(t, "..", other) {
+		pkg, err := build.ImportDir(dir, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		imports[module+strings.TrimPrefix(filepath.ToSlash(dir), "..")] = pkg.Imports
+	}
+	require.NotEmpty(t, imports[module+"/middleware"], "the walk found the library's packages")
+	var reaches func(pkg string, seen map[string]bool) bool
+	reaches = func(pkg string, seen map[string]bool) bool {
+		if seen[pkg] {
+			return false
+		}
+		seen[pkg] = true
+		for _, imp := range imports[pkg] {
+			if imp == support || strings.HasPrefix(imp, support+"/") || reaches(imp, seen) {
+				return true
+			}
+		}
+		return false
+	}
+	for pkg := range imports {
+		if reaches(pkg, map[string]bool{}) {
+			t.Errorf("%s reaches %s outside its tests", pkg, support)
+		}
+	}
 }

@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/tracetest"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/tracetest"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 	"github.com/idemkit/watermill-idempotent/tracing"

@@ -17,8 +17,8 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
-	"github.com/idemkit/watermill-idempotent/internal/tracetest"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/tracetest"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/once"
 	"github.com/idemkit/watermill-idempotent/outbox"

@@ -36,7 +36,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )

@@ -18,7 +18,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/examples/internal/ledger"
 	"github.com/idemkit/watermill-idempotent/examples/kafkaproducer"
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/examples/internal/ledger"
 	"github.com/idemkit/watermill-idempotent/examples/servicebus"
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 

@@ -9,7 +9,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/keysourcetest"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/keysourcetest"
 	"github.com/idemkit/watermill-idempotent/keysource/amqpkeys"
 )
 

@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/internal/keysourcetest"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/backends"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/keysourcetest"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/keysource/amqpkeys"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )

@@ -8,7 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/keysourcetest"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/keysourcetest"
 	"github.com/idemkit/watermill-idempotent/keysource/kafkakeys"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )

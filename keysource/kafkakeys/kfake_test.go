@@ -15,8 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/backends"
-	"github.com/idemkit/watermill-idempotent/internal/keysourcetest"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/backends"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/keysourcetest"
 	"github.com/idemkit/watermill-idempotent/keysource/kafkakeys"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstoretest"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/sqlstoretest"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 	"github.com/idemkit/watermill-idempotent/repository/repotest"

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/repository"
 	_ "github.com/idemkit/watermill-idempotent/repository/postgres" // registers its data exceptions
 	"github.com/idemkit/watermill-idempotent/repository/repotest"

@@ -3,7 +3,7 @@ package postgres_test
 import (
 	"testing"
 
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore/sqlstoretest"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/sqlstoretest"
 )
 
 func TestConformance(t *testing.T)     { sqlstoretest.Run(t, sqlstoretest.Postgres(t)) }

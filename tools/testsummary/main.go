@@ -31,7 +31,7 @@ type event struct {
 	ImportPath string // build-output and build-fail events (Go 1.24+)
 }
 
-// missing matches internal/testenv's skip message: "skipping: <service>
+// missing matches internal/testsupport/testenv's skip message: "skipping: <service>
 // is not available: …". The service may carry its setting in brackets.
 var missing = regexp.MustCompile(`skipping: (.+?)(?: \([A-Z_]+=.*?\))? is not available`)
 

@@ -16,7 +16,7 @@ import (
 const library = "github.com/idemkit/watermill-idempotent"
 
 // TestExamplesBuildWhenCopied copies each example's directory, without its
-// tests (they use the repository's internal/testenv), into a new module
+// tests (they use the repository's internal/testsupport/testenv), into a new module
 // in a temporary directory, as a reader does: go mod init, a requirement
 // on the library replaced by this checkout, go mod tidy, go build and
 // go vet, outside the workspace (GOWORK=off). The examples module's

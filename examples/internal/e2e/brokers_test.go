@@ -12,7 +12,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/shop"
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 )
 
 // TestNATS plays the scenario on the real NATS server (JetStream, durable

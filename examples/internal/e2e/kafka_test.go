@@ -9,7 +9,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/shop"
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 )
 
 // TestKafka runs the example through an in-process kfake broker with the

@@ -10,13 +10,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/broker"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 )
 
 // natsServer checks that a NATS server with JetStream enabled answers at
 // $NATS_URL (default broker.DefaultNATSURL) and returns the URL. When it
 // does not, t is skipped with a message naming the service, or fails under
-// CI=true. The probe lives here rather than in internal/testenv so that
+// CI=true. The probe lives here rather than in internal/testsupport/testenv so that
 // the library's module does not require the NATS client: only this
 // scenario uses NATS. Tests share the server: give
 // streams and consumers names no other test uses, and delete them when t

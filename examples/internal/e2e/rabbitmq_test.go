@@ -14,7 +14,7 @@ import (
 	"github.com/idemkit/watermill-idempotent/examples/internal/e2e/shop"
 	"github.com/idemkit/watermill-idempotent/health"
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/outbox"
 )
 

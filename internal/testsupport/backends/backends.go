@@ -1,6 +1,6 @@
 // Package backends opens every storage backend on fresh tables for the
 // tests of packages built on the storage contracts (once, httpidem,
-// dupetest). Services come from internal/testenv: a missing one skips the
+// dupetest). Services come from internal/testsupport/testenv: a missing one skips the
 // subtest, or fails it under CI=true.
 package backends
 
@@ -11,7 +11,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/idemkit/watermill-idempotent/internal/testenv"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/memory"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"

@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemkit/watermill-idempotent/internal/tracetest"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/tracetest"
 )
 
 // TestRecorderParentsAndTraces: a span started under a local or an
