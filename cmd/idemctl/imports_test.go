@@ -20,13 +20,14 @@ const (
 )
 
 // idemctl is built from a published version of the library (go install
-// …/cmd/idemctl@version), where the library's internal packages are out
-// of its reach: the go command refuses an import of another module's
-// internal package. In this repository the replace directive and go.work
-// make the import build, so this test is what refuses it. It asks the go
-// command for every package of the module with its test variants, so
-// _test.go files count too; the library's own packages may use their
-// internal ones, which are published with them.
+// …/cmd/idemctl@version picks the library's version by minimal version
+// selection), so it may use only what the library promises to keep: its
+// public API. The go command would build an import of the library's
+// internal packages (the rule is by import path, and idemctl's path is
+// under the library's), but those change in any release without notice.
+// It asks the go command for every package of the module with its test
+// variants, so _test.go files count too; the library's own packages may
+// use their internal ones, which are published with them.
 func TestNoLibraryInternalImports(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: go list loads the module's whole build graph")

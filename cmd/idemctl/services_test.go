@@ -17,7 +17,7 @@ import (
 // The services the tests use, found as the library's tests find them
 // (POSTGRES_DSN, MYSQL_DSN, REDIS_ADDR with localhost defaults). A
 // service that does not answer skips the test, or fails it under CI=true.
-// idemctl builds from a published library, so its tests cannot use the
+// idemctl builds from a published library, so its tests do not use the
 // library's internal/testenv (TestNoLibraryInternalImports).
 
 const (

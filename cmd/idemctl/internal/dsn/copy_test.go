@@ -11,7 +11,7 @@ import (
 )
 
 // This package is a copy of the library's internal/dsn: idemctl builds
-// from a published library, whose internal packages it cannot import. A
+// from a published library, whose internal packages it does not use. A
 // fix to either copy (a secret that leaked) belongs in both, so in the
 // repository, where the library's copy sits beside, the two must match.
 func TestSameAsTheLibrarysCopy(t *testing.T) {

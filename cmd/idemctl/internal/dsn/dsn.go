@@ -18,7 +18,7 @@
 //
 // The package has two identical copies: internal/dsn, for the library's
 // tests and tools, and cmd/idemctl/internal/dsn, for idemctl, which
-// builds from a published library and so cannot import the library's
+// builds from a published library and so uses none of the library's
 // internal packages. A test in idemctl's copy keeps the two the same.
 package dsn
 
