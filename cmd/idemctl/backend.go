@@ -20,8 +20,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/watermill-idempotent/internal/dsn"
-	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
+	"github.com/idemkit/watermill-idempotent/cmd/idemctl/internal/dsn"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	mysqlrepo "github.com/idemkit/watermill-idempotent/repository/mysql"
@@ -452,7 +451,7 @@ func (s *store) expiredByConsumer(ctx context.Context, before time.Time) (map[st
 
 // migrationLine is one table's numbered migrations: the files a package
 // ships and the subject ("<line>:<table name>") under which
-// sqlstore.MigrationsTable records the applied ones.
+// repository.MigrationsTable records the applied ones.
 type migrationLine struct {
 	label string // what the table is, for output: inbox, outbox, versions
 	line  string // the subject's prefix and, for the stores, the folder
@@ -460,7 +459,7 @@ type migrationLine struct {
 	fsys  fs.FS
 	dir   string
 	// up applies the pending migrations and returns those it applied.
-	up func(context.Context) ([]sqlstore.Migration, error)
+	up func(context.Context) ([]repository.Migration, error)
 }
 
 // inboxLine is the inbox table's line: migrations/inbox, or on the
@@ -480,7 +479,7 @@ func (s *store) inboxLine() (migrationLine, error) {
 	}
 	l.dir = "migrations/" + l.line
 	m, ok := s.repo.(interface {
-		Migrations(context.Context) ([]sqlstore.Migration, error)
+		Migrations(context.Context) ([]repository.Migration, error)
 	})
 	if !ok {
 		return l, fmt.Errorf("%s has no migrations", s.kind)
@@ -501,7 +500,7 @@ func (s *store) outboxLine() (migrationLine, error) {
 		return migrationLine{}, usagef("%v", err)
 	}
 	l := migrationLine{label: "outbox", line: "outbox", table: cfg.Table, fsys: outbox.Migrations, dir: "migrations/" + string(cfg.Dialect)}
-	l.up = func(ctx context.Context) ([]sqlstore.Migration, error) {
+	l.up = func(ctx context.Context) ([]repository.Migration, error) {
 		before, err := s.appliedMigrations(ctx, l)
 		if err != nil {
 			return nil, err
@@ -519,7 +518,7 @@ func (s *store) versionsLine() (migrationLine, error) {
 	l := migrationLine{label: "versions", line: "versions", table: s.versionsTable, dir: "migrations/versions"}
 	var (
 		v interface {
-			Migrations(context.Context) ([]sqlstore.Migration, error)
+			Migrations(context.Context) ([]repository.Migration, error)
 		}
 		err error
 	)
@@ -542,7 +541,7 @@ func (s *store) versionsLine() (migrationLine, error) {
 }
 
 // newlyApplied returns the migrations of l recorded now but not in before.
-func (s *store) newlyApplied(ctx context.Context, l migrationLine, before map[int]time.Time) ([]sqlstore.Migration, error) {
+func (s *store) newlyApplied(ctx context.Context, l migrationLine, before map[int]time.Time) ([]repository.Migration, error) {
 	after, err := s.appliedMigrations(ctx, l)
 	if err != nil {
 		return nil, err
@@ -551,7 +550,7 @@ func (s *store) newlyApplied(ctx context.Context, l migrationLine, before map[in
 	if err != nil {
 		return nil, err
 	}
-	var out []sqlstore.Migration
+	var out []repository.Migration
 	for _, f := range files {
 		if _, was := before[f.Version]; !was {
 			if _, is := after[f.Version]; is {
@@ -563,28 +562,28 @@ func (s *store) newlyApplied(ctx context.Context, l migrationLine, before map[in
 }
 
 // migrationFiles lists the migrations of l, in version order.
-func migrationFiles(l migrationLine) ([]sqlstore.Migration, error) {
+func migrationFiles(l migrationLine) ([]repository.Migration, error) {
 	entries, err := fs.ReadDir(l.fsys, l.dir)
 	if err != nil {
 		return nil, err
 	}
-	var out []sqlstore.Migration
+	var out []repository.Migration
 	for _, e := range entries {
 		m := migrationFile.FindStringSubmatch(e.Name())
 		if m == nil {
 			continue
 		}
 		v, _ := strconv.Atoi(m[1])
-		out = append(out, sqlstore.Migration{Version: v, Name: m[2]})
+		out = append(out, repository.Migration{Version: v, Name: m[2]})
 	}
-	slices.SortFunc(out, func(a, b sqlstore.Migration) int { return a.Version - b.Version })
+	slices.SortFunc(out, func(a, b repository.Migration) int { return a.Version - b.Version })
 	return out, nil
 }
 
 var migrationFile = regexp.MustCompile(`^(\d+)_(\w+)\.up\.sql$`)
 
 // appliedMigrations reads the versions of l recorded for its table in
-// sqlstore.MigrationsTable (none when that table does not exist yet).
+// repository.MigrationsTable (none when that table does not exist yet).
 func (s *store) appliedMigrations(ctx context.Context, l migrationLine) (map[int]time.Time, error) {
 	quote, ph := `"`, "?"
 	switch s.kind {
@@ -608,7 +607,7 @@ func (s *store) appliedMigrations(ctx context.Context, l migrationLine) (map[int
 		}
 		return nil, err
 	}
-	tbl := quote + sqlstore.MigrationsTable + quote
+	tbl := quote + repository.MigrationsTable + quote
 	if schema != "" {
 		tbl = quote + schema + quote + "." + tbl
 	}

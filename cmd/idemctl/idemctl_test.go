@@ -22,7 +22,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
@@ -153,7 +152,7 @@ func idemctl(t *testing.T, env []string, stdin string, args ...string) result {
 func pgInbox(t *testing.T) (string, *sql.DB, *postgres.Repository, string) {
 	t.Helper()
 	dsn := pgDSN(t)
-	db := testenv.Postgres(t)
+	db := testPostgres(t)
 	table := "idemctl_inbox_" + suffix()
 	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
 	repo, err := postgres.NewRepository(db, postgres.Config{Table: table})
@@ -173,8 +172,8 @@ func insertExpired(t *testing.T, db *sql.DB, table, consumer string, n int) {
 }
 
 func pgDSN(t *testing.T) string {
-	testenv.Postgres(t) // skips (or fails under CI) without PostgreSQL
-	return testenv.PostgresDSN()
+	testPostgres(t) // skips (or fails under CI) without PostgreSQL
+	return postgresDSN()
 }
 
 // leaveStuck leaves what a killed consumer leaves: billing/key in progress
@@ -189,7 +188,7 @@ func leaveStuck(t *testing.T, repo repository.TwoPhase, key string) {
 
 func TestStuckRecordOfAKilledConsumer(t *testing.T) {
 	dsn := pgDSN(t)
-	db := testenv.Postgres(t)
+	db := testPostgres(t)
 	table := "idemctl_inbox_" + suffix()
 	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table) })
 	env := []string{"IDEMCTL_DSN=" + dsn}
@@ -344,7 +343,7 @@ func TestPurgeWithProgress(t *testing.T) {
 
 func TestDeadLetters(t *testing.T) {
 	dsn := pgDSN(t)
-	db := testenv.Postgres(t)
+	db := testPostgres(t)
 	table := "idemctl_outbox_" + suffix()
 	t.Cleanup(func() {
 		_, _ = db.Exec(`DROP TABLE IF EXISTS ` + table + `, ` + outbox.DeadLetterTableName(table))
@@ -475,9 +474,9 @@ func TestMariaDBStats(t *testing.T) {
 }
 
 func TestRedisStats(t *testing.T) {
-	testenv.Redis(t) // skips (or fails under CI) without Redis
+	testRedis(t) // skips (or fails under CI) without Redis
 	prefix := "idemctl-" + suffix() + ":"
-	r := idemctl(t, nil, "", "--redis", "redis://"+testenv.RedisAddr()+"/0", "--redis-prefix", prefix, "--json", "stats")
+	r := idemctl(t, nil, "", "--redis", "redis://"+redisAddr()+"/0", "--redis-prefix", prefix, "--json", "stats")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.JSONEq(t, `{"consumers":[]}`, r.stdout)
 }

@@ -14,10 +14,14 @@
 // --layout partitioned the partitioned PostgreSQL inbox. migrate up and
 // migrate status take --outbox and --versions for the outbox's and the
 // version guard's tables.
-// Secrets in DSNs are never printed, in any DSN form (internal/dsn). resolve, purge and requeue show
-// what they will change and ask for confirmation; without a terminal they
-// refuse unless --yes is given. Exit status: 0 on success, 1 on failure,
-// 2 on a usage error. See docs/operations.md.
+// Secrets in DSNs are never printed, in any DSN form (internal/dsn).
+// resolve, purge and requeue show what they will change and ask for
+// confirmation; without a terminal they refuse unless --yes is given.
+// Exit status: 0 on success, 1 on failure, 2 on a usage error. See
+// docs/operations.md.
+//
+// idemctl uses only the library's public packages, so it builds from a
+// published version of the library (TestNoLibraryInternalImports).
 package main
 
 import (
@@ -33,7 +37,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
-	"github.com/idemkit/watermill-idempotent/internal/dsn"
+	"github.com/idemkit/watermill-idempotent/cmd/idemctl/internal/dsn"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 )

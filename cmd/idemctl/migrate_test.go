@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -20,10 +19,10 @@ import (
 	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
-// mysqlURL is the MariaDB of testenv as the URL idemctl takes (testenv's
-// DSN is the driver's format).
+// mysqlURL is the tests' MariaDB as the URL idemctl takes (mysqlDSN is
+// in the driver's format).
 func mysqlURL(t *testing.T) (*sql.DB, string) {
-	db := testenv.MySQL(t) // skips (or fails under CI) without MariaDB
+	db := testMySQL(t) // skips (or fails under CI) without MariaDB
 	dsn := "mysql://root@127.0.0.1:3306/test"
 	if v := os.Getenv("IDEMCTL_TEST_MYSQL_URL"); v != "" {
 		dsn = v
@@ -76,7 +75,7 @@ func TestMigrateOutboxAndVersions(t *testing.T) {
 		dialect sqldialect.Dialect
 		open    func(t *testing.T) (db *sql.DB, dsn string)
 	}{
-		{"postgres", sqldialect.PostgreSQL, func(t *testing.T) (*sql.DB, string) { return testenv.Postgres(t), pgDSN(t) }},
+		{"postgres", sqldialect.PostgreSQL, func(t *testing.T) (*sql.DB, string) { return testPostgres(t), pgDSN(t) }},
 		{"mariadb", sqldialect.MySQL, mysqlURL},
 		{"sqlite", sqldialect.SQLite, func(t *testing.T) (*sql.DB, string) {
 			return nil, "sqlite://" + filepath.Join(t.TempDir(), "store.db")
@@ -150,7 +149,7 @@ func TestMigrateOutboxAndVersions(t *testing.T) {
 // table is refused before anything changes.
 func TestPartitionedLayout(t *testing.T) {
 	dsn := pgDSN(t)
-	db := testenv.Postgres(t)
+	db := testPostgres(t)
 	table := "idemctl_part_" + suffix()
 	plain := "idemctl_inbox_" + suffix()
 	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + table + `, ` + plain + ` CASCADE`) })
@@ -232,15 +231,15 @@ func TestPartitionedLayout(t *testing.T) {
 // the original key (both failed before: Get hashed the printed form
 // again, Resolve refused the original).
 func TestRedisResolve(t *testing.T) {
-	client := testenv.Redis(t) // skips (or fails under CI) without Redis
-	prefix := testenv.RedisPrefix(t, client)
+	client := testRedis(t) // skips (or fails under CI) without Redis
+	prefix := redisPrefix(t, client)
 	repo, err := redisrepo.NewRepository(client, redisrepo.Config{KeyPrefix: prefix})
 	require.NoError(t, err)
 	long, long2 := strings.Repeat("order-", 100), strings.Repeat("invoice-", 100)
 	for _, key := range []string{"k1", long, long2} {
 		leaveStuck(t, repo, key)
 	}
-	args := []string{"--redis", "redis://" + testenv.RedisAddr() + "/0", "--redis-prefix", prefix}
+	args := []string{"--redis", "redis://" + redisAddr() + "/0", "--redis-prefix", prefix}
 
 	r := idemctl(t, nil, "", append(args, "--json", "stuck", "list")...)
 	require.Equal(t, 0, r.code, r.stderr)

@@ -7,8 +7,6 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 )
 
 // secret is the password of every DSN in TestNoSecretInAnyOutput.
@@ -64,13 +62,13 @@ func malformedCases() []redactCase {
 // password MariaDB's root does not have, a Redis ACL user that does not
 // exist.
 func badLoginCases(t *testing.T) []redactCase {
-	testenv.Postgres(t)
-	testenv.MySQL(t)
-	testenv.Redis(t)
-	pg, err := url.Parse(testenv.PostgresDSN())
+	testPostgres(t)
+	testMySQL(t)
+	testRedis(t)
+	pg, err := url.Parse(postgresDSN())
 	require.NoError(t, err)
 	pg.User = url.UserPassword("nosuchrole", secret)
-	my, err := mysql.ParseDSN(testenv.MySQLDSN())
+	my, err := mysql.ParseDSN(mysqlDSN())
 	require.NoError(t, err)
 	return []redactCase{
 		{"postgres unknown role", "--dsn", pg.String(), nil, true},
@@ -78,7 +76,7 @@ func badLoginCases(t *testing.T) []redactCase {
 		{"mariadb wrong root password", "--dsn", "mysql://root:" + secret + "@" + my.Addr + "/" + my.DBName, nil, true},
 		{"mariadb wrong root password=", "--dsn", "mysql://root@" + my.Addr + "/" + my.DBName + "?password=" + secret, nil, true},
 		{"mariadb unknown user, driver DSN", "--dsn", "nosuchuser:" + secret + "@tcp(" + my.Addr + ")/" + my.DBName, nil, true},
-		{"redis unknown user", "--redis", "redis://nosuchuser:" + secret + "@" + testenv.RedisAddr() + "/0", nil, true},
+		{"redis unknown user", "--redis", "redis://nosuchuser:" + secret + "@" + redisAddr() + "/0", nil, true},
 	}
 }
 

@@ -15,6 +15,11 @@
 //
 // Where a string is malformed, so that where its secret ends is not
 // certain, more is masked rather than less: a malformed DSN must not leak.
+//
+// The package has two identical copies: internal/dsn, for the library's
+// tests and tools, and cmd/idemctl/internal/dsn, for idemctl, which
+// builds from a published library and so uses none of the library's
+// internal packages. A test in idemctl's copy keeps the two the same.
 package dsn
 
 import (
