@@ -34,7 +34,7 @@
 //		Inbox:     inbox.Middleware, // instead of router.AddMiddleware(inbox.Middleware)
 //		State: func(msg *message.Message) (any, error) {
 //			var n int
-//			err := db.QueryRowContext(msg.Context(), `SELECT count(*) FROM orders WHERE id = $1`, string(msg.Payload)).Scan(&n)
+//			err := db.QueryRowContext(msg.Context(), `SELECT count(*) FROM orders WHERE id = $1`, msg.UUID).Scan(&n)
 //			return n, err
 //		},
 //	})
@@ -301,8 +301,10 @@ func (i *Injector) failInInbox(h message.HandlerFunc, msg *message.Message) ([]*
 	a := &attempt{}
 	original := msg.Context()
 	msg.SetContext(context.WithValue(original, attemptKey{}, a))
-	out, err := h(msg)
-	msg.SetContext(original)
+	out, err := func() ([]*message.Message, error) {
+		defer msg.SetContext(original) // a panic too leaves the message as it came
+		return h(msg)
+	}()
 	if !a.failed || state == nil {
 		return out, err
 	}
