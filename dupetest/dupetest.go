@@ -20,6 +20,27 @@
 // Decisions come from a random source seeded with Config.Seed, taken in
 // the order messages arrive: with one subscriber delivering in order, the
 // same seed duplicates and fails the same messages on every run.
+//
+// A handler behind the inbox that writes with the *sql.DB instead of the
+// inbox's transaction passes these checks until one of its attempts fails
+// after the write: the inbox rolls back, the write stays, and the
+// redelivery writes again. Config.Inbox and Config.State catch it: the
+// injector runs the handler inside the inbox, fails first attempts after
+// the handler returned and before the inbox commits, and compares the
+// message's effect (State) before the attempt and after the rollback:
+//
+//	dupes := dupetest.New(dupetest.Config{
+//		FailFirst: 1,
+//		Inbox:     inbox.Middleware, // instead of router.AddMiddleware(inbox.Middleware)
+//		State: func(msg *message.Message) (any, error) {
+//			var n int
+//			err := db.QueryRowContext(msg.Context(), `SELECT count(*) FROM orders WHERE id = $1`, msg.UUID).Scan(&n)
+//			return n, err
+//		},
+//	})
+//	router.AddMiddleware(dupes.Middleware)
+//	…
+//	require.Empty(t, dupes.Stats().RollbackErrors) // ErrOutsideTx: the handler writes outside the transaction
 package dupetest
 
 import (
@@ -27,14 +48,23 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/idemkit/watermill-idempotent/idempotency"
 )
 
 // ErrInjected is the error of a first attempt the injector failed.
 var ErrInjected = errors.New("dupetest: injected failure after the handler ran")
+
+// ErrOutsideTx is the error of a first attempt whose effect, as
+// Config.State reads it, survived the rollback of the inbox transaction:
+// the handler wrote outside that transaction, so every redelivery after
+// a failure repeats the effect.
+var ErrOutsideTx = errors.New("dupetest: the handler's effect survived a rollback of the inbox transaction")
 
 // Config configures an Injector.
 type Config struct {
@@ -52,8 +82,31 @@ type Config struct {
 	MaxDelay time.Duration
 	// FailFirst is the fraction of messages whose first attempt fails with
 	// ErrInjected after the handler ran, at most 1. The router nacks it and
-	// the broker redelivers. Default: 0 (none).
+	// the broker redelivers. Without Inbox the attempt fails after the
+	// whole handler chain returned, as a lost acknowledgement does; with
+	// Inbox, inside the inbox, before it commits. Default: 0 (none).
 	FailFirst float64
+	// Inbox is the transactional inbox under test (inbox.Middleware of
+	// middleware.NewInbox). When set, Middleware runs the handler inside
+	// it, so add the injector to the router instead of the inbox, not
+	// beside it (two inboxes would claim the same key twice). A first
+	// attempt picked by FailFirst then fails after the handler returned
+	// and before the inbox commits: the inbox rolls back, and the broker
+	// redelivers. Default: nil (the injector wraps whatever it is given).
+	Inbox message.HandlerMiddleware
+	// State reads the effect of one message's handling (a row count or a
+	// balance by the message's key), outside any transaction. When set,
+	// the injector reads it before each first attempt it fails inside
+	// Inbox and again after the inbox rolled back; if the two differ
+	// (reflect.DeepEqual), the handler wrote outside the inbox's
+	// transaction: the attempt fails with ErrOutsideTx instead of
+	// ErrInjected, and the error is kept in Stats.RollbackErrors, with
+	// State's own errors. State must read this message's effect only:
+	// other messages and late copies run meanwhile. It needs Inbox and a
+	// FailFirst above 0, and is for the transactional inbox: a two-phase
+	// handler's effects are in no transaction, so every one survives.
+	// Default: nil (no check).
+	State func(msg *message.Message) (any, error)
 }
 
 func (c *Config) setDefaults() {
@@ -85,6 +138,12 @@ func (c Config) Validate() error {
 	if c.MaxDelay < 0 {
 		errs = append(errs, fmt.Errorf("config.MaxDelay must not be negative, got %s", c.MaxDelay))
 	}
+	if c.State != nil && c.Inbox == nil {
+		errs = append(errs, errors.New("config.State needs config.Inbox: only a failure inside the inbox rolls its transaction back"))
+	}
+	if c.State != nil && c.FailFirst <= 0 {
+		errs = append(errs, fmt.Errorf("config.State is checked on the first attempts FailFirst fails: set config.FailFirst above 0, got %v", c.FailFirst))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid dupetest config: %w", err)
 	}
@@ -103,6 +162,10 @@ type Stats struct {
 	// CopyErrors are the errors handlers returned for copies; a copy's
 	// output messages are dropped.
 	CopyErrors []error
+	// RollbackErrors are the findings of Config.State: an ErrOutsideTx
+	// for each first attempt whose effect survived the inbox's rollback,
+	// and the errors State returned. Empty when State is not set.
+	RollbackErrors []error
 }
 
 // Injector is a router middleware delivering copies of messages. It is
@@ -163,15 +226,26 @@ func (i *Injector) decide(uuid string) plan {
 }
 
 // Middleware wraps h; add it to a router (first, so that copies pass
-// through the other middleware) or call it on a handler directly.
+// through the other middleware) or call it on a handler directly. With
+// Config.Inbox it wraps h in the inbox too.
 func (i *Injector) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	inbox := i.config.Inbox != nil
+	if inbox {
+		h = i.config.Inbox(failInside(h))
+	}
 	return func(msg *message.Message) ([]*message.Message, error) {
 		p := i.decide(msg.UUID)
 		var dup *message.Message
 		if p.copy {
 			dup = copyOf(msg) // before h: the handler may change the original
 		}
-		out, err := h(msg)
+		var out []*message.Message
+		var err error
+		if p.fail && inbox {
+			out, err = i.failInInbox(h, msg)
+		} else {
+			out, err = h(msg)
+		}
 		if p.copy && p.late {
 			i.late.Add(1)
 			time.AfterFunc(p.delay, func() {
@@ -181,11 +255,81 @@ func (i *Injector) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		} else if p.copy {
 			i.deliverCopy(h, dup)
 		}
-		if err == nil && p.fail {
+		if err == nil && p.fail && !inbox {
 			return nil, fmt.Errorf("%w (message %s)", ErrInjected, msg.UUID)
 		}
 		return out, err
 	}
+}
+
+// attempt is a first attempt to fail inside the inbox: failInside finds
+// it in the message's context, which the inbox passes on to the handler.
+type attempt struct {
+	failed bool   // failInside failed it: the inbox rolled back
+	key    string // the inbox's key for the message, if it ran the handler
+}
+
+type attemptKey struct{}
+
+// failInside fails the attempt in msg's context, if any, after h returned
+// without an error: inside the inbox, before its commit.
+func failInside(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		a, _ := msg.Context().Value(attemptKey{}).(*attempt)
+		key, _ := idempotency.KeyFromContext(msg.Context())
+		out, err := h(msg)
+		if a == nil || a.failed || err != nil {
+			return out, err
+		}
+		a.failed, a.key = true, key
+		return nil, fmt.Errorf("%w (message %s)", ErrInjected, msg.UUID)
+	}
+}
+
+// failInInbox runs h, the inbox around failInside, for a first attempt
+// to fail, and checks Config.State across the rollback.
+func (i *Injector) failInInbox(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	state := i.config.State
+	var before any
+	if state != nil {
+		var err error
+		if before, err = state(msg); err != nil {
+			i.rollbackError(fmt.Errorf("dupetest: State of message %s before the attempt: %w", msg.UUID, err))
+			state = nil
+		}
+	}
+	a := &attempt{}
+	original := msg.Context()
+	msg.SetContext(context.WithValue(original, attemptKey{}, a))
+	out, err := func() ([]*message.Message, error) {
+		defer msg.SetContext(original) // a panic too leaves the message as it came
+		return h(msg)
+	}()
+	if !a.failed || state == nil {
+		return out, err
+	}
+	after, serr := state(msg)
+	switch {
+	case serr != nil:
+		i.rollbackError(fmt.Errorf("dupetest: State of message %s after the rollback: %w", msg.UUID, serr))
+	case !reflect.DeepEqual(before, after):
+		key := ""
+		if a.key != "" && a.key != msg.UUID {
+			key = fmt.Sprintf(", key %q", a.key)
+		}
+		err = fmt.Errorf("%w (message %s%s): State was %v before the attempt and %v after the rollback, "+
+			"so the handler writes outside the inbox's transaction and every redelivery after a failure repeats its effect; "+
+			"write with middleware.TxFromContext(msg.Context()), not with the *sql.DB",
+			ErrOutsideTx, msg.UUID, key, before, after)
+		i.rollbackError(err)
+	}
+	return out, err
+}
+
+func (i *Injector) rollbackError(err error) {
+	i.mu.Lock()
+	i.stats.RollbackErrors = append(i.stats.RollbackErrors, err)
+	i.mu.Unlock()
 }
 
 func (i *Injector) deliverCopy(h message.HandlerFunc, dup *message.Message) {
@@ -215,5 +359,6 @@ func (i *Injector) Stats() Stats {
 	defer i.mu.Unlock()
 	s := i.stats
 	s.CopyErrors = append([]error(nil), s.CopyErrors...)
+	s.RollbackErrors = append([]error(nil), s.RollbackErrors...)
 	return s
 }
