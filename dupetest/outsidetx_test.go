@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/dupetest"
-	"github.com/idemkit/watermill-idempotent/internal/backends"
+	"github.com/idemkit/watermill-idempotent/internal/testsupport/backends"
 	"github.com/idemkit/watermill-idempotent/middleware"
 )
 
