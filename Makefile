@@ -17,7 +17,7 @@ PKGS := $(addsuffix /...,$(MODULES))
 # stays at the oldest supported one); the go command downloads it.
 GO_NEWEST ?= go1.27.0
 
-.PHONY: test test-short test-newest lint tidy bench chaos chaos-ci chaos-surfaces
+.PHONY: test test-short test-newest lint tidy api api-check bench chaos chaos-ci chaos-surfaces
 
 # The one test command: every package of every module against the real
 # services, with the race detector. CI runs it through .ci/run. The run
@@ -50,7 +50,19 @@ tidy:
 	  (cd $$m && $(GO) mod tidy -diff) || { echo "$$m: go.mod/go.sum are not tidy: run 'go mod tidy' there and commit the result"; status=1; }; \
 	done; exit $$status
 
-lint: tidy
+# The exported API of the library module's public packages, one line per
+# feature in the format of Go's api/go1.*.txt files (tools/apifile). A PR
+# that changes the API changes this file, so the change is reviewed;
+# api-check (in lint and CI) fails when the file is stale.
+API_FILE = api/watermill-idempotent.txt
+APIFILE = $(GO) run ./tools/apifile
+api:
+	$(APIFILE) -o $(API_FILE)
+
+api-check:
+	@$(APIFILE) -check $(API_FILE) || { echo "$(API_FILE) is stale: run 'make api' and commit the result"; exit 1; }
+
+lint: tidy api-check
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@latest
