@@ -261,6 +261,9 @@ func (my *sharedMariaDB) faults() []Fault {
 	}}}
 }
 
+// redisRestart is the fault that kills a private Redis and starts it again.
+const redisRestart = "kill -9 and restart"
+
 // privateRedis is a redis-server of the suite's own, without
 // persistence or with an fsync'd append-only file.
 type privateRedis struct {
@@ -330,7 +333,7 @@ func (rs *privateRedis) faults() []Fault {
 			defer admin.Close()
 			return admin.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err()
 		}},
-		{Name: "kill -9 and restart", Inject: func(ctx context.Context) error {
+		{Name: redisRestart, Inject: func(ctx context.Context) error {
 			rs.stop()
 			return rs.start(ctx)
 		}},

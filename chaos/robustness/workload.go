@@ -74,6 +74,9 @@ func (w *Workload) setDefaults() {
 	}
 }
 
+// infinite is the return time of a call with an unknown outcome.
+const infinite = math.MaxInt64
+
 // Record runs w's clients against store until ctx ends and returns every
 // call as a porcupine operation. Call and return times are nanoseconds
 // since the run began on the monotonic clock; a call whose outcome is
@@ -193,7 +196,7 @@ func (c *client) call(ctx context.Context, in Input) (Output, bool) {
 	out, err := invoke(octx, c.store, c.w.Consumer, in)
 	ret := time.Since(c.start).Nanoseconds()
 	if err != nil {
-		out, ret = Output{Unknown: true, Err: shorten(err.Error())}, math.MaxInt64
+		out, ret = Output{Unknown: true, Err: shorten(err.Error())}, infinite
 	}
 	c.history = append(c.history, porcupine.Operation{ClientId: c.id, Input: in, Call: call, Output: out, Return: ret})
 	if err != nil {
