@@ -10,6 +10,8 @@
 //	go run ./chaos/cmd/chaos -config pair-stop
 //	go run ./chaos/cmd/chaos -config surfaces   # once, httpidem and the partitioned inbox on port 5450
 //	go run ./chaos/cmd/chaos -config storm      # reconnect storms: every backend terminated under once.TwoPhase, port 5455
+//	go run ./chaos/cmd/chaos -config robust     # histories of every store under faults checked by a model (short, make chaos-ci)
+//	go run ./chaos/cmd/chaos -config robust-full  # the same, a minute per backend × fault
 //
 // It exits 0 when every phase kept its promise, 1 when the ledger found a
 // doubled or lost effect or the suite failed. A missing prerequisite
@@ -33,6 +35,7 @@ import (
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/chaos"
+	"github.com/idemkit/watermill-idempotent/chaos/robustness"
 	"github.com/idemkit/watermill-idempotent/idempotency"
 )
 
@@ -46,7 +49,7 @@ func main() {
 }
 
 func run() int {
-	preset := flag.String("config", "ci", "preset: ci (small, under two minutes), surfaces (once, httpidem and the partitioned inbox under faults, on port 5450), surfaces-full, full (thousands of orders, minutes) failover (a primary and a streaming replica killed and promoted, per replication mode) or storm (calls/s of once.TwoPhase before and after every backend is terminated, per driver and StoreTimeout, on port 5455); pair-start -replication MODE leaves the pair running in that mode and prints the primary's DSN (for go run ./bench), pair-stop stops it")
+	preset := flag.String("config", "ci", "preset: ci (small, under two minutes), surfaces (once, httpidem and the partitioned inbox under faults, on port 5450), surfaces-full, full (thousands of orders, minutes) failover (a primary and a streaming replica killed and promoted, per replication mode) or storm (calls/s of once.TwoPhase before and after every backend is terminated, per driver and StoreTimeout, on port 5455), robust (histories of every store under faults checked by a model, under three minutes), robust-full (a minute per backend × fault); pair-start -replication MODE leaves the pair running in that mode and prints the primary's DSN (for go run ./bench), pair-stop stops it")
 	modes := flag.String("replication", "", "failover: comma-separated replication modes (async, sync, remote_apply; default all; none: the service measurement only)")
 	lagProcess := flag.String("lag-process", chaos.LagWALReceiver, "failover: the process stopped to make the replica lag (walreceiver or walsender)")
 	lag := flag.Duration("lag", 0, "failover: how long the replica is stopped before the primary is killed (0: 3s)")
@@ -64,6 +67,8 @@ func run() int {
 	httpPolicy := flag.String("http-policy", "intervene", "surfaces: httpidem's expired-lease policy (intervene or reclaim)")
 	stormPools := flag.Int("pools", 0, "storm: connection pools calling at once (0: 6); -workers is each pool's goroutines (0: 12)")
 	stormDrivers := flag.String("drivers", "", "storm: comma-separated drivers (database/sql, pgxpool; default both)")
+	robustBackends := flag.String("backends", "", "robust: comma-separated backends (memory, sqlite, postgres, mariadb, redis, redis-aof, broken; default all but broken)")
+	robustDir := flag.String("visualize-dir", "", "robust: where failing histories are written as HTML (default the temporary directory)")
 	stormTimeouts := flag.String("store-timeouts", "", "storm: comma-separated StoreTimeouts (default 100ms,1s,5s)")
 	flag.Parse()
 
@@ -108,6 +113,20 @@ func run() int {
 			return finish(nil, err)
 		}
 		return finish(report, err)
+	}
+	if *preset == "robust" || *preset == "robust-full" {
+		p := robustness.Short()
+		if *preset == "robust-full" {
+			p = robustness.Full()
+		}
+		if *robustBackends != "" {
+			p.Backends = strings.Split(*robustBackends, ",")
+		}
+		if *duration > 0 {
+			p.Duration = *duration
+		}
+		p.VisualizeDir = *robustDir
+		return finishRobust(robustness.Run(ctx, p, os.Stderr))
 	}
 	if *preset == "storm" {
 		config := chaos.StormConfig{Pools: *stormPools, Workers: *workers}
@@ -189,6 +208,24 @@ func run() int {
 		return finish(nil, err)
 	}
 	return finish(report, err)
+}
+
+// finishRobust prints the anomaly table and turns it into an exit
+// status: a skipped backend fails only under CI=true.
+func finishRobust(results []robustness.Result) int {
+	robustness.PrintTable(os.Stdout, results)
+	for _, r := range results {
+		if r.Skipped != "" && os.Getenv("CI") == "true" {
+			fmt.Fprintf(os.Stderr, "chaos: FAILED: %s skipped: %s (CI=true requires it)\n", r.Backend, r.Skipped)
+			return 1
+		}
+	}
+	if !robustness.OK(results) {
+		fmt.Fprintf(os.Stderr, "chaos: FAILED after %s: a history was not linearizable (see the table above)\n", time.Since(started).Round(time.Second))
+		return 1
+	}
+	fmt.Printf("chaos: OK in %s\n", time.Since(started).Round(time.Second))
+	return 0
 }
 
 // reporter is a run's report: *chaos.Report or *chaos.FailoverReport.
