@@ -204,8 +204,12 @@ func describeOperation(input, output any) string {
 		return call + " → ? (" + out.Err + ")"
 	case in.Kind == Get && !out.Found:
 		return call + " → not found"
-	case in.Kind == Get, in.Kind == Acquire && !out.OK, in.Kind == Reclaim && out.OK:
-		return fmt.Sprintf("%s → %t %s", call, out.OK, describeView(out.Record))
+	case in.Kind == Get:
+		return call + " → " + describeView(out.Record)
+	case in.Kind == Acquire && !out.OK:
+		return call + " → taken: " + describeView(out.Record)
+	case in.Kind == Reclaim && out.OK:
+		return call + " → ok: " + describeView(out.Record)
 	case out.OK:
 		return call + " → ok"
 	}

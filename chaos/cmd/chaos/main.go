@@ -68,6 +68,7 @@ func run() int {
 	stormPools := flag.Int("pools", 0, "storm: connection pools calling at once (0: 6); -workers is each pool's goroutines (0: 12)")
 	stormDrivers := flag.String("drivers", "", "storm: comma-separated drivers (database/sql, pgxpool; default both)")
 	robustBackends := flag.String("backends", "", "robust: comma-separated backends (memory, sqlite, postgres, mariadb, redis, redis-aof, broken; default all but broken)")
+	robustPause := flag.Duration("pause", 0, "robust: the most a client waits between calls (0: 2ms); with -workers (clients, 0: 6) and -duration it makes histories short enough to read")
 	robustDir := flag.String("visualize-dir", "", "robust: where failing histories are written as HTML (default the temporary directory)")
 	stormTimeouts := flag.String("store-timeouts", "", "storm: comma-separated StoreTimeouts (default 100ms,1s,5s)")
 	flag.Parse()
@@ -126,6 +127,7 @@ func run() int {
 			p.Duration = *duration
 		}
 		p.VisualizeDir = *robustDir
+		p.Workload.Clients, p.Workload.Pause = *workers, *robustPause
 		return finishRobust(robustness.Run(ctx, p, os.Stderr))
 	}
 	if *preset == "storm" {
