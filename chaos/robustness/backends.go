@@ -36,7 +36,7 @@ func (b *Backend) Close() {
 
 // BackendNames are the backends Run knows, in the order it runs them.
 // "broken" is not among them: it is the store the suite must catch.
-var BackendNames = []string{"memory", "sqlite", "postgres", "mariadb", "redis", "redis-aof"}
+var BackendNames = []string{"memory", "sqlite", "postgres", "mariadb", "redis", "redis-aof", "redis-aof-noretry"}
 
 // OpenBackend opens the named backend on a fresh table (or key prefix),
 // starting its private server when it has one. A missing service or tool
@@ -80,10 +80,18 @@ func OpenBackend(ctx context.Context, name string) (*Backend, error) {
 			}
 			b.Faults = append(b.Faults, my.faults()...)
 		}
-	case "redis", "redis-aof":
+	case "redis", "redis-aof", "redis-aof-noretry":
 		var rs *privateRedis
-		if rs, err = startRedis(ctx, b, name == "redis-aof"); err == nil {
-			client := goredis.NewClient(&goredis.Options{Addr: rs.addr})
+		if rs, err = startRedis(ctx, b, name != "redis"); err == nil {
+			opts := &goredis.Options{Addr: rs.addr}
+			if name == "redis-aof-noretry" {
+				// go-redis retries a command whose connection broke
+				// (MaxRetries 3 by default), even a script that ran: the
+				// retry answers for the second run. -1 turns retries off,
+				// so a broken connection is an unknown outcome instead.
+				opts.MaxRetries = -1
+			}
+			client := goredis.NewClient(opts)
 			b.closes = append(b.closes, func() { _ = client.Close() })
 			b.Store, err = redis.NewRepository(client, redis.Config{KeyPrefix: table + ":"})
 			b.Faults = append(b.Faults, rs.faults()...)

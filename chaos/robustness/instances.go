@@ -39,7 +39,7 @@ type Fault struct {
 const (
 	postgresPort = 5460
 	redisPort    = 6390
-	redisAOFPort = 6391
+	redisAOFPort = 6391 // and 6400 for redis-aof-noretry
 )
 
 func randomHex() string {
@@ -291,7 +291,7 @@ func startRedis(ctx context.Context, b *Backend, aof bool) (*privateRedis, error
 	port := redisPort
 	args := []string{"--save", ""}
 	if aof {
-		port = redisAOFPort
+		port = redisAOFPort + len(b.Name) - len("redis-aof") // redis-aof-noretry has a server of its own
 		args = []string{"--save", "", "--appendonly", "yes", "--appendfsync", "always"}
 	}
 	rs := &privateRedis{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}

@@ -142,7 +142,7 @@ func (c *client) loop(ctx context.Context) {
 		acq, known := c.call(ctx, Input{Kind: Acquire, Key: key, Owner: owner,
 			Now: ms(now), LeaseUntil: ms(now.Add(c.w.Lease)), ExpiresAt: ms(now.Add(time.Hour))})
 		held := known && acq.OK
-		if known && !acq.OK && acq.Record.State == "in_progress" && acq.Record.LeaseUntil <= ms(time.Now()) {
+		if known && !acq.OK && acq.Record.State == "in_progress" && acq.Record.Owner != owner && acq.Record.LeaseUntil <= ms(time.Now()) {
 			now := time.Now()
 			rec, known := c.call(ctx, Input{Kind: Reclaim, Key: key, PrevOwner: acq.Record.Owner, Owner: owner,
 				Now: ms(now), LeaseUntil: ms(now.Add(c.w.Lease))})
