@@ -223,7 +223,7 @@ func PrintTable(w io.Writer, results []Result) {
 		verdict := "yes"
 		switch {
 		case r.Err != nil:
-			verdict = "error: " + r.Err.Error()
+			verdict = "error: " + strings.Join(strings.Fields(r.Err.Error()), " ")
 		case r.Anomalies > 0 && r.Expected != "":
 			verdict = "**no** (expected: " + r.Expected + ")"
 		case r.Anomalies > 0:
