@@ -99,7 +99,7 @@ bench:
 # failover, 3-4 minutes, ports 5440-5441) and the reconnect-storm
 # measurement (-config storm, about a minute, port 5455) are run by hand.
 # chaos-ci ends with the robustness suite's short profile (-config robust,
-# chaos/robustness, about 80 s): every store's history under faults
+# chaos/robustness, under two minutes): every store's history under faults
 # checked against a model with porcupine, on private servers (PostgreSQL
 # port 5460, Redis 6390-6391) and the suite's own MariaDB database;
 # -config robust-full is the long profile (a minute per cell).

@@ -38,7 +38,7 @@ type Profile struct {
 // Short is the profile make chaos-ci runs: a few seconds per cell, well
 // under three minutes in all.
 func Short() Profile {
-	return Profile{Name: "robust", Duration: 5 * time.Second, FaultEvery: 1500 * time.Millisecond, CheckTimeout: 10 * time.Second}
+	return Profile{Name: "robust", Duration: 4 * time.Second, FaultEvery: 1200 * time.Millisecond, CheckTimeout: 10 * time.Second}
 }
 
 // Full is the long profile: a minute per cell.
