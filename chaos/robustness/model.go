@@ -19,6 +19,10 @@ const (
 	Complete Kind = "complete"
 	Release  Kind = "release"
 	Get      Kind = "get"
+	// Claim is the transactional contract in one transaction: ClaimTx,
+	// SaveResultTx when claimed, commit — a key absent or past its
+	// retention becomes completed with Result at once.
+	Claim Kind = "claim"
 )
 
 // Input is one call to a store, as recorded. Times are Unix milliseconds
@@ -40,7 +44,7 @@ type Input struct {
 	LeaseUntil int64
 	// ExpiresAt is the record's retention deadline (Acquire).
 	ExpiresAt int64
-	// Result is the stored result (Complete).
+	// Result is the stored result (Complete, Claim).
 	Result string
 }
 
@@ -62,13 +66,13 @@ type Output struct {
 	// as porcupine's documentation recommends, and the model accepts any
 	// answer for it.
 	Unknown bool
-	// OK is Acquire's Acquired, or success of Reclaim, Extend, Complete
+	// OK is Acquire's Acquired, Claim's Claimed, or success of Reclaim, Extend, Complete
 	// and Release (false: ErrLeaseLost).
 	OK bool
 	// Found is false when Get answered ErrNotFound.
 	Found bool
-	// Record is Acquire's Existing (when not acquired), Reclaim's record,
-	// or Get's record.
+	// Record is Acquire's or Claim's Existing (when not acquired or
+	// claimed), Reclaim's record, or Get's record.
 	Record View
 	// Err is the error text of an unknown outcome, for the visualization.
 	Err string
@@ -98,6 +102,13 @@ func apply(s State, in Input) (State, Output) {
 		}
 		return State{Exists: true, ExpiresAt: in.ExpiresAt, Record: View{
 			State: "in_progress", Owner: in.Owner, LeaseUntil: in.LeaseUntil, Attempts: 1,
+		}}, Output{OK: true}
+	case Claim:
+		if s.live(in.Now) {
+			return s, Output{Record: s.Record}
+		}
+		return State{Exists: true, ExpiresAt: in.ExpiresAt, Record: View{
+			State: "completed", Attempts: 1, Result: in.Result,
 		}}, Output{OK: true}
 	case Reclaim:
 		if !s.owned(in.PrevOwner) || s.Record.LeaseUntil > in.Now || s.ExpiresAt <= in.Now {
@@ -196,6 +207,8 @@ func describeOperation(input, output any) string {
 		call = fmt.Sprintf("extend(%s, %s, lease %d)", in.Key, in.Owner, in.LeaseUntil%100000)
 	case Complete, Release:
 		call = fmt.Sprintf("%s(%s, %s)", in.Kind, in.Key, in.Owner)
+	case Claim:
+		call = fmt.Sprintf("claim tx(%s, result %q)", in.Key, in.Result)
 	case Get:
 		call = fmt.Sprintf("get(%s)", in.Key)
 	}
@@ -206,7 +219,7 @@ func describeOperation(input, output any) string {
 		return call + " → not found"
 	case in.Kind == Get:
 		return call + " → " + describeView(out.Record)
-	case in.Kind == Acquire && !out.OK:
+	case (in.Kind == Acquire || in.Kind == Claim) && !out.OK:
 		return call + " → taken: " + describeView(out.Record)
 	case in.Kind == Reclaim && out.OK:
 		return call + " → ok: " + describeView(out.Record)

@@ -86,6 +86,21 @@ func TestModel(t *testing.T) {
 		},
 		want: porcupine.Ok,
 	}, {
+		name: "a transactional claim completes at once; a claim or acquire after it sees it",
+		history: []porcupine.Operation{
+			op(0, 0, 1, Input{Kind: Claim, Key: "k", Now: 100, ExpiresAt: far, Result: "t"}, Output{OK: true}),
+			op(1, 2, 3, Input{Kind: Claim, Key: "k", Now: 101, ExpiresAt: far, Result: "u"}, Output{Record: View{State: "completed", Attempts: 1, Result: "t"}}),
+			op(1, 4, 5, acq("k", "b", 102, 202), Output{Record: View{State: "completed", Attempts: 1, Result: "t"}}),
+		},
+		want: porcupine.Ok,
+	}, {
+		name: "a claim over a live two-phase claim is refused",
+		history: []porcupine.Operation{
+			op(0, 0, 1, acq("k", "a", 100, 200), Output{OK: true}),
+			op(1, 2, 3, Input{Kind: Claim, Key: "k", Now: 101, ExpiresAt: far, Result: "t"}, Output{OK: true}),
+		},
+		want: porcupine.Illegal,
+	}, {
 		name: "keys are independent",
 		history: []porcupine.Operation{
 			op(0, 0, 10, acq("k1", "a", 100, 200), Output{OK: true}),
