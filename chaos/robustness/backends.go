@@ -20,8 +20,10 @@ import (
 
 // Backend is a store under test and the faults the suite injects into it.
 type Backend struct {
-	Name   string
-	Store  Store
+	Name  string
+	Store Store
+	// Tx is the transactional contract, on SQL backends only.
+	Tx     *TxStore
 	Faults []Fault
 	closes []func()
 }
@@ -58,7 +60,7 @@ func OpenBackend(ctx context.Context, name string) (*Backend, error) {
 				b.closes = append(b.closes, func() { _ = db.Close() })
 				var r *sqlite.Repository
 				if r, err = sqlite.NewRepository(db, sqlite.Config{Table: table}); err == nil {
-					b.Store, err = r, r.Migrate(ctx)
+					b.Store, b.Tx, err = r, &TxStore{DB: db, Repo: r}, r.Migrate(ctx)
 				}
 			}
 		}
@@ -67,7 +69,7 @@ func OpenBackend(ctx context.Context, name string) (*Backend, error) {
 		if pg, err = startPostgres(ctx, b); err == nil {
 			var r *postgres.Repository
 			if r, err = postgres.NewRepository(pg.store, postgres.Config{Table: table}); err == nil {
-				b.Store, err = r, r.Migrate(ctx)
+				b.Store, b.Tx, err = r, &TxStore{DB: pg.store, Repo: r}, r.Migrate(ctx)
 			}
 			b.Faults = append(b.Faults, pg.faults()...)
 		}
@@ -76,7 +78,7 @@ func OpenBackend(ctx context.Context, name string) (*Backend, error) {
 		if my, err = openMariaDB(ctx, b); err == nil {
 			var r *mysql.Repository
 			if r, err = mysql.NewRepository(my.store, mysql.Config{Table: table}); err == nil {
-				b.Store, err = r, r.Migrate(ctx)
+				b.Store, b.Tx, err = r, &TxStore{DB: my.store, Repo: r}, r.Migrate(ctx)
 			}
 			b.Faults = append(b.Faults, my.faults()...)
 		}

@@ -192,7 +192,7 @@ func RunCell(ctx context.Context, p Profile, b *Backend, f Fault) Result {
 			}
 		}()
 	}
-	history := p.Workload.Record(cctx, b.Store)
+	history := p.Workload.Record(cctx, b.Store, b.Tx)
 	wg.Wait()
 	path := filepath.Join(p.VisualizeDir, fmt.Sprintf("robustness-%s-%s.html", b.Name, strings.ReplaceAll(f.Name, " ", "-")))
 	c, err := CheckHistory(history, p.CheckTimeout, path)

@@ -2,6 +2,7 @@ package robustness
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math"
@@ -18,6 +19,12 @@ import (
 type Store interface {
 	repository.TwoPhase
 	repository.Reader
+}
+
+// TxStore is the transactional contract of a SQL store, on its database.
+type TxStore struct {
+	DB   *sql.DB
+	Repo repository.Transactional
 }
 
 // Workload shapes the traffic of one run.
@@ -82,7 +89,10 @@ const infinite = math.MaxInt64
 // since the run began on the monotonic clock; a call whose outcome is
 // unknown has return time math.MaxInt64 — even a refused connection,
 // since a client library may have sent the call once before it retried.
-func (w Workload) Record(ctx context.Context, store Store) []porcupine.Operation {
+//
+// With tx set (a SQL store), a fifth of the rounds are transactional
+// claims on the same keys instead of two-phase ones.
+func (w Workload) Record(ctx context.Context, store Store, tx *TxStore) []porcupine.Operation {
 	w.setDefaults()
 	start := time.Now()
 	run := fmt.Sprintf("%x", rand.Uint32())
@@ -92,7 +102,7 @@ func (w Workload) Record(ctx context.Context, store Store) []porcupine.Operation
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := &client{id: i, w: w, store: store, start: start, run: run}
+			c := &client{id: i, w: w, store: store, tx: tx, start: start, run: run}
 			c.loop(ctx)
 			histories[i] = c.history
 		}()
@@ -109,6 +119,7 @@ type client struct {
 	id    int
 	w     Workload
 	store Store
+	tx    *TxStore
 	start time.Time
 	run   string
 	seq   int
@@ -139,6 +150,11 @@ func (c *client) loop(ctx context.Context) {
 	for ctx.Err() == nil {
 		key, owner := c.key(), c.owner()
 		now := time.Now()
+		if c.tx != nil && rand.N(5) == 0 {
+			c.call(ctx, Input{Kind: Claim, Key: key, Now: ms(now), ExpiresAt: ms(now.Add(time.Hour)), Result: "t-" + owner})
+			c.pause(ctx)
+			continue
+		}
 		acq, known := c.call(ctx, Input{Kind: Acquire, Key: key, Owner: owner,
 			Now: ms(now), LeaseUntil: ms(now.Add(c.w.Lease)), ExpiresAt: ms(now.Add(time.Hour))})
 		held := known && acq.OK
@@ -193,7 +209,13 @@ func (c *client) call(ctx context.Context, in Input) (Output, bool) {
 	octx, cancel := context.WithTimeout(ctx, c.w.OpTimeout)
 	defer cancel()
 	call := time.Since(c.start).Nanoseconds()
-	out, err := invoke(octx, c.store, c.w.Consumer, in)
+	var out Output
+	var err error
+	if in.Kind == Claim {
+		out, err = claim(octx, c.tx, c.w.Consumer, in)
+	} else {
+		out, err = invoke(octx, c.store, c.w.Consumer, in)
+	}
 	ret := time.Since(c.start).Nanoseconds()
 	if err != nil {
 		out, ret = Output{Unknown: true, Err: shorten(err.Error())}, infinite
@@ -263,6 +285,30 @@ func invoke(ctx context.Context, s Store, consumer string, in Input) (Output, er
 		return Output{}, nil
 	}
 	return Output{OK: err == nil}, err
+}
+
+// claim runs the transactional protocol's storage calls in one
+// transaction: ClaimTx, SaveResultTx when claimed, commit. An error at
+// any step rolls back; one at the commit leaves the outcome unknown, so
+// every error is treated as unknown.
+func claim(ctx context.Context, s *TxStore, consumer string, in Input) (Output, error) {
+	tx, err := s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return Output{}, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	c, err := s.Repo.ClaimTx(ctx, tx, repository.ClaimParams{Consumer: consumer, Key: in.Key, PayloadHash: []byte("p"),
+		Now: time.UnixMilli(in.Now).UTC(), ExpiresAt: time.UnixMilli(in.ExpiresAt).UTC()})
+	if err != nil {
+		return Output{}, err
+	}
+	if !c.Claimed {
+		return Output{Record: view(c.Existing)}, tx.Commit()
+	}
+	if err := s.Repo.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: consumer, Key: in.Key, Result: []byte(in.Result)}); err != nil {
+		return Output{}, err
+	}
+	return Output{OK: true}, tx.Commit()
 }
 
 // view is the part of rec the model checks.
