@@ -82,6 +82,14 @@ func confirm(g *Globals, what string) error {
 	return errors.New("aborted: nothing changed")
 }
 
+// count is n and noun, plural unless n is 1: "1 record", "2 records".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 func capitalize(s string) string {
 	if s == "" {
 		return s
@@ -183,8 +191,8 @@ func (c *StatsCmd) Run(ctx context.Context, g *Globals) error {
 			fmt.Fprintf(g.stdout, "\noutbox %s: no such table\n", out.Outbox.Table)
 		default:
 			o := out.Outbox
-			fmt.Fprintf(g.stdout, "\noutbox %s: %d messages waiting, oldest %s old, %d dead letters\n",
-				o.Table, o.Messages, time.Duration(o.OldestAgeSeconds*float64(time.Second)).Round(time.Millisecond), o.DeadLetters)
+			fmt.Fprintf(g.stdout, "\noutbox %s: %s waiting, oldest %s old, %s\n",
+				o.Table, count(o.Messages, "message"), time.Duration(o.OldestAgeSeconds*float64(time.Second)).Round(time.Millisecond), count(o.DeadLetters, "dead letter"))
 		}
 		return nil
 	})
@@ -337,12 +345,12 @@ func (c *StuckResolveCmd) Run(ctx context.Context, g *Globals) error {
 			if result, err = middleware.EncodeResult(msgs); err != nil {
 				return err
 			}
-			action, verb = repository.ResolveComplete, fmt.Sprintf("mark it completed: later deliveries are acknowledged as duplicates, replaying %d output messages", len(msgs))
+			action, verb = repository.ResolveComplete, fmt.Sprintf("mark it completed: later deliveries are acknowledged as duplicates, replaying %s", count(len(msgs), "output message"))
 		} else if c.Result != "" {
 			return usagef("--result goes with --complete")
 		}
-		fmt.Fprintf(g.stderr, "record %s/%s: in progress, lease owner %s, lease expired %s, %d attempts, created %s\n",
-			c.Consumer, c.Key, owner, ago(rec.LeaseUntil, now), rec.Attempts, stamp(rec.CreatedAt))
+		fmt.Fprintf(g.stderr, "record %s/%s: in progress, lease owner %s, lease expired %s, %s, created %s\n",
+			c.Consumer, c.Key, owner, ago(rec.LeaseUntil, now), count(rec.Attempts, "attempt"), stamp(rec.CreatedAt))
 		fmt.Fprintf(g.stderr, "will %s\n", verb)
 		if err := confirm(g, action.String()+" record "+c.Consumer+"/"+c.Key); err != nil {
 			return err
@@ -444,14 +452,14 @@ func (c *PurgeCmd) Run(ctx context.Context, g *Globals) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(g.stderr, "table %s: %d records expired before %s\n", s.table, total, stamp(before))
+		fmt.Fprintf(g.stderr, "table %s: %s expired before %s\n", s.table, count(total, "record"), stamp(before))
 		if s.partitioned {
 			return c.dropPartitions(ctx, g, s, cl, before, total)
 		}
 		if total == 0 {
 			return c.report(g, 0, 0, time.Duration(0))
 		}
-		if err := confirm(g, fmt.Sprintf("delete %d expired records from %s", total, s.table)); err != nil {
+		if err := confirm(g, fmt.Sprintf("delete %s from %s", count(total, "expired record"), s.table)); err != nil {
 			return err
 		}
 		start, last := time.Now(), time.Time{}
@@ -460,7 +468,7 @@ func (c *PurgeCmd) Run(ctx context.Context, g *Globals) error {
 			n, err := cl.DeleteExpired(ctx, before, c.BatchSize)
 			deleted += n
 			if err != nil {
-				return fmt.Errorf("purge stopped after %d records: %w", deleted, err)
+				return fmt.Errorf("purge stopped after %s: %w", count(deleted, "record"), err)
 			}
 			if now := time.Now(); n < c.BatchSize || now.Sub(last) >= c.Every {
 				last = now
@@ -477,7 +485,7 @@ func (c *PurgeCmd) Run(ctx context.Context, g *Globals) error {
 				return c.report(g, deleted, total, time.Since(start))
 			}
 			if err := ctx.Err(); err != nil {
-				return fmt.Errorf("purge interrupted after %d records: %w", deleted, err)
+				return fmt.Errorf("purge interrupted after %s: %w", count(deleted, "record"), err)
 			}
 		}
 	})
@@ -494,7 +502,7 @@ func (c *PurgeCmd) dropPartitions(ctx context.Context, g *Globals, s *store, cl 
 	start := time.Now()
 	n, err := cl.DeleteExpired(ctx, before, c.BatchSize)
 	if err != nil {
-		return fmt.Errorf("purge stopped after %d records: %w", n, err)
+		return fmt.Errorf("purge stopped after %s: %w", count(n, "record"), err)
 	}
 	return c.report(g, n, total, time.Since(start))
 }
@@ -503,7 +511,7 @@ func (c *PurgeCmd) report(g *Globals, deleted, total int, took time.Duration) er
 	if g.JSON {
 		return printJSON(g.stdout, map[string]any{"deleted": deleted, "expired_before_start": total, "seconds": took.Seconds()})
 	}
-	fmt.Fprintf(g.stdout, "deleted %d expired records in %s\n", deleted, took.Round(time.Millisecond))
+	fmt.Fprintf(g.stdout, "deleted %s in %s\n", count(deleted, "expired record"), took.Round(time.Millisecond))
 	return nil
 }
 
@@ -650,9 +658,9 @@ func (c *DLRequeueCmd) Run(ctx context.Context, g *Globals) error {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stderr, "dead letter %d: topic %s, uuid %s, %d attempts, last error: %s\n", l.ID, l.Topic, l.UUID, l.Attempts, oneLine(l.LastError, 120))
+			fmt.Fprintf(g.stderr, "dead letter %d: topic %s, uuid %s, %s, last error: %s\n", l.ID, l.Topic, l.UUID, count(l.Attempts, "attempt"), oneLine(l.LastError, 120))
 		}
-		if err := confirm(g, fmt.Sprintf("requeue %d dead letters into %s", len(c.IDs), s.outbox.Table)); err != nil {
+		if err := confirm(g, fmt.Sprintf("requeue %s into %s", count(len(c.IDs), "dead letter"), s.outbox.Table)); err != nil {
 			return err
 		}
 		n, err := dl.Requeue(ctx, c.IDs...)
@@ -662,7 +670,7 @@ func (c *DLRequeueCmd) Run(ctx context.Context, g *Globals) error {
 		if g.JSON {
 			return printJSON(g.stdout, map[string]int{"requeued": n})
 		}
-		fmt.Fprintf(g.stdout, "requeued %d of %d dead letters\n", n, len(c.IDs))
+		fmt.Fprintf(g.stdout, "requeued %d of %s\n", n, count(len(c.IDs), "dead letter"))
 		return nil
 	})
 }

@@ -293,7 +293,7 @@ func TestCompleteWithResultReplaysIt(t *testing.T) {
 	env := []string{"IDEMCTL_DSN=" + dsn}
 	r := idemctl(t, env, "", "--table", table, "stuck", "resolve", "--consumer", "billing", "--key", "k1", "--complete", "--result", file, "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stderr, "replaying 1 output messages")
+	require.Contains(t, r.stderr, "replaying 1 output message\n")
 	rec, err := repo.Get(t.Context(), "billing", "k1")
 	require.NoError(t, err)
 	msgs, err := middleware.DecodeResult(rec.Result)
@@ -367,14 +367,14 @@ func TestDeadLetters(t *testing.T) {
 	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "requeue", id)
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "dead letter "+id+": topic payments, uuid u-1")
-	require.Contains(t, r.stderr, "refusing to requeue 1 dead letters")
+	require.Contains(t, r.stderr, "refusing to requeue 1 dead letter into")
 	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "requeue", id, "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "requeued 1 of 1 dead letters")
+	require.Contains(t, r.stdout, "requeued 1 of 1 dead letter\n")
 
 	r = idemctl(t, env, "", "--outbox-table", table, "--table", inbox, "stats")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `outbox `+table+`: 1 messages waiting, oldest .* old, 0 dead letters`, r.stdout)
+	require.Regexp(t, `outbox `+table+`: 1 message waiting, oldest .* old, 0 dead letters`, r.stdout)
 }
 
 // listAndShowDeadLetter checks that deadletters list (table and JSON,
@@ -448,7 +448,7 @@ func TestSQLite(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	r = idemctl(t, env, "", "purge", "--expired", "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "deleted 1 expired records")
+	require.Contains(t, r.stdout, "deleted 1 expired record in")
 	r = idemctl(t, env, "", "stats")
 	require.Regexp(t, `billing\s+0\s+0\s+1\s+0\n`, r.stdout)
 	r = idemctl(t, env, "", "deadletters", "list")

@@ -285,7 +285,7 @@ func TestMariaDBDeadLetters(t *testing.T) {
 
 	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "requeue", id, "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "requeued 1 of 1 dead letters")
+	require.Contains(t, r.stdout, "requeued 1 of 1 dead letter\n")
 	var waiting, dead int
 	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM "+table+" WHERE topic = 'payments'").Scan(&waiting))
 	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM "+outbox.DeadLetterTableName(table)).Scan(&dead))
