@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/mattn/go-isatty"
@@ -288,7 +291,7 @@ type StuckResolveCmd struct {
 	Key      string `required:"" help:"Stored key, as stuck list prints it."`
 	Owner    string `help:"Lease owner you expect (as stuck list prints it); the record changes only while it still holds it. Default: the owner read now."`
 	Complete bool   `xor:"action" required:"" help:"The effect happened: mark the record completed; duplicates are acknowledged without running the handler and replay the --result messages (none by default)."`
-	Result   string `help:"With --complete: a JSON file holding the handler's output messages, [{\"uuid\":…,\"metadata\":{…},\"payload\":\"…\"}], stored with middleware.EncodeResult so duplicates replay them." type:"existingfile" placeholder:"FILE"`
+	Result   string `help:"With --complete: a JSON file holding the handler's output messages, [{\"uuid\":…,\"metadata\":{…},\"payload\":\"…\"}] (a binary payload base64-encoded as \"payload_base64\"), stored with middleware.EncodeResult so duplicates replay them." type:"existingfile" placeholder:"FILE"`
 	Release  bool   `xor:"action" required:"" help:"The effect did not happen: delete the record; the next delivery runs the handler."`
 }
 
@@ -399,20 +402,30 @@ func readResult(path string) ([]*message.Message, error) {
 	if err != nil {
 		return nil, usagef("--result: %v", err)
 	}
+	// A payload that is not text goes base64-encoded in payload_base64,
+	// the way deadletters show --json prints one.
 	var in []struct {
-		UUID     string            `json:"uuid"`
-		Metadata map[string]string `json:"metadata"`
-		Payload  string            `json:"payload"`
+		UUID          string            `json:"uuid"`
+		Metadata      map[string]string `json:"metadata"`
+		Payload       *string           `json:"payload"`
+		PayloadBase64 []byte            `json:"payload_base64"`
 	}
 	if err := json.Unmarshal(b, &in); err != nil {
-		return nil, usagef("--result %s: want a JSON array of {\"uuid\", \"metadata\", \"payload\"}: %v", path, err)
+		return nil, usagef("--result %s: want a JSON array of {\"uuid\", \"metadata\", \"payload\" or \"payload_base64\"}: %v", path, err)
 	}
 	msgs := make([]*message.Message, len(in))
 	for i, m := range in {
 		if m.UUID == "" {
 			return nil, usagef("--result %s: message %d has no uuid", path, i)
 		}
-		msgs[i] = message.NewMessage(m.UUID, []byte(m.Payload))
+		payload := m.PayloadBase64
+		if m.Payload != nil {
+			if m.PayloadBase64 != nil {
+				return nil, usagef("--result %s: message %d gives both payload and payload_base64", path, i)
+			}
+			payload = []byte(*m.Payload)
+		}
+		msgs[i] = message.NewMessage(m.UUID, payload)
 		for k, v := range m.Metadata {
 			msgs[i].Metadata.Set(k, v)
 		}
@@ -520,7 +533,7 @@ func (c *PurgeCmd) report(g *Globals, deleted, total int, took time.Duration) er
 // DeadlettersCmd groups the dead-letter commands.
 type DeadlettersCmd struct {
 	List    DLListCmd    `cmd:"" help:"List dead letters (id order)."`
-	Show    DLShowCmd    `cmd:"" help:"Show one dead letter with its payload and metadata."`
+	Show    DLShowCmd    `cmd:"" help:"Show one dead letter with its payload and metadata (with --json, the payload base64-encoded as payload_base64)."`
 	Requeue DLRequeueCmd `cmd:"" help:"Move dead letters back into the outbox; the relay publishes them again."`
 }
 
@@ -531,6 +544,12 @@ type DLListCmd struct {
 	Limit int    `help:"Most dead letters listed." default:"100"`
 }
 
+// deadLetterJSON is a dead letter as --json prints it. The payload is
+// bytes, not text: JSON strings cannot carry every byte (encoding/json
+// turns invalid UTF-8 into U+FFFD), so it is printed base64-encoded (a
+// []byte field) under payload_base64, and decodes to the exact bytes
+// stored. Metadata is the JSON the relay stored; bytes that are not JSON
+// are printed under metadata_base64 instead.
 type deadLetterJSON struct {
 	ID             int64           `json:"id"`
 	OutboxID       int64           `json:"outbox_id"`
@@ -541,26 +560,41 @@ type deadLetterJSON struct {
 	CreatedAt      time.Time       `json:"created_at"`
 	DeadLetteredAt time.Time       `json:"dead_lettered_at"`
 	Metadata       json.RawMessage `json:"metadata,omitempty"`
-	Payload        string          `json:"payload,omitempty"`
+	MetadataBase64 []byte          `json:"metadata_base64,omitempty"`
+	PayloadBase64  []byte          `json:"payload_base64,omitempty"`
 }
 
 func toJSON(l outbox.DeadLetter, full bool) deadLetterJSON {
 	j := deadLetterJSON{ID: l.ID, OutboxID: l.OutboxID, Topic: l.Topic, UUID: l.UUID, Attempts: l.Attempts,
 		LastError: l.LastError, CreatedAt: l.CreatedAt.UTC(), DeadLetteredAt: l.DeadLetteredAt.UTC()}
 	if full {
-		j.Payload = string(l.Payload)
+		j.PayloadBase64 = l.Payload
 		if json.Valid(l.Metadata) {
 			j.Metadata = l.Metadata
 		} else {
-			j.Metadata, _ = json.Marshal(string(l.Metadata))
+			j.MetadataBase64 = l.Metadata
 		}
 	}
 	return j
 }
 
+// printable is b as the table shows it: the text itself when b is UTF-8
+// without control characters other than white space, else its base64
+// encoding, marked as such.
+func printable(b []byte) string {
+	if utf8.Valid(b) && !strings.ContainsFunc(string(b), func(r rune) bool { return unicode.IsControl(r) && !unicode.IsSpace(r) }) {
+		return string(b)
+	}
+	return fmt.Sprintf("(%s, base64) %s", count(len(b), "byte"), base64.StdEncoding.EncodeToString(b))
+}
+
+// oneLine is s on one line, cut after n bytes (at a character boundary).
 func oneLine(s string, n int) string {
 	s = strings.ReplaceAll(s, "\n", " ")
 	if len(s) > n {
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
 		return s[:n] + "…"
 	}
 	return s
@@ -633,7 +667,7 @@ func (c *DLShowCmd) Run(ctx context.Context, g *Globals) error {
 			{"id", fmt.Sprint(j.ID)}, {"outbox_id", fmt.Sprint(j.OutboxID)}, {"topic", j.Topic}, {"uuid", j.UUID},
 			{"attempts", fmt.Sprint(j.Attempts)}, {"last_error", oneLine(j.LastError, 500)},
 			{"created_at", stamp(j.CreatedAt)}, {"dead_lettered_at", stamp(j.DeadLetteredAt)},
-			{"metadata", string(j.Metadata)}, {"payload", oneLine(j.Payload, 2000)},
+			{"metadata", oneLine(printable(l.Metadata), 2000)}, {"payload", oneLine(printable(l.Payload), 2000)},
 		})
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -290,4 +291,57 @@ func TestMariaDBDeadLetters(t *testing.T) {
 	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM "+table+" WHERE topic = 'payments'").Scan(&waiting))
 	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM "+outbox.DeadLetterTableName(table)).Scan(&dead))
 	require.Equal(t, []int{1, 0}, []int{waiting, dead})
+}
+
+// deadletters show --json carries a binary payload byte for byte, base64
+// in payload_base64; the table marks it as base64. On PostgreSQL (BYTEA)
+// and MariaDB (LONGBLOB).
+func TestBinaryDeadLetterPayload(t *testing.T) {
+	payload := []byte{0xff, 0x00, 'a', 0xfe, '\n'}
+	for _, tc := range []struct {
+		name   string
+		open   func(t *testing.T) (*sql.DB, string)
+		insert string
+	}{
+		{"postgres", func(t *testing.T) (*sql.DB, string) { return testPostgres(t), pgDSN(t) },
+			`(outbox_id, topic, uuid, payload, metadata, attempts, last_error, created_at) VALUES (7, 'payments', 'u-1', $1, '{"k":"v"}', 1, 'broker said no', now())`},
+		{"mariadb", mysqlURL,
+			`(outbox_id, topic, uuid, payload, metadata, attempts, last_error, created_at) VALUES (7, 'payments', 'u-1', ?, '{"k":"v"}', 1, 'broker said no', NOW(6))`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, dsn := tc.open(t)
+			table := "idemctl_outbox_" + suffix()
+			t.Cleanup(func() {
+				_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + outbox.DeadLetterTableName(table))
+			})
+			env := []string{"IDEMCTL_DSN=" + dsn}
+			r := idemctl(t, env, "", "--outbox-table", table, "migrate", "up", "--no-inbox", "--outbox")
+			require.Equal(t, 0, r.code, r.stderr)
+			_, err := db.Exec("INSERT INTO "+outbox.DeadLetterTableName(table)+" "+tc.insert, payload)
+			require.NoError(t, err)
+
+			var list []deadLetterJSON
+			r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "list")
+			require.Equal(t, 0, r.code, r.stderr)
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &list), r.stdout)
+			require.Len(t, list, 1)
+			require.Nil(t, list[0].PayloadBase64, "list prints no payload")
+			id := strconv.FormatInt(list[0].ID, 10)
+
+			r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "show", id)
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Contains(t, r.stdout, `"payload_base64": "/wBh/go="`)
+			var raw map[string]any
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &raw))
+			require.NotContains(t, raw, "payload", "the payload is only under payload_base64")
+			var shown deadLetterJSON
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &shown))
+			require.Equal(t, payload, shown.PayloadBase64, "0xff and 0x00 survive --json")
+			require.JSONEq(t, `{"k":"v"}`, string(shown.Metadata))
+
+			r = idemctl(t, env, "", "--outbox-table", table, "dl", "show", id)
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Regexp(t, `payload\s+\(5 bytes, base64\) /wBh/go=\n`, r.stdout)
+		})
+	}
 }
