@@ -725,10 +725,20 @@ func (MigrateCmd) Help() string { return noMigrateDown }
 // Help implements kong.HelpProvider: migrate up --help says why there is no down.
 func (MigrateUpCmd) Help() string { return noMigrateDown }
 
+// Help implements kong.HelpProvider: migrate status --help gives its exit status.
+func (MigrateStatusCmd) Help() string {
+	return `Exit status: 0 when every table listed is up to date; 3 while a migration
+is pending (the list, or --json, is printed all the same); 1 when the store
+cannot be read; 2 on a usage error. A deploy step can gate on it:
+
+    idemctl migrate status --outbox >/dev/null
+    # 0: start the new version; 3: run idemctl migrate up --outbox first`
+}
+
 // MigrateCmd groups the migration commands.
 type MigrateCmd struct {
 	Up     MigrateUpCmd     `cmd:"" help:"Apply the pending migrations of the inbox table (and, with --outbox/--versions, of the outbox and version guard tables)."`
-	Status MigrateStatusCmd `cmd:"" help:"List the migrations of the inbox table (and, with --outbox/--versions, the outbox and version guard tables), applied and pending."`
+	Status MigrateStatusCmd `cmd:"" help:"List the migrations of the inbox table (and, with --outbox/--versions, the outbox and version guard tables), applied and pending; exit status 3 while one is pending."`
 }
 
 // migrationLines names the tables migrate works on.
@@ -859,6 +869,7 @@ func (c *MigrateStatusCmd) Run(ctx context.Context, g *Globals) error {
 		// JSON: the inbox's fields at the top ("inbox", "migrations",
 		// "pending"), the others' under their label.
 		out := map[string]any{}
+		var pending []string // "2 migrations pending on inbox table T"
 		for i, l := range lines {
 			files, err := migrationFiles(l)
 			if err != nil {
@@ -881,6 +892,9 @@ func (c *MigrateStatusCmd) Run(ctx context.Context, g *Globals) error {
 				}
 				st.Migrations = append(st.Migrations, m)
 				rows = append(rows, []string{fmt.Sprintf("%04d", f.Version), f.Name, state})
+			}
+			if st.Pending > 0 {
+				pending = append(pending, fmt.Sprintf("%s pending on %s table %s", count(st.Pending, "migration"), l.label, l.table))
 			}
 			if l.label == "inbox" {
 				out["inbox"], out["migrations"], out["pending"] = l.table, st.Migrations, st.Pending
@@ -906,7 +920,12 @@ func (c *MigrateStatusCmd) Run(ctx context.Context, g *Globals) error {
 			}
 		}
 		if g.JSON {
-			return printJSON(g.stdout, out)
+			if err := printJSON(g.stdout, out); err != nil {
+				return err
+			}
+		}
+		if len(pending) > 0 {
+			return exitStatus{fmt.Errorf("not up to date: %s; run idemctl migrate up with the same flags", strings.Join(pending, ", ")), exitPending}
 		}
 		return nil
 	})

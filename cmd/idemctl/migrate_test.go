@@ -3,6 +3,7 @@ package main
 import (
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -46,10 +47,12 @@ type statusOutput struct {
 	Versions   *lineStatus     `json:"versions"`
 }
 
-func status(t *testing.T, env []string, args ...string) statusOutput {
+// status runs migrate status --json --outbox --versions, which must exit
+// with code.
+func status(t *testing.T, env []string, code int, args ...string) statusOutput {
 	t.Helper()
 	r := idemctl(t, env, "", append(append([]string{"--json"}, args...), "migrate", "status", "--outbox", "--versions")...)
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, code, r.code, r.stderr)
 	var out statusOutput
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
 	require.NotNil(t, out.Outbox, r.stdout)
@@ -98,7 +101,7 @@ func TestMigrateOutboxAndVersions(t *testing.T) {
 			outboxFiles := countFiles(t, outbox.Migrations, "migrations/"+string(tc.dialect))
 
 			if db != nil { // SQLite: status needs the file migrate up creates
-				before := status(t, env, tables...)
+				before := status(t, env, exitPending, tables...)
 				require.Equal(t, len(before.Migrations), before.Pending)
 				require.Equal(t, outboxFiles, before.Outbox.Pending)
 				require.Equal(t, 1, before.Versions.Pending)
@@ -121,7 +124,7 @@ func TestMigrateOutboxAndVersions(t *testing.T) {
 			require.Contains(t, r.stdout, "inbox table "+inbox+": up to date")
 			require.Contains(t, r.stdout, "outbox table "+ob+": up to date\n")
 
-			after := status(t, env, tables...)
+			after := status(t, env, 0, tables...)
 			require.Equal(t, 0, after.Pending)
 			require.Equal(t, lineStatus{Table: ob, Migrations: after.Outbox.Migrations}, *after.Outbox)
 			require.Len(t, after.Outbox.Migrations, outboxFiles)
@@ -344,4 +347,47 @@ func TestBinaryDeadLetterPayload(t *testing.T) {
 			require.Regexp(t, `payload\s+\(5 bytes, base64\) /wBh/go=\n`, r.stdout)
 		})
 	}
+}
+
+// migrate status is a deploy gate: exit status 3 while any migration of a
+// table it lists is pending, with the list (or the JSON) printed all the
+// same and one line on stderr saying what is pending; 0 once migrate up
+// has run.
+func TestMigrateStatusExitsThreeWhilePending(t *testing.T) {
+	db, dsn := testPostgres(t), pgDSN(t)
+	sfx := suffix()
+	inbox, ob := "idemctl_inbox_"+sfx, "idemctl_outbox_"+sfx
+	t.Cleanup(func() {
+		_, _ = db.Exec("DROP TABLE IF EXISTS " + inbox + ", " + ob + ", " + outbox.DeadLetterTableName(ob))
+	})
+	env := []string{"IDEMCTL_DSN=" + dsn}
+	tables := []string{"--table", inbox, "--outbox-table", ob}
+	files := countFiles(t, postgres.Migrations, "migrations/inbox")
+
+	r := idemctl(t, env, "", append(tables, "migrate", "status")...)
+	require.Equal(t, 3, r.code, r.stderr)
+	require.Regexp(t, `0001\s+create_inbox\s+pending`, r.stdout)
+	require.Equal(t, fmt.Sprintf("idemctl: not up to date: %s pending on inbox table %s; run idemctl migrate up with the same flags\n", count(files, "migration"), inbox), r.stderr)
+
+	r = idemctl(t, env, "", append(tables, "--json", "migrate", "status")...)
+	require.Equal(t, 3, r.code, r.stderr)
+	var st statusOutput
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
+	require.Equal(t, files, st.Pending)
+
+	r = idemctl(t, env, "", append(tables, "migrate", "up")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	r = idemctl(t, env, "", append(tables, "migrate", "status")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Empty(t, r.stderr)
+
+	// The inbox is up to date, the outbox is not: still pending.
+	r = idemctl(t, env, "", append(tables, "migrate", "status", "--outbox")...)
+	require.Equal(t, 3, r.code, r.stderr)
+	require.Regexp(t, `idemctl: not up to date: \d+ migrations? pending on outbox table `+ob+`; run`, r.stderr)
+	require.NotContains(t, r.stderr, "inbox table")
+	r = idemctl(t, env, "", append(tables, "migrate", "up", "--outbox")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	r = idemctl(t, env, "", append(tables, "--json", "migrate", "status", "--outbox")...)
+	require.Equal(t, 0, r.code, r.stderr)
 }
