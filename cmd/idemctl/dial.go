@@ -69,7 +69,10 @@ func postgresConnectError(what string, err error) error {
 	if joined, ok := attempts[0].(interface{ Unwrap() []error }); ok {
 		attempts = joined.Unwrap()
 	}
-	var causes []string
+	var (
+		causes     []string
+		refusedTLS bool
+	)
 	for _, a := range attempts {
 		var (
 			pgErr *pgconn.PgError
@@ -77,8 +80,9 @@ func postgresConnectError(what string, err error) error {
 		)
 		switch {
 		case strings.HasSuffix(a.Error(), "server refused TLS connection"): // pgconn's errors.New
-			return tlsMismatch(what, "sslmode asks for TLS but the PostgreSQL server at "+addr+" does not support it (it refused SSL)",
-				"use sslmode=disable (or prefer), or enable ssl on the server")
+			// A mismatch only if no attempt went without TLS: under
+			// sslmode=prefer the plain attempt's outcome is the answer.
+			refusedTLS = true
 		case isNotTLS(a):
 			return tlsMismatch(what, "the DSN asks for TLS but the server at "+addr+" answered without it",
 				"use sslmode=disable (or prefer), or enable ssl on the server")
@@ -92,6 +96,10 @@ func postgresConnectError(what string, err error) error {
 		default:
 			causes = appendNew(causes, a.Error())
 		}
+	}
+	if refusedTLS && len(causes) == 0 {
+		return tlsMismatch(what, "sslmode asks for TLS but the PostgreSQL server at "+addr+" does not support it (it refused SSL)",
+			"use sslmode=disable (or prefer), or enable ssl on the server")
 	}
 	return notAnswering(what, causes)
 }
@@ -122,9 +130,12 @@ func mysqlConnectError(what, addr string, err error) error {
 // talking to a TLS server reads EOF: what the server speaks is found by
 // asking it once more, in the other protocol.
 func redisConnectError(ctx context.Context, what string, opts *goredis.Options, timeout time.Duration, err error) error {
-	var opErr *net.OpError
+	var (
+		opErr *net.OpError
+		reply goredis.Error // the server answered in RESP: no mismatch
+	)
 	dialFailed := errors.As(err, &opErr) && opErr.Op == "dial"
-	if !dialFailed && ctx.Err() == nil {
+	if !dialFailed && !errors.As(err, &reply) && ctx.Err() == nil {
 		probeCtx, cancel := context.WithTimeout(ctx, min(timeout, 3*time.Second))
 		defer cancel()
 		switch {
