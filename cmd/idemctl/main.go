@@ -55,7 +55,7 @@ type Globals struct {
 	// The partitioned layout's settings must be the application's.
 	PartitionInterval time.Duration `help:"With --layout partitioned: the application's PartitionedConfig.Interval (default: the library's, 24h)."`
 	PartitionAhead    time.Duration `help:"With --layout partitioned: the application's PartitionedConfig.Ahead (default: the library's, 8 days)."`
-	JSON              bool          `help:"Print JSON for scripts instead of tables."`
+	JSON              bool          `help:"Print JSON for scripts instead of tables (bytes, such as a dead letter's payload, base64-encoded under *_base64 keys)."`
 	Yes               bool          `short:"y" help:"Do not ask for confirmation (required without a terminal)."`
 	ConnectTimeout    time.Duration `help:"How long to wait for the store to answer." default:"10s"`
 
