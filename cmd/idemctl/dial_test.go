@@ -166,3 +166,30 @@ func TestPostgresPreferWithoutSSL(t *testing.T) {
 	require.Contains(t, r.stderr, `FATAL: role "nosuchrole" does not exist (SQLSTATE 28000)`)
 	require.NotContains(t, r.stderr, "TLS")
 }
+
+// A MySQL server with require_secure_transport=ON refuses a plain login
+// with error 3159; that is a TLS mismatch too. (The tests' MariaDB does
+// not require TLS, so the server's error is built here.)
+func TestMySQLRequiresTLS(t *testing.T) {
+	err := mysqlConnectError("mysql database mysql://app@db:3306/app", "db:3306", &mysql.MySQLError{Number: 3159,
+		Message: "Connections using insecure transport are prohibited while --require_secure_transport=ON."})
+	require.EqualError(t, err, "mysql database mysql://app@db:3306/app: TLS mismatch: the MySQL server at db:3306 requires TLS (require_secure_transport); add tls=true to the DSN (tls=skip-verify for a self-signed certificate)")
+	err = mysqlConnectError("mysql database x", "db:3306", &mysql.MySQLError{Number: 1045, Message: "Access denied for user 'app'@'10.0.0.1'"})
+	require.EqualError(t, err, "mysql database x does not answer: Error 1045: Access denied for user 'app'@'10.0.0.1'")
+}
+
+// Several distinct failed attempts (several hosts) are one line each.
+func TestNotAnsweringSeveralAttempts(t *testing.T) {
+	err := notAnswering("postgres database x", []string{"dial tcp 10.0.0.1:5432: i/o timeout", "dial tcp 10.0.0.2:5432: connect: connection refused"})
+	require.EqualError(t, err, "postgres database x does not answer:\n\tdial tcp 10.0.0.1:5432: i/o timeout\n\tdial tcp 10.0.0.2:5432: connect: connection refused")
+}
+
+// Two PostgreSQL hosts that refuse: one line for each failed dial, each
+// once though sslmode=prefer dials each twice.
+func TestDialFailureOneLinePerHost(t *testing.T) {
+	r := idemctl(t, nil, "", "--dsn", "postgres://postgres@127.0.0.1:1,127.0.0.1:2/test", "--connect-timeout", "5s", "stats")
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Equal(t, "idemctl: postgres database postgres://postgres@127.0.0.1:1,127.0.0.1:2/test does not answer:\n"+
+		"\tdial tcp 127.0.0.1:1: connect: connection refused\n"+
+		"\tdial tcp 127.0.0.1:2: connect: connection refused\n", r.stderr)
+}
