@@ -560,15 +560,15 @@ type deadLetterJSON struct {
 	CreatedAt      time.Time       `json:"created_at"`
 	DeadLetteredAt time.Time       `json:"dead_lettered_at"`
 	Metadata       json.RawMessage `json:"metadata,omitempty"`
-	MetadataBase64 []byte          `json:"metadata_base64,omitempty"`
-	PayloadBase64  []byte          `json:"payload_base64,omitempty"`
+	MetadataBase64 []byte          `json:"metadata_base64,omitzero"`
+	PayloadBase64  []byte          `json:"payload_base64,omitzero"` // "" for an empty payload; absent from list
 }
 
 func toJSON(l outbox.DeadLetter, full bool) deadLetterJSON {
 	j := deadLetterJSON{ID: l.ID, OutboxID: l.OutboxID, Topic: l.Topic, UUID: l.UUID, Attempts: l.Attempts,
 		LastError: l.LastError, CreatedAt: l.CreatedAt.UTC(), DeadLetteredAt: l.DeadLetteredAt.UTC()}
 	if full {
-		j.PayloadBase64 = l.Payload
+		j.PayloadBase64 = append([]byte{}, l.Payload...) // non-nil: show prints an empty payload as ""
 		if json.Valid(l.Metadata) {
 			j.Metadata = l.Metadata
 		} else {

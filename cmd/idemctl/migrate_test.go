@@ -345,6 +345,17 @@ func TestBinaryDeadLetterPayload(t *testing.T) {
 			r = idemctl(t, env, "", "--outbox-table", table, "dl", "show", id)
 			require.Equal(t, 0, r.code, r.stderr)
 			require.Regexp(t, `payload\s+\(5 bytes, base64\) /wBh/go=\n`, r.stdout)
+
+			// An empty payload is "", not left out.
+			_, err = db.Exec("INSERT INTO "+outbox.DeadLetterTableName(table)+" "+tc.insert, []byte{})
+			require.NoError(t, err)
+			r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "list", "--after", id)
+			require.Equal(t, 0, r.code, r.stderr)
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &list), r.stdout)
+			require.Len(t, list, 1)
+			r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "show", strconv.FormatInt(list[0].ID, 10))
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Contains(t, r.stdout, `"payload_base64": ""`)
 		})
 	}
 }
