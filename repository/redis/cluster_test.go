@@ -25,7 +25,14 @@ import (
 // records of one case spread over every primary's slots, so the Operator
 // and Stats cases fail if ListStuck or CountRecords miss a node.
 func TestClusterConformance(t *testing.T) {
-	runConformance(t, "redis-cluster", testenv.RedisCluster(t))
+	runConformance(t, "redis-cluster", testenv.RedisCluster(t), redis.Config{})
+}
+
+// TestClusterConformanceDurable runs the conformance suite on the same
+// cluster with DurableWrites 1: every state change goes to its slot's
+// primary on a connection of its own and waits there for the replica.
+func TestClusterConformanceDurable(t *testing.T) {
+	runConformance(t, "redis-cluster-durable", testenv.RedisCluster(t), redis.Config{DurableWrites: 1})
 }
 
 // TestClusterJanitorAndOperatorSeeEveryPrimary seeds records that land on

@@ -22,7 +22,7 @@ import (
 // the owner, or let it expire — the inbox middleware releases it); a
 // Complete that returns it left the record completed on the primary, and
 // retrying the Complete then finds it so (repository.ErrLeaseLost).
-var ErrNotDurable = errors.New("redis: write not acknowledged by enough replicas")
+var ErrNotDurable = errors.New("write not acknowledged by enough replicas")
 
 // maxDurableRedirects bounds how often a durable write follows a MOVED
 // reply (the slot moved to another primary) before giving up.
