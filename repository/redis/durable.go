@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -24,8 +25,10 @@ import (
 // retrying the Complete then finds it so (repository.ErrLeaseLost).
 var ErrNotDurable = errors.New("write not acknowledged by enough replicas")
 
-// maxDurableRedirects bounds how often a durable write follows a MOVED
-// reply (the slot moved to another primary) before giving up.
+// maxDurableRedirects bounds how often a durable write on a
+// ClusterClient is sent again after a MOVED reply (the slot moved to
+// another primary) or a primary that could not be dialed, before giving
+// up.
 const maxDurableRedirects = 3
 
 // primaryFinder returns how to find the client of the primary that holds
@@ -68,9 +71,13 @@ func (r *Repository) run(ctx context.Context, s *goredis.Script, key string, cha
 		}
 		// The script went past the ClusterClient, which therefore did not
 		// see the error: a MOVED (the slot has a new primary) or a dead
-		// node must make it read the slots again.
+		// node must make it read the slots again. Neither ran the script,
+		// so it can be sent again once the slots are read.
 		cluster.ReloadState(ctx)
-		if _, moved := goredis.IsMovedError(err); !moved || redirects >= maxDurableRedirects {
+		_, moved := goredis.IsMovedError(err)
+		var netErr *net.OpError
+		notDialed := errors.As(err, &netErr) && netErr.Op == "dial"
+		if !moved && !notDialed || redirects >= maxDurableRedirects {
 			return nil, err
 		}
 		// The reload runs in the background: give it a moment.
