@@ -41,7 +41,10 @@ type Config struct {
 	// has it (Redis replicates asynchronously, so a failover can lose
 	// it). It must not be negative. The client must be a *redis.Client
 	// (also a Sentinel failover client), a *redis.ClusterClient or a
-	// *redis.Ring.
+	// *redis.Ring. Through a ClusterClient the write goes straight to the
+	// primary of the key's slot: it follows MOVED (a failover), but not
+	// ASK, so during a resharding a write to a key already migrated fails
+	// until its slot has moved.
 	DurableWrites int
 	// DurableTimeout is how long a write waits for the DurableWrites
 	// replicas. Default DefaultDurableTimeout; it must not be negative,
