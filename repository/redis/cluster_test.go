@@ -32,7 +32,35 @@ func TestClusterConformance(t *testing.T) {
 // cluster with DurableWrites 1: every state change goes to its slot's
 // primary on a connection of its own and waits there for the replica.
 func TestClusterConformanceDurable(t *testing.T) {
-	runConformance(t, "redis-cluster-durable", testenv.RedisCluster(t), redis.Config{DurableWrites: 1})
+	client := testenv.RedisCluster(t)
+	// A replica reports its link up before its primary streams to it
+	// (the primary waits for its first acknowledgement): on a cluster
+	// just created, wait until every primary's replica acknowledges.
+	require.Eventually(t, func() bool {
+		// One key in each primary's slots.
+		keys := make(map[string]string)
+		for i := 0; len(keys) < 3 && i < 1000; i++ {
+			key := fmt.Sprintf("watermill-idempotent-test:replica-synced-%d", i)
+			if primary, err := client.MasterForKey(t.Context(), key); err == nil {
+				keys[primary.Options().Addr] = key
+			}
+		}
+		for _, key := range keys {
+			primary, err := client.MasterForKey(t.Context(), key)
+			if err != nil {
+				return false
+			}
+			conn := primary.Conn()
+			err = conn.Set(t.Context(), key, 1, time.Minute).Err()
+			n, waitErr := conn.Wait(t.Context(), 1, 100*time.Millisecond).Result()
+			_ = conn.Close()
+			if err != nil || waitErr != nil || n != 1 {
+				return false
+			}
+		}
+		return len(keys) == 3
+	}, 30*time.Second, 10*time.Millisecond, "every primary's replica must acknowledge writes")
+	runConformance(t, "redis-cluster-durable", client, redis.Config{DurableWrites: 1})
 }
 
 // TestClusterJanitorAndOperatorSeeEveryPrimary seeds records that land on
