@@ -91,7 +91,10 @@ func (c Config) Validate() error {
 // implements repository.TwoPhase, repository.Reader and
 // repository.Cleaner and is safe for concurrent use. Every state change
 // is one Lua script, atomic on the server (see the package
-// documentation for the key layout, expiry and clock assumptions).
+// documentation for the key layout, expiry and clock assumptions); with
+// Config.DurableWrites a script that changed the record is followed by
+// WAIT, and an error wrapping ErrNotDurable reports a change the replicas
+// did not acknowledge in time.
 type Repository struct {
 	client goredis.UniversalClient
 	prefix string
