@@ -183,3 +183,33 @@ func BenchmarkDurableWrites(b *testing.B) {
 		})
 	}
 }
+
+// TestDurableWritesThroughARing: through a *redis.Ring the WAIT goes to
+// the shard that holds the key, on the write's connection — on another
+// connection, without writes of its own, WAIT would answer at once, even
+// with the replica stalled.
+func TestDurableWritesThroughARing(t *testing.T) {
+	primary, replica := startPrimaryAndReplica(t)
+	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"shard": primary.Addr}})
+	defer ring.Close()
+	repo, err := redis.NewRepository(ring, redis.Config{DurableWrites: 1, DurableTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	onReplica, err := redis.NewRepository(replica.Client(), redis.Config{})
+	require.NoError(t, err)
+	ctx := t.Context()
+	now := time.Now()
+	acquire := func(key string) error {
+		_, err := repo.Acquire(ctx, repository.AcquireParams{
+			Consumer: "c", Key: key, Owner: "o", Now: now, LeaseUntil: now.Add(time.Minute), ExpiresAt: now.Add(time.Hour),
+		})
+		return err
+	}
+	require.NoError(t, acquire("k1"))
+	rec, err := onReplica.Get(ctx, "c", "k1")
+	require.NoError(t, err, "a durable write is on the replica when it returns")
+	require.Equal(t, repository.StateInProgress, rec.State)
+
+	woke := stall(t, replica, "2")
+	require.ErrorIs(t, acquire("k2"), redis.ErrNotDurable)
+	<-woke
+}
