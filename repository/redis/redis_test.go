@@ -28,8 +28,9 @@ func runConformance(t *testing.T, name string, client goredis.UniversalClient, c
 			// The suite's random table name namespaces the case's keys.
 			prefix := "watermill-idempotent-test:" + table + ":"
 			testenv.DeleteRedisKeysOnCleanup(t, client, prefix)
-			config.KeyPrefix = prefix
-			return redis.NewRepository(client, config)
+			c := config // the cases run in parallel: each sets its own prefix
+			c.KeyPrefix = prefix
+			return redis.NewRepository(client, c)
 		},
 	})
 }
