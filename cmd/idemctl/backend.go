@@ -100,7 +100,7 @@ func openRedis(ctx context.Context, g *Globals) (*store, error) {
 	defer cancel()
 	if err := client.Ping(pingCtx).Err(); err != nil {
 		_ = client.Close()
-		return nil, fmt.Errorf("redis %s does not answer: %w", dsn.Redact(g.Redis), err)
+		return nil, redisConnectError(ctx, "redis "+dsn.Redact(g.Redis), opts, g.ConnectTimeout, err)
 	}
 	repo, err := redisrepo.NewRepository(client, redisrepo.Config{KeyPrefix: g.RedisPrefix})
 	if err != nil {
@@ -116,6 +116,7 @@ func openSQL(ctx context.Context, g *Globals) (*store, error) {
 		driver     string
 		driverDSN  string
 		sqlitePath string
+		mysqlAddr  string // host:port, for errors
 	)
 	switch s := g.DSN; {
 	case strings.HasPrefix(s, "postgres://"), strings.HasPrefix(s, "postgresql://"), pgKeywordValue.MatchString(s):
@@ -137,7 +138,7 @@ func openSQL(ctx context.Context, g *Globals) (*store, error) {
 		if err != nil {
 			return nil, err
 		}
-		k, driver, driverDSN = kindMySQL, "mysql", cfg.FormatDSN()
+		k, driver, driverDSN, mysqlAddr = kindMySQL, "mysql", cfg.FormatDSN(), cfg.Addr
 	case strings.HasPrefix(s, "sqlite://"):
 		k, sqlitePath = kindSQLite, strings.TrimPrefix(s, "sqlite://")
 	case strings.HasPrefix(s, "file:"):
@@ -150,7 +151,7 @@ func openSQL(ctx context.Context, g *Globals) (*store, error) {
 		if err := mysqlDefaults(cfg); err != nil {
 			return nil, err
 		}
-		k, driver, driverDSN = kindMySQL, "mysql", cfg.FormatDSN()
+		k, driver, driverDSN, mysqlAddr = kindMySQL, "mysql", cfg.FormatDSN(), cfg.Addr
 	default:
 		return nil, usagef("--dsn must start with postgres://, postgresql://, mysql://, sqlite:// or file:, or be a PostgreSQL keyword/value string (host=… dbname=…) or a MySQL DSN (user:pass@tcp(host:3306)/db)")
 	}
@@ -181,7 +182,11 @@ func openSQL(ctx context.Context, g *Globals) (*store, error) {
 		defer cancel()
 		if err := db.PingContext(pingCtx); err != nil {
 			_ = db.Close()
-			return nil, fmt.Errorf("%s database %s does not answer: %w", k, dsn.Redact(g.DSN), err)
+			what := fmt.Sprintf("%s database %s", k, dsn.Redact(g.DSN))
+			if k == kindPostgres {
+				return nil, postgresConnectError(what, err)
+			}
+			return nil, mysqlConnectError(what, mysqlAddr, err)
 		}
 	}
 	s := &store{kind: k, db: db, table: g.Table, outboxTable: g.OutboxTable, versionsTable: g.VersionsTable}

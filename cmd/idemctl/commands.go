@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/mattn/go-isatty"
@@ -80,6 +83,14 @@ func confirm(g *Globals, what string) error {
 		return nil
 	}
 	return errors.New("aborted: nothing changed")
+}
+
+// count is n and noun, plural unless n is 1: "1 record", "2 records".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func capitalize(s string) string {
@@ -183,8 +194,8 @@ func (c *StatsCmd) Run(ctx context.Context, g *Globals) error {
 			fmt.Fprintf(g.stdout, "\noutbox %s: no such table\n", out.Outbox.Table)
 		default:
 			o := out.Outbox
-			fmt.Fprintf(g.stdout, "\noutbox %s: %d messages waiting, oldest %s old, %d dead letters\n",
-				o.Table, o.Messages, time.Duration(o.OldestAgeSeconds*float64(time.Second)).Round(time.Millisecond), o.DeadLetters)
+			fmt.Fprintf(g.stdout, "\noutbox %s: %s waiting, oldest %s old, %s\n",
+				o.Table, count(o.Messages, "message"), time.Duration(o.OldestAgeSeconds*float64(time.Second)).Round(time.Millisecond), count(o.DeadLetters, "dead letter"))
 		}
 		return nil
 	})
@@ -280,7 +291,7 @@ type StuckResolveCmd struct {
 	Key      string `required:"" help:"Stored key, as stuck list prints it."`
 	Owner    string `help:"Lease owner you expect (as stuck list prints it); the record changes only while it still holds it. Default: the owner read now."`
 	Complete bool   `xor:"action" required:"" help:"The effect happened: mark the record completed; duplicates are acknowledged without running the handler and replay the --result messages (none by default)."`
-	Result   string `help:"With --complete: a JSON file holding the handler's output messages, [{\"uuid\":…,\"metadata\":{…},\"payload\":\"…\"}], stored with middleware.EncodeResult so duplicates replay them." type:"existingfile" placeholder:"FILE"`
+	Result   string `help:"With --complete: a JSON file holding the handler's output messages, [{\"uuid\":…,\"metadata\":{…},\"payload\":\"…\"}] (a binary payload base64-encoded as \"payload_base64\"), stored with middleware.EncodeResult so duplicates replay them." type:"existingfile" placeholder:"FILE"`
 	Release  bool   `xor:"action" required:"" help:"The effect did not happen: delete the record; the next delivery runs the handler."`
 }
 
@@ -337,12 +348,12 @@ func (c *StuckResolveCmd) Run(ctx context.Context, g *Globals) error {
 			if result, err = middleware.EncodeResult(msgs); err != nil {
 				return err
 			}
-			action, verb = repository.ResolveComplete, fmt.Sprintf("mark it completed: later deliveries are acknowledged as duplicates, replaying %d output messages", len(msgs))
+			action, verb = repository.ResolveComplete, fmt.Sprintf("mark it completed: later deliveries are acknowledged as duplicates, replaying %s", count(len(msgs), "output message"))
 		} else if c.Result != "" {
 			return usagef("--result goes with --complete")
 		}
-		fmt.Fprintf(g.stderr, "record %s/%s: in progress, lease owner %s, lease expired %s, %d attempts, created %s\n",
-			c.Consumer, c.Key, owner, ago(rec.LeaseUntil, now), rec.Attempts, stamp(rec.CreatedAt))
+		fmt.Fprintf(g.stderr, "record %s/%s: in progress, lease owner %s, lease expired %s, %s, created %s\n",
+			c.Consumer, c.Key, owner, ago(rec.LeaseUntil, now), count(rec.Attempts, "attempt"), stamp(rec.CreatedAt))
 		fmt.Fprintf(g.stderr, "will %s\n", verb)
 		if err := confirm(g, action.String()+" record "+c.Consumer+"/"+c.Key); err != nil {
 			return err
@@ -391,20 +402,30 @@ func readResult(path string) ([]*message.Message, error) {
 	if err != nil {
 		return nil, usagef("--result: %v", err)
 	}
+	// A payload that is not text goes base64-encoded in payload_base64,
+	// the way deadletters show --json prints one.
 	var in []struct {
-		UUID     string            `json:"uuid"`
-		Metadata map[string]string `json:"metadata"`
-		Payload  string            `json:"payload"`
+		UUID          string            `json:"uuid"`
+		Metadata      map[string]string `json:"metadata"`
+		Payload       *string           `json:"payload"`
+		PayloadBase64 []byte            `json:"payload_base64"`
 	}
 	if err := json.Unmarshal(b, &in); err != nil {
-		return nil, usagef("--result %s: want a JSON array of {\"uuid\", \"metadata\", \"payload\"}: %v", path, err)
+		return nil, usagef("--result %s: want a JSON array of {\"uuid\", \"metadata\", \"payload\" or \"payload_base64\"}: %v", path, err)
 	}
 	msgs := make([]*message.Message, len(in))
 	for i, m := range in {
 		if m.UUID == "" {
 			return nil, usagef("--result %s: message %d has no uuid", path, i)
 		}
-		msgs[i] = message.NewMessage(m.UUID, []byte(m.Payload))
+		payload := m.PayloadBase64
+		if m.Payload != nil {
+			if m.PayloadBase64 != nil {
+				return nil, usagef("--result %s: message %d gives both payload and payload_base64", path, i)
+			}
+			payload = []byte(*m.Payload)
+		}
+		msgs[i] = message.NewMessage(m.UUID, payload)
 		for k, v := range m.Metadata {
 			msgs[i].Metadata.Set(k, v)
 		}
@@ -444,14 +465,14 @@ func (c *PurgeCmd) Run(ctx context.Context, g *Globals) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(g.stderr, "table %s: %d records expired before %s\n", s.table, total, stamp(before))
+		fmt.Fprintf(g.stderr, "table %s: %s expired before %s\n", s.table, count(total, "record"), stamp(before))
 		if s.partitioned {
 			return c.dropPartitions(ctx, g, s, cl, before, total)
 		}
 		if total == 0 {
 			return c.report(g, 0, 0, time.Duration(0))
 		}
-		if err := confirm(g, fmt.Sprintf("delete %d expired records from %s", total, s.table)); err != nil {
+		if err := confirm(g, fmt.Sprintf("delete %s from %s", count(total, "expired record"), s.table)); err != nil {
 			return err
 		}
 		start, last := time.Now(), time.Time{}
@@ -460,7 +481,7 @@ func (c *PurgeCmd) Run(ctx context.Context, g *Globals) error {
 			n, err := cl.DeleteExpired(ctx, before, c.BatchSize)
 			deleted += n
 			if err != nil {
-				return fmt.Errorf("purge stopped after %d records: %w", deleted, err)
+				return fmt.Errorf("purge stopped after %s: %w", count(deleted, "record"), err)
 			}
 			if now := time.Now(); n < c.BatchSize || now.Sub(last) >= c.Every {
 				last = now
@@ -477,7 +498,7 @@ func (c *PurgeCmd) Run(ctx context.Context, g *Globals) error {
 				return c.report(g, deleted, total, time.Since(start))
 			}
 			if err := ctx.Err(); err != nil {
-				return fmt.Errorf("purge interrupted after %d records: %w", deleted, err)
+				return fmt.Errorf("purge interrupted after %s: %w", count(deleted, "record"), err)
 			}
 		}
 	})
@@ -494,7 +515,7 @@ func (c *PurgeCmd) dropPartitions(ctx context.Context, g *Globals, s *store, cl 
 	start := time.Now()
 	n, err := cl.DeleteExpired(ctx, before, c.BatchSize)
 	if err != nil {
-		return fmt.Errorf("purge stopped after %d records: %w", n, err)
+		return fmt.Errorf("purge stopped after %s: %w", count(n, "record"), err)
 	}
 	return c.report(g, n, total, time.Since(start))
 }
@@ -503,7 +524,7 @@ func (c *PurgeCmd) report(g *Globals, deleted, total int, took time.Duration) er
 	if g.JSON {
 		return printJSON(g.stdout, map[string]any{"deleted": deleted, "expired_before_start": total, "seconds": took.Seconds()})
 	}
-	fmt.Fprintf(g.stdout, "deleted %d expired records in %s\n", deleted, took.Round(time.Millisecond))
+	fmt.Fprintf(g.stdout, "deleted %s in %s\n", count(deleted, "expired record"), took.Round(time.Millisecond))
 	return nil
 }
 
@@ -512,7 +533,7 @@ func (c *PurgeCmd) report(g *Globals, deleted, total int, took time.Duration) er
 // DeadlettersCmd groups the dead-letter commands.
 type DeadlettersCmd struct {
 	List    DLListCmd    `cmd:"" help:"List dead letters (id order)."`
-	Show    DLShowCmd    `cmd:"" help:"Show one dead letter with its payload and metadata."`
+	Show    DLShowCmd    `cmd:"" help:"Show one dead letter with its payload and metadata (with --json, the payload base64-encoded as payload_base64)."`
 	Requeue DLRequeueCmd `cmd:"" help:"Move dead letters back into the outbox; the relay publishes them again."`
 }
 
@@ -523,6 +544,12 @@ type DLListCmd struct {
 	Limit int    `help:"Most dead letters listed." default:"100"`
 }
 
+// deadLetterJSON is a dead letter as --json prints it. The payload is
+// bytes, not text: JSON strings cannot carry every byte (encoding/json
+// turns invalid UTF-8 into U+FFFD), so it is printed base64-encoded (a
+// []byte field) under payload_base64, and decodes to the exact bytes
+// stored. Metadata is the JSON the relay stored; bytes that are not JSON
+// are printed under metadata_base64 instead.
 type deadLetterJSON struct {
 	ID             int64           `json:"id"`
 	OutboxID       int64           `json:"outbox_id"`
@@ -533,26 +560,41 @@ type deadLetterJSON struct {
 	CreatedAt      time.Time       `json:"created_at"`
 	DeadLetteredAt time.Time       `json:"dead_lettered_at"`
 	Metadata       json.RawMessage `json:"metadata,omitempty"`
-	Payload        string          `json:"payload,omitempty"`
+	MetadataBase64 []byte          `json:"metadata_base64,omitzero"`
+	PayloadBase64  []byte          `json:"payload_base64,omitzero"` // "" for an empty payload; absent from list
 }
 
 func toJSON(l outbox.DeadLetter, full bool) deadLetterJSON {
 	j := deadLetterJSON{ID: l.ID, OutboxID: l.OutboxID, Topic: l.Topic, UUID: l.UUID, Attempts: l.Attempts,
 		LastError: l.LastError, CreatedAt: l.CreatedAt.UTC(), DeadLetteredAt: l.DeadLetteredAt.UTC()}
 	if full {
-		j.Payload = string(l.Payload)
+		j.PayloadBase64 = append([]byte{}, l.Payload...) // non-nil: show prints an empty payload as ""
 		if json.Valid(l.Metadata) {
 			j.Metadata = l.Metadata
 		} else {
-			j.Metadata, _ = json.Marshal(string(l.Metadata))
+			j.MetadataBase64 = l.Metadata
 		}
 	}
 	return j
 }
 
+// printable is b as the table shows it: the text itself when b is UTF-8
+// without control characters other than white space, else its base64
+// encoding, marked as such.
+func printable(b []byte) string {
+	if utf8.Valid(b) && !strings.ContainsFunc(string(b), func(r rune) bool { return unicode.IsControl(r) && !unicode.IsSpace(r) }) {
+		return string(b)
+	}
+	return fmt.Sprintf("(%s, base64) %s", count(len(b), "byte"), base64.StdEncoding.EncodeToString(b))
+}
+
+// oneLine is s on one line, cut after n bytes (at a character boundary).
 func oneLine(s string, n int) string {
 	s = strings.ReplaceAll(s, "\n", " ")
 	if len(s) > n {
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
 		return s[:n] + "…"
 	}
 	return s
@@ -625,7 +667,7 @@ func (c *DLShowCmd) Run(ctx context.Context, g *Globals) error {
 			{"id", fmt.Sprint(j.ID)}, {"outbox_id", fmt.Sprint(j.OutboxID)}, {"topic", j.Topic}, {"uuid", j.UUID},
 			{"attempts", fmt.Sprint(j.Attempts)}, {"last_error", oneLine(j.LastError, 500)},
 			{"created_at", stamp(j.CreatedAt)}, {"dead_lettered_at", stamp(j.DeadLetteredAt)},
-			{"metadata", string(j.Metadata)}, {"payload", oneLine(j.Payload, 2000)},
+			{"metadata", oneLine(printable(l.Metadata), 2000)}, {"payload", oneLine(printable(l.Payload), 2000)},
 		})
 	})
 }
@@ -650,9 +692,9 @@ func (c *DLRequeueCmd) Run(ctx context.Context, g *Globals) error {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stderr, "dead letter %d: topic %s, uuid %s, %d attempts, last error: %s\n", l.ID, l.Topic, l.UUID, l.Attempts, oneLine(l.LastError, 120))
+			fmt.Fprintf(g.stderr, "dead letter %d: topic %s, uuid %s, %s, last error: %s\n", l.ID, l.Topic, l.UUID, count(l.Attempts, "attempt"), oneLine(l.LastError, 120))
 		}
-		if err := confirm(g, fmt.Sprintf("requeue %d dead letters into %s", len(c.IDs), s.outbox.Table)); err != nil {
+		if err := confirm(g, fmt.Sprintf("requeue %s into %s", count(len(c.IDs), "dead letter"), s.outbox.Table)); err != nil {
 			return err
 		}
 		n, err := dl.Requeue(ctx, c.IDs...)
@@ -662,7 +704,7 @@ func (c *DLRequeueCmd) Run(ctx context.Context, g *Globals) error {
 		if g.JSON {
 			return printJSON(g.stdout, map[string]int{"requeued": n})
 		}
-		fmt.Fprintf(g.stdout, "requeued %d of %d dead letters\n", n, len(c.IDs))
+		fmt.Fprintf(g.stdout, "requeued %d of %s\n", n, count(len(c.IDs), "dead letter"))
 		return nil
 	})
 }
@@ -683,10 +725,20 @@ func (MigrateCmd) Help() string { return noMigrateDown }
 // Help implements kong.HelpProvider: migrate up --help says why there is no down.
 func (MigrateUpCmd) Help() string { return noMigrateDown }
 
+// Help implements kong.HelpProvider: migrate status --help gives its exit status.
+func (MigrateStatusCmd) Help() string {
+	return `Exit status: 0 when every table listed is up to date; 3 while a migration
+is pending (the list, or --json, is printed all the same); 1 when the store
+cannot be read; 2 on a usage error. A deploy step can gate on it:
+
+    idemctl migrate status --outbox >/dev/null
+    # 0: start the new version; 3: run idemctl migrate up --outbox first`
+}
+
 // MigrateCmd groups the migration commands.
 type MigrateCmd struct {
 	Up     MigrateUpCmd     `cmd:"" help:"Apply the pending migrations of the inbox table (and, with --outbox/--versions, of the outbox and version guard tables)."`
-	Status MigrateStatusCmd `cmd:"" help:"List the migrations of the inbox table (and, with --outbox/--versions, the outbox and version guard tables), applied and pending."`
+	Status MigrateStatusCmd `cmd:"" help:"List the migrations of the inbox table (and, with --outbox/--versions, the outbox and version guard tables), applied and pending; exit status 3 while one is pending."`
 }
 
 // migrationLines names the tables migrate works on.
@@ -817,6 +869,7 @@ func (c *MigrateStatusCmd) Run(ctx context.Context, g *Globals) error {
 		// JSON: the inbox's fields at the top ("inbox", "migrations",
 		// "pending"), the others' under their label.
 		out := map[string]any{}
+		var pending []string // "2 migrations pending on inbox table T"
 		for i, l := range lines {
 			files, err := migrationFiles(l)
 			if err != nil {
@@ -839,6 +892,9 @@ func (c *MigrateStatusCmd) Run(ctx context.Context, g *Globals) error {
 				}
 				st.Migrations = append(st.Migrations, m)
 				rows = append(rows, []string{fmt.Sprintf("%04d", f.Version), f.Name, state})
+			}
+			if st.Pending > 0 {
+				pending = append(pending, fmt.Sprintf("%s pending on %s table %s", count(st.Pending, "migration"), l.label, l.table))
 			}
 			if l.label == "inbox" {
 				out["inbox"], out["migrations"], out["pending"] = l.table, st.Migrations, st.Pending
@@ -864,7 +920,12 @@ func (c *MigrateStatusCmd) Run(ctx context.Context, g *Globals) error {
 			}
 		}
 		if g.JSON {
-			return printJSON(g.stdout, out)
+			if err := printJSON(g.stdout, out); err != nil {
+				return err
+			}
+		}
+		if len(pending) > 0 {
+			return exitStatus{fmt.Errorf("not up to date: %s; run idemctl migrate up with the same flags", strings.Join(pending, ", ")), exitPending}
 		}
 		return nil
 	})

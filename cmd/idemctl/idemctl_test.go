@@ -194,7 +194,7 @@ func TestStuckRecordOfAKilledConsumer(t *testing.T) {
 	env := []string{"IDEMCTL_DSN=" + dsn}
 
 	r := idemctl(t, env, "", "--table", table, "migrate", "status")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, exitPending, r.code, r.stderr)
 	require.Regexp(t, `0001\s+create_inbox\s+pending`, r.stdout)
 	r = idemctl(t, env, "", "--table", table, "migrate", "up")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -289,19 +289,34 @@ func TestCompleteWithResultReplaysIt(t *testing.T) {
 	dsn, _, repo, table := pgInbox(t)
 	leaveStuck(t, repo, "k1")
 	file := filepath.Join(t.TempDir(), "result.json")
-	require.NoError(t, os.WriteFile(file, []byte(`[{"uuid":"pay-1","metadata":{"k":"v"},"payload":"{\"paid\":42}"}]`), 0o600))
+	require.NoError(t, os.WriteFile(file, []byte(`[{"uuid":"pay-1","metadata":{"k":"v"},"payload":"{\"paid\":42}"},
+		{"uuid":"pay-2","payload_base64":"/wBh/g=="}]`), 0o600))
 	env := []string{"IDEMCTL_DSN=" + dsn}
 	r := idemctl(t, env, "", "--table", table, "stuck", "resolve", "--consumer", "billing", "--key", "k1", "--complete", "--result", file, "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stderr, "replaying 1 output messages")
+	require.Contains(t, r.stderr, "replaying 2 output messages\n")
 	rec, err := repo.Get(t.Context(), "billing", "k1")
 	require.NoError(t, err)
 	msgs, err := middleware.DecodeResult(rec.Result)
 	require.NoError(t, err)
-	require.Len(t, msgs, 1)
+	require.Len(t, msgs, 2)
 	require.Equal(t, "pay-1", msgs[0].UUID)
 	require.Equal(t, "v", msgs[0].Metadata.Get("k"))
 	require.Equal(t, `{"paid":42}`, string(msgs[0].Payload))
+	require.Equal(t, "pay-2", msgs[1].UUID)
+	require.Equal(t, []byte{0xff, 0x00, 'a', 0xfe}, []byte(msgs[1].Payload), "payload_base64 is decoded byte for byte")
+
+	// One message, in a file giving a payload both ways: refused.
+	leaveStuck(t, repo, "k2")
+	require.NoError(t, os.WriteFile(file, []byte(`[{"uuid":"pay-3","payload":"x","payload_base64":"eA=="}]`), 0o600))
+	r = idemctl(t, env, "", "--table", table, "stuck", "resolve", "--consumer", "billing", "--key", "k2", "--complete", "--result", file, "--yes")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "gives both payload and payload_base64")
+	leaveStuck(t, repo, "k3")
+	require.NoError(t, os.WriteFile(file, []byte(`[{"uuid":"pay-3","payload":"x"}]`), 0o600))
+	r = idemctl(t, env, "", "--table", table, "stuck", "resolve", "--consumer", "billing", "--key", "k3", "--complete", "--result", file, "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stderr, "replaying 1 output message\n")
 }
 
 func TestReleaseDeletesTheRecord(t *testing.T) {
@@ -367,14 +382,14 @@ func TestDeadLetters(t *testing.T) {
 	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "requeue", id)
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "dead letter "+id+": topic payments, uuid u-1")
-	require.Contains(t, r.stderr, "refusing to requeue 1 dead letters")
+	require.Contains(t, r.stderr, "refusing to requeue 1 dead letter into")
 	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "requeue", id, "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "requeued 1 of 1 dead letters")
+	require.Contains(t, r.stdout, "requeued 1 of 1 dead letter\n")
 
 	r = idemctl(t, env, "", "--outbox-table", table, "--table", inbox, "stats")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `outbox `+table+`: 1 messages waiting, oldest .* old, 0 dead letters`, r.stdout)
+	require.Regexp(t, `outbox `+table+`: 1 message waiting, oldest .* old, 0 dead letters`, r.stdout)
 }
 
 // listAndShowDeadLetter checks that deadletters list (table and JSON,
@@ -396,7 +411,8 @@ func listAndShowDeadLetter(t *testing.T, env []string, table string, listArgs ..
 	require.Equal(t, 0, r.code, r.stderr)
 	var shown deadLetterJSON
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &shown))
-	require.Equal(t, `{"amount":42}`, shown.Payload)
+	require.Equal(t, []byte(`{"amount":42}`), shown.PayloadBase64)
+	require.Contains(t, r.stdout, `"payload_base64": "eyJhbW91bnQiOjQyfQ=="`)
 	require.JSONEq(t, `{"k":"v"}`, string(shown.Metadata))
 	return id
 }
@@ -448,7 +464,7 @@ func TestSQLite(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	r = idemctl(t, env, "", "purge", "--expired", "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "deleted 1 expired records")
+	require.Contains(t, r.stdout, "deleted 1 expired record in")
 	r = idemctl(t, env, "", "stats")
 	require.Regexp(t, `billing\s+0\s+0\s+1\s+0\n`, r.stdout)
 	r = idemctl(t, env, "", "deadletters", "list")

@@ -17,7 +17,8 @@
 // Secrets in DSNs are never printed, in any DSN form (internal/dsn).
 // resolve, purge and requeue show what they will change and ask for
 // confirmation; without a terminal they refuse unless --yes is given.
-// Exit status: 0 on success, 1 on failure, 2 on a usage error. See
+// Exit status: 0 on success, 1 on failure, 2 on a usage error, 3 from
+// migrate status while a migration is pending (a deploy gate). See
 // docs/operations.md.
 //
 // idemctl uses only the library's public packages, so it builds from a
@@ -54,7 +55,7 @@ type Globals struct {
 	// The partitioned layout's settings must be the application's.
 	PartitionInterval time.Duration `help:"With --layout partitioned: the application's PartitionedConfig.Interval (default: the library's, 24h)."`
 	PartitionAhead    time.Duration `help:"With --layout partitioned: the application's PartitionedConfig.Ahead (default: the library's, 8 days)."`
-	JSON              bool          `help:"Print JSON for scripts instead of tables."`
+	JSON              bool          `help:"Print JSON for scripts instead of tables (bytes, such as a dead letter's payload, base64-encoded under *_base64 keys)."`
 	Yes               bool          `short:"y" help:"Do not ask for confirmation (required without a terminal)."`
 	ConnectTimeout    time.Duration `help:"How long to wait for the store to answer." default:"10s"`
 
@@ -128,13 +129,31 @@ func run(args []string, stdin *os.File, stdout, stderr io.Writer) int {
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	if err := kctx.Run(&cli.Globals); err != nil {
 		fmt.Fprintln(stderr, "idemctl:", err)
-		if errors.As(err, new(usageError)) {
+		var status exitStatus
+		switch {
+		case errors.As(err, &status):
+			return status.code
+		case errors.As(err, new(usageError)):
 			return 2
 		}
 		return 1
 	}
 	return 0
 }
+
+// exitPending is migrate status's exit status while a migration is
+// pending: neither success (0) nor a failure to find out (1, 2), so a
+// deploy gate can tell the three apart.
+const exitPending = 3
+
+// exitStatus is an error that sets the exit status: a command that ran
+// and found a state the caller must act on (a pending migration).
+type exitStatus struct {
+	error
+	code int
+}
+
+func (e exitStatus) Unwrap() error { return e.error }
 
 // missingCommand reports whether ctx stops before a command: at the top
 // or at a group such as stuck, which only its subcommands run.

@@ -3,9 +3,11 @@ package main
 import (
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -45,10 +47,12 @@ type statusOutput struct {
 	Versions   *lineStatus     `json:"versions"`
 }
 
-func status(t *testing.T, env []string, args ...string) statusOutput {
+// status runs migrate status --json --outbox --versions, which must exit
+// with code.
+func status(t *testing.T, env []string, code int, args ...string) statusOutput {
 	t.Helper()
 	r := idemctl(t, env, "", append(append([]string{"--json"}, args...), "migrate", "status", "--outbox", "--versions")...)
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, code, r.code, r.stderr)
 	var out statusOutput
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
 	require.NotNil(t, out.Outbox, r.stdout)
@@ -97,7 +101,7 @@ func TestMigrateOutboxAndVersions(t *testing.T) {
 			outboxFiles := countFiles(t, outbox.Migrations, "migrations/"+string(tc.dialect))
 
 			if db != nil { // SQLite: status needs the file migrate up creates
-				before := status(t, env, tables...)
+				before := status(t, env, exitPending, tables...)
 				require.Equal(t, len(before.Migrations), before.Pending)
 				require.Equal(t, outboxFiles, before.Outbox.Pending)
 				require.Equal(t, 1, before.Versions.Pending)
@@ -120,7 +124,7 @@ func TestMigrateOutboxAndVersions(t *testing.T) {
 			require.Contains(t, r.stdout, "inbox table "+inbox+": up to date")
 			require.Contains(t, r.stdout, "outbox table "+ob+": up to date\n")
 
-			after := status(t, env, tables...)
+			after := status(t, env, 0, tables...)
 			require.Equal(t, 0, after.Pending)
 			require.Equal(t, lineStatus{Table: ob, Migrations: after.Outbox.Migrations}, *after.Outbox)
 			require.Len(t, after.Outbox.Migrations, outboxFiles)
@@ -285,9 +289,116 @@ func TestMariaDBDeadLetters(t *testing.T) {
 
 	r = idemctl(t, env, "", "--outbox-table", table, "deadletters", "requeue", id, "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "requeued 1 of 1 dead letters")
+	require.Contains(t, r.stdout, "requeued 1 of 1 dead letter\n")
 	var waiting, dead int
 	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM "+table+" WHERE topic = 'payments'").Scan(&waiting))
 	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM "+outbox.DeadLetterTableName(table)).Scan(&dead))
 	require.Equal(t, []int{1, 0}, []int{waiting, dead})
+}
+
+// deadletters show --json carries a binary payload byte for byte, base64
+// in payload_base64; the table marks it as base64. On PostgreSQL (BYTEA)
+// and MariaDB (LONGBLOB).
+func TestBinaryDeadLetterPayload(t *testing.T) {
+	payload := []byte{0xff, 0x00, 'a', 0xfe, '\n'}
+	for _, tc := range []struct {
+		name   string
+		open   func(t *testing.T) (*sql.DB, string)
+		insert string
+	}{
+		{"postgres", func(t *testing.T) (*sql.DB, string) { return testPostgres(t), pgDSN(t) },
+			`(outbox_id, topic, uuid, payload, metadata, attempts, last_error, created_at) VALUES (7, 'payments', 'u-1', $1, '{"k":"v"}', 1, 'broker said no', now())`},
+		{"mariadb", mysqlURL,
+			`(outbox_id, topic, uuid, payload, metadata, attempts, last_error, created_at) VALUES (7, 'payments', 'u-1', ?, '{"k":"v"}', 1, 'broker said no', NOW(6))`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, dsn := tc.open(t)
+			table := "idemctl_outbox_" + suffix()
+			t.Cleanup(func() {
+				_, _ = db.Exec("DROP TABLE IF EXISTS " + table + ", " + outbox.DeadLetterTableName(table))
+			})
+			env := []string{"IDEMCTL_DSN=" + dsn}
+			r := idemctl(t, env, "", "--outbox-table", table, "migrate", "up", "--no-inbox", "--outbox")
+			require.Equal(t, 0, r.code, r.stderr)
+			_, err := db.Exec("INSERT INTO "+outbox.DeadLetterTableName(table)+" "+tc.insert, payload)
+			require.NoError(t, err)
+
+			var list []deadLetterJSON
+			r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "list")
+			require.Equal(t, 0, r.code, r.stderr)
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &list), r.stdout)
+			require.Len(t, list, 1)
+			require.Nil(t, list[0].PayloadBase64, "list prints no payload")
+			id := strconv.FormatInt(list[0].ID, 10)
+
+			r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "show", id)
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Contains(t, r.stdout, `"payload_base64": "/wBh/go="`)
+			var raw map[string]any
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &raw))
+			require.NotContains(t, raw, "payload", "the payload is only under payload_base64")
+			var shown deadLetterJSON
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &shown))
+			require.Equal(t, payload, shown.PayloadBase64, "0xff and 0x00 survive --json")
+			require.JSONEq(t, `{"k":"v"}`, string(shown.Metadata))
+
+			r = idemctl(t, env, "", "--outbox-table", table, "dl", "show", id)
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Regexp(t, `payload\s+\(5 bytes, base64\) /wBh/go=\n`, r.stdout)
+
+			// An empty payload is "", not left out.
+			_, err = db.Exec("INSERT INTO "+outbox.DeadLetterTableName(table)+" "+tc.insert, []byte{})
+			require.NoError(t, err)
+			r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "list", "--after", id)
+			require.Equal(t, 0, r.code, r.stderr)
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &list), r.stdout)
+			require.Len(t, list, 1)
+			r = idemctl(t, env, "", "--outbox-table", table, "--json", "dl", "show", strconv.FormatInt(list[0].ID, 10))
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Contains(t, r.stdout, `"payload_base64": ""`)
+		})
+	}
+}
+
+// migrate status is a deploy gate: exit status 3 while any migration of a
+// table it lists is pending, with the list (or the JSON) printed all the
+// same and one line on stderr saying what is pending; 0 once migrate up
+// has run.
+func TestMigrateStatusExitsThreeWhilePending(t *testing.T) {
+	db, dsn := testPostgres(t), pgDSN(t)
+	sfx := suffix()
+	inbox, ob := "idemctl_inbox_"+sfx, "idemctl_outbox_"+sfx
+	t.Cleanup(func() {
+		_, _ = db.Exec("DROP TABLE IF EXISTS " + inbox + ", " + ob + ", " + outbox.DeadLetterTableName(ob))
+	})
+	env := []string{"IDEMCTL_DSN=" + dsn}
+	tables := []string{"--table", inbox, "--outbox-table", ob}
+	files := countFiles(t, postgres.Migrations, "migrations/inbox")
+
+	r := idemctl(t, env, "", append(tables, "migrate", "status")...)
+	require.Equal(t, 3, r.code, r.stderr)
+	require.Regexp(t, `0001\s+create_inbox\s+pending`, r.stdout)
+	require.Equal(t, fmt.Sprintf("idemctl: not up to date: %s pending on inbox table %s; run idemctl migrate up with the same flags\n", count(files, "migration"), inbox), r.stderr)
+
+	r = idemctl(t, env, "", append(tables, "--json", "migrate", "status")...)
+	require.Equal(t, 3, r.code, r.stderr)
+	var st statusOutput
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
+	require.Equal(t, files, st.Pending)
+
+	r = idemctl(t, env, "", append(tables, "migrate", "up")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	r = idemctl(t, env, "", append(tables, "migrate", "status")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Empty(t, r.stderr)
+
+	// The inbox is up to date, the outbox is not: still pending.
+	r = idemctl(t, env, "", append(tables, "migrate", "status", "--outbox")...)
+	require.Equal(t, 3, r.code, r.stderr)
+	require.Regexp(t, `idemctl: not up to date: \d+ migrations? pending on outbox table `+ob+`; run`, r.stderr)
+	require.NotContains(t, r.stderr, "inbox table")
+	r = idemctl(t, env, "", append(tables, "migrate", "up", "--outbox")...)
+	require.Equal(t, 0, r.code, r.stderr)
+	r = idemctl(t, env, "", append(tables, "--json", "migrate", "status", "--outbox")...)
+	require.Equal(t, 0, r.code, r.stderr)
 }

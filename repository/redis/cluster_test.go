@@ -25,7 +25,42 @@ import (
 // records of one case spread over every primary's slots, so the Operator
 // and Stats cases fail if ListStuck or CountRecords miss a node.
 func TestClusterConformance(t *testing.T) {
-	runConformance(t, "redis-cluster", testenv.RedisCluster(t))
+	runConformance(t, "redis-cluster", testenv.RedisCluster(t), redis.Config{})
+}
+
+// TestClusterConformanceDurable runs the conformance suite on the same
+// cluster with DurableWrites 1: every state change goes to its slot's
+// primary on a connection of its own and waits there for the replica.
+func TestClusterConformanceDurable(t *testing.T) {
+	client := testenv.RedisCluster(t)
+	// A replica reports its link up before its primary streams to it
+	// (the primary waits for its first acknowledgement): on a cluster
+	// just created, wait until every primary's replica acknowledges.
+	require.Eventually(t, func() bool {
+		// One key in each primary's slots.
+		keys := make(map[string]string)
+		for i := 0; len(keys) < 3 && i < 1000; i++ {
+			key := fmt.Sprintf("watermill-idempotent-test:replica-synced-%d", i)
+			if primary, err := client.MasterForKey(t.Context(), key); err == nil {
+				keys[primary.Options().Addr] = key
+			}
+		}
+		for _, key := range keys {
+			primary, err := client.MasterForKey(t.Context(), key)
+			if err != nil {
+				return false
+			}
+			conn := primary.Conn()
+			err = conn.Set(t.Context(), key, 1, time.Minute).Err()
+			n, waitErr := conn.Wait(t.Context(), 1, 100*time.Millisecond).Result()
+			_ = conn.Close()
+			if err != nil || waitErr != nil || n != 1 {
+				return false
+			}
+		}
+		return len(keys) == 3
+	}, 30*time.Second, 10*time.Millisecond, "every primary's replica must acknowledge writes")
+	runConformance(t, "redis-cluster-durable", client, redis.Config{DurableWrites: 1})
 }
 
 // TestClusterJanitorAndOperatorSeeEveryPrimary seeds records that land on
@@ -75,9 +110,14 @@ func TestClusterJanitorAndOperatorSeeEveryPrimary(t *testing.T) {
 // before it.
 type failoverLoss struct {
 	acked, errors, lost, lostOutsideVictim int
-	// lostBeforeLag counts lost completions acknowledged before the
-	// replica stopped reading the replication stream ("lagging" mode).
-	lostBeforeLag int
+	// notDurable counts the attempts that failed with redis.ErrNotDurable
+	// (DurableWrites only), during the whole run.
+	notDurable int
+	// lostBeforeSync counts lost completions acknowledged before the
+	// last write the replica was seen to have ("lagging" mode): that
+	// write's WAIT on the victim returned 1 just before the replica
+	// stalled, and the replica applies the stream in order.
+	lostBeforeSync int
 	// ackedDuringLag counts completions acknowledged while the replica
 	// was stopped, before the kill ("lagging" mode).
 	ackedDuringLag int
@@ -100,24 +140,45 @@ type failoverLoss struct {
 // test asserts the latter and logs the counts (docs/scaling.md). The
 // "lagging" mode makes the lag large on purpose — the replica stops
 // reading the replication stream (DEBUG SLEEP) while completions go on,
-// then its primary is killed — and asserts that whatever was lost was
-// acknowledged while the replica lagged: the loss is the lag.
+// then its primary is killed — and asserts what the replica is known to
+// have: nothing acknowledged before a write whose WAIT the replica
+// answered just before it stalled is lost. How much of the rest is lost
+// depends on the socket buffers and the machine's speed: it is logged,
+// not asserted.
+//
+// The "+durable" modes run the same with Config.DurableWrites 1: a write
+// is acknowledged only once the replica has it, so nothing acknowledged
+// may be lost, even from a replica stalled for seconds. The promoted
+// replica has no replica of its own, so every write to the failed
+// primary's slots fails with ErrNotDurable until the killed node is
+// started again and rejoins as its replica; the test does that.
 func TestClusterFailoverLoss(t *testing.T) {
-	for _, mode := range []string{"manual", "kill", "lagging"} {
+	for _, mode := range []string{"manual", "kill", "lagging", "kill+durable", "lagging+durable"} {
 		t.Run(mode, func(t *testing.T) {
 			if mode != "manual" && testing.Short() {
 				t.Skip("-short: a killed primary's failover takes 20 s to a minute")
 			}
+			if strings.HasSuffix(mode, "+durable") && raceEnabled {
+				// go-redis v9.23.0 races with itself in (*baseClient).initConn
+				// when ClusterClient.MasterForKey reloads the cluster state
+				// during the failover: a data race in the client, not in the
+				// repository. make chaos-ci runs these without -race.
+				t.Skip("race detector: go-redis's own race in MasterForKey's reload; run by make chaos-ci without -race")
+			}
 			loss := runFailover(t, mode)
-			t.Logf("%s failover: %d completions acknowledged (%d while the replica lagged), %d errors during the failover, %d lost "+
-				"(oldest lost acknowledged %s before the failover), failover took %s (%d CLUSTER FAILOVER commands)",
-				mode, loss.acked, loss.ackedDuringLag, loss.errors, loss.lost, loss.maxLostAge, loss.failoverTook, loss.failovers)
+			t.Logf("%s failover: %d completions acknowledged (%d while the replica lagged), %d errors during the failover "+
+				"(%d ErrNotDurable in the run), %d lost (%d acknowledged before the replica's last answered WAIT; "+
+				"oldest lost acknowledged %s before the failover), failover took %s (%d CLUSTER FAILOVER commands)",
+				mode, loss.acked, loss.ackedDuringLag, loss.errors, loss.notDurable, loss.lost, loss.lostBeforeSync,
+				loss.maxLostAge, loss.failoverTook, loss.failovers)
 			require.Zero(t, loss.lostOutsideVictim, "only the failed primary's slots may lose writes")
 			switch mode {
 			case "manual":
 				require.Zero(t, loss.lost, "a manual failover waits for the replica: nothing acknowledged may be lost")
 			case "lagging":
-				require.Zero(t, loss.lostBeforeLag, "only completions acknowledged while the replica lagged may be lost")
+				require.Zero(t, loss.lostBeforeSync, "the replica had every completion acknowledged before its last answered WAIT")
+			case "kill+durable", "lagging+durable":
+				require.Zero(t, loss.lost, "with DurableWrites the replica has every acknowledged write")
 			}
 		})
 	}
@@ -130,7 +191,13 @@ var errAcquireRetried = errors.New("acquire of a new key found it taken")
 func runFailover(t *testing.T, mode string) failoverLoss {
 	cluster := testenv.StartRedisCluster(t)
 	client := cluster.Client(t)
-	repo, err := redis.NewRepository(client, redis.Config{KeyPrefix: "failover:"})
+	config := redis.Config{KeyPrefix: "failover:"}
+	durable := strings.HasSuffix(mode, "+durable")
+	mode = strings.TrimSuffix(mode, "+durable")
+	if durable {
+		config.DurableWrites = 1
+	}
+	repo, err := redis.NewRepository(client, config)
 	require.NoError(t, err)
 	ctx := t.Context()
 
@@ -165,12 +232,13 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 	require.NotEmpty(t, victimSlots, "the victim primary must serve slots")
 
 	var (
-		mu      sync.Mutex
-		ackedAt = make(map[string]time.Time)
-		errs    atomic.Int64
-		seq     atomic.Int64
-		stop    = make(chan struct{})
-		wg      sync.WaitGroup
+		mu         sync.Mutex
+		ackedAt    = make(map[string]time.Time)
+		errs       atomic.Int64
+		notDurable atomic.Int64
+		seq        atomic.Int64
+		stop       = make(chan struct{})
+		wg         sync.WaitGroup
 	)
 	for range 8 {
 		wg.Add(1)
@@ -201,6 +269,9 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 				}
 				if err != nil {
 					errs.Add(1)
+					if errors.Is(err, redis.ErrNotDurable) {
+						notDurable.Add(1)
+					}
 					continue
 				}
 				mu.Lock()
@@ -216,16 +287,20 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 	}
 	waitUntil("2000 completions before the failover", func() bool { return acked() >= 2000 })
 
-	var lagFrom time.Time
+	var syncedAt time.Time
 	ackedDuringLag := 0
 	if mode == "lagging" {
+		// The replica has every write the victim made before a write of
+		// ours that it acknowledged (WAIT), since it applies the stream
+		// in order: completions acknowledged before that write was sent
+		// cannot be lost. Whatever came after may be, depending on how
+		// far the replica had read when it stalled.
+		syncedAt = waitForReplica(t, victimClient, victimSlots)
 		// DEBUG SLEEP blocks the replica's event loop: it reads no
 		// replication stream while its primary keeps acknowledging.
-		// Writes the primary acknowledged just before the replica ran
-		// DEBUG SLEEP may still be unread in its socket: allow 100 ms.
 		sleeper := replica.Client()
 		woke := make(chan error, 1)
-		lagFrom = time.Now().Add(-100 * time.Millisecond)
+		sleptAt := time.Now()
 		go func() { woke <- sleeper.Do(context.Background(), "DEBUG", "SLEEP", "8").Err() }()
 		probe := goredis.NewClient(&goredis.Options{Addr: replica.Addr, MaxRetries: -1,
 			DialTimeout: 100 * time.Millisecond, ReadTimeout: 100 * time.Millisecond})
@@ -236,7 +311,7 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 		// sleeps: only what did not fit (megabytes, tens of thousands of
 		// completions) is lost. Let the lag grow for up to 6 of the 8 s.
 		before := acked()
-		waitUntil("the lag grows", func() bool { return acked() >= before+40000 || time.Since(lagFrom) > 6*time.Second })
+		waitUntil("the lag grows", func() bool { return acked() >= before+40000 || time.Since(sleptAt) > 6*time.Second })
 		ackedDuringLag = acked() - before
 		select {
 		case err := <-woke:
@@ -264,6 +339,13 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 	survivors := slices.DeleteFunc(slices.Clone(cluster.Nodes), func(n *testenv.RedisServer) bool { return mode != "manual" && n == victim })
 	waitUntil("the cluster is ok again", func() bool { return cluster.Healthy(survivors...) == nil })
 	took := time.Since(failAt)
+	if durable && mode != "manual" {
+		// The promoted replica has no replica: every write to its slots
+		// fails with ErrNotDurable until the killed node, started again
+		// (empty: no AOF), rejoins as its replica and has synced.
+		victim.Start()
+		waitUntil("the killed node is back as a replica", func() bool { return cluster.Healthy(cluster.Nodes...) == nil })
+	}
 	after := acked()
 	waitUntil("2000 completions after the failover", func() bool { return acked() >= after+2000 })
 	close(stop)
@@ -277,12 +359,12 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 	}
 	fresh := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs})
 	defer fresh.Close()
-	repo, err = redis.NewRepository(fresh, redis.Config{KeyPrefix: "failover:"})
+	repo, err = redis.NewRepository(fresh, redis.Config{KeyPrefix: config.KeyPrefix})
 	require.NoError(t, err)
 	mu.Lock()
 	defer mu.Unlock()
 	loss := failoverLoss{acked: len(ackedAt), errors: int(errs.Load() - errsBefore), failoverTook: took,
-		ackedDuringLag: ackedDuringLag, failovers: failovers}
+		ackedDuringLag: ackedDuringLag, failovers: failovers, notDurable: int(notDurable.Load())}
 	for key, at := range ackedAt {
 		rec, err := repo.Get(ctx, "c", key)
 		if err == nil && rec.State == repository.StateCompleted {
@@ -295,8 +377,8 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 		if age := failAt.Sub(at); age > loss.maxLostAge {
 			loss.maxLostAge = age
 		}
-		if mode == "lagging" && at.Before(lagFrom) {
-			loss.lostBeforeLag++
+		if mode == "lagging" && at.Before(syncedAt) {
+			loss.lostBeforeSync++
 		}
 		s, err := fresh.ClusterKeySlot(ctx, repo.RecordKey("c", key)).Result()
 		require.NoError(t, err)
@@ -305,6 +387,31 @@ func runFailover(t *testing.T, mode string) failoverLoss {
 		}
 	}
 	return loss
+}
+
+// waitForReplica writes a key in the victim's slots and waits (WAIT, on
+// the same connection) until the victim's replica has it; it returns when
+// the write was sent.
+func waitForReplica(t *testing.T, victim *goredis.Client, victimSlots [][2]int) time.Time {
+	t.Helper()
+	ctx := t.Context()
+	key := ""
+	for i := 0; key == ""; i++ {
+		k := fmt.Sprintf("failover-sync-%d", i)
+		s, err := victim.ClusterKeySlot(ctx, k).Result()
+		require.NoError(t, err)
+		if slices.ContainsFunc(victimSlots, func(r [2]int) bool { return int(s) >= r[0] && int(s) <= r[1] }) {
+			key = k
+		}
+	}
+	conn := victim.Conn()
+	defer conn.Close()
+	sent := time.Now()
+	require.NoError(t, conn.Set(ctx, key, sent.UnixNano(), 0).Err())
+	n, err := conn.Wait(ctx, 1, 10*time.Second).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the victim's replica must acknowledge a write before it stalls")
+	return sent
 }
 
 func BenchmarkClusterRepository(b *testing.B) {

@@ -63,4 +63,21 @@
 // not yet streamed (the replication lag). docs/storage.md has the
 // measured cost of persistence, docs/scaling.md the cluster failover
 // measurement.
+//
+// # Durable writes
+//
+// Config.DurableWrites closes that window: every state change is followed
+// by WAIT on the same connection to the record's primary, and returns only
+// once that many replicas have it — or an error wrapping ErrNotDurable
+// after Config.DurableTimeout. A failover that promotes one of those
+// replicas then keeps every acknowledged write (measured in
+// docs/operations.md: 0 lost, against hundreds to thousands without it
+// when the replica lagged). The price is a round trip to a replica per
+// write, and availability: with one replica per primary, a primary whose
+// replica is down or lagging fails every write until it is back. A read
+// does not wait: a record that a write failed with ErrNotDurable left on
+// the primary is seen by the next Acquire or Get before the replica has
+// it.
+//
+//	repo, err := redis.NewRepository(client, redis.Config{DurableWrites: 1})
 package redis

@@ -118,10 +118,14 @@ func (r *Repository) Resolve(ctx context.Context, p repository.ResolveParams) er
 	if p.Action == repository.ResolveRelease {
 		action = "release"
 	}
-	n, err := resolveScript.Run(ctx, r.client, []string{r.storedRecordKey(p.Consumer, p.Key)},
-		p.ExpectedOwner, micros(p.Now), p.Result, flag(p.Result), action).Int64()
+	v, err := r.run(ctx, resolveScript, r.storedRecordKey(p.Consumer, p.Key), replyIsOne,
+		p.ExpectedOwner, micros(p.Now), p.Result, flag(p.Result), action)
 	if err != nil {
 		return fmt.Errorf("redis: resolve (%s): %w", p.Action, err)
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return fmt.Errorf("redis: resolve (%s): unexpected script reply %T %v", p.Action, v, v)
 	}
 	switch n {
 	case 1:

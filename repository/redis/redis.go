@@ -31,38 +31,85 @@ type Config struct {
 	// other data) can share a Redis database. Default: DefaultKeyPrefix.
 	// It must not contain '{' or '}'.
 	KeyPrefix string
+
+	// DurableWrites is how many replicas must acknowledge each state
+	// change (Acquire, Reclaim, Extend, Complete, Release, Resolve)
+	// before it returns: the write is followed by WAIT DurableWrites
+	// DurableTimeout on the same connection to the record's primary. A
+	// write fewer replicas acknowledged in time returns an error wrapping
+	// ErrNotDurable. Default 0: no WAIT, a write returns once its primary
+	// has it (Redis replicates asynchronously, so a failover can lose
+	// it). It must not be negative. The client must be a *redis.Client
+	// (also a Sentinel failover client), a *redis.ClusterClient or a
+	// *redis.Ring. Through a ClusterClient the write goes straight to the
+	// primary of the key's slot: it follows MOVED (a failover), but not
+	// ASK, so during a resharding a write to a key already migrated fails
+	// until its slot has moved.
+	DurableWrites int
+	// DurableTimeout is how long a write waits for the DurableWrites
+	// replicas. Default DefaultDurableTimeout; it must not be negative,
+	// nor shorter than a millisecond (WAIT's unit; 0 would wait forever).
+	// Unused when DurableWrites is 0.
+	DurableTimeout time.Duration
 }
+
+// DefaultDurableTimeout is Config.DurableTimeout's default.
+const DefaultDurableTimeout = time.Second
 
 func (c *Config) setDefaults() {
 	if c.KeyPrefix == "" {
 		c.KeyPrefix = DefaultKeyPrefix
 	}
+	if c.DurableTimeout == 0 {
+		c.DurableTimeout = DefaultDurableTimeout
+	}
 }
 
-// Validate reports whether the configuration is usable; errors wrap
-// ErrInvalidKeyPrefix.
+// Validate reports whether the configuration is usable. Errors about the
+// prefix wrap ErrInvalidKeyPrefix; every error names its field, and all
+// are reported, joined.
 func (c Config) Validate() error {
+	var errs []error
 	if strings.ContainsAny(c.KeyPrefix, "{}") {
-		return fmt.Errorf("%w: %q contains a brace", ErrInvalidKeyPrefix, c.KeyPrefix)
+		errs = append(errs, fmt.Errorf("%w: %q contains a brace", ErrInvalidKeyPrefix, c.KeyPrefix))
 	}
 	if len(c.KeyPrefix) > MaxKeyPrefixLength {
-		return fmt.Errorf("%w: longer than %d bytes", ErrInvalidKeyPrefix, MaxKeyPrefixLength)
+		errs = append(errs, fmt.Errorf("%w: longer than %d bytes", ErrInvalidKeyPrefix, MaxKeyPrefixLength))
 	}
-	return nil
+	if c.DurableWrites < 0 {
+		errs = append(errs, fmt.Errorf("config.DurableWrites (%d) is negative: set the number of replicas to wait for, or 0 for none", c.DurableWrites))
+	}
+	if c.DurableTimeout < 0 {
+		errs = append(errs, fmt.Errorf("config.DurableTimeout (%s) is negative", c.DurableTimeout))
+	} else if c.DurableTimeout > 0 && c.DurableTimeout < time.Millisecond {
+		errs = append(errs, fmt.Errorf("config.DurableTimeout (%s) is shorter than WAIT's millisecond", c.DurableTimeout))
+	}
+	return errors.Join(errs...)
 }
 
 // Repository stores inbox records in Redis, one hash per record. It
 // implements repository.TwoPhase, repository.Reader and
 // repository.Cleaner and is safe for concurrent use. Every state change
 // is one Lua script, atomic on the server (see the package
-// documentation for the key layout, expiry and clock assumptions).
+// documentation for the key layout, expiry and clock assumptions); with
+// Config.DurableWrites a script that changed the record is followed by
+// WAIT, and an error wrapping ErrNotDurable reports a change the replicas
+// did not acknowledge in time.
 type Repository struct {
 	client goredis.UniversalClient
 	prefix string
+	// durable and durableTimeout are Config.DurableWrites and
+	// DurableTimeout; primaryFor finds the client of a key's primary when
+	// durable > 0.
+	durable        int
+	durableTimeout time.Duration
+	primaryFor     func(ctx context.Context, key string) (*goredis.Client, error)
 }
 
 // NewRepository returns a Repository over client (a *redis.Client, a
-// *redis.ClusterClient or any redis.UniversalClient). It needs no schema.
+// *redis.ClusterClient or any redis.UniversalClient; with
+// Config.DurableWrites one of *redis.Client, *redis.ClusterClient and
+// *redis.Ring). It needs no schema.
 func NewRepository(client goredis.UniversalClient, config Config) (*Repository, error) {
 	if client == nil {
 		return nil, errors.New("redis: client is nil")
@@ -71,7 +118,14 @@ func NewRepository(client goredis.UniversalClient, config Config) (*Repository, 
 	if err := config.Validate(); err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}
-	return &Repository{client: client, prefix: config.KeyPrefix}, nil
+	r := &Repository{client: client, prefix: config.KeyPrefix, durable: config.DurableWrites, durableTimeout: config.DurableTimeout}
+	if r.durable > 0 {
+		var err error
+		if r.primaryFor, err = primaryFinder(client); err != nil {
+			return nil, fmt.Errorf("redis: config.DurableWrites: %w", err)
+		}
+	}
+	return r, nil
 }
 
 var consumerEscaper = strings.NewReplacer("%", "%25", ":", "%3A", "{", "%7B", "}", "%7D")
@@ -100,9 +154,9 @@ func (r *Repository) Acquire(ctx context.Context, p repository.AcquireParams) (r
 	if err := storekit.ValidateAcquire(p); err != nil {
 		return repository.Acquisition{}, err
 	}
-	v, err := acquireScript.Run(ctx, r.client, []string{r.RecordKey(p.Consumer, p.Key)},
+	v, err := r.run(ctx, acquireScript, r.RecordKey(p.Consumer, p.Key), replyIsOne,
 		p.Consumer, repository.StorageKey(p.Key), p.PayloadHash, flag(p.PayloadHash), p.Owner,
-		micros(p.Now), micros(p.LeaseUntil), micros(p.ExpiresAt), p.ExpiresAt.UnixMilli()).Result()
+		micros(p.Now), micros(p.LeaseUntil), micros(p.ExpiresAt), p.ExpiresAt.UnixMilli())
 	if err != nil {
 		return repository.Acquisition{}, fmt.Errorf("redis: acquire: %w", err)
 	}
@@ -124,8 +178,8 @@ func (r *Repository) Reclaim(ctx context.Context, p repository.ReclaimParams) (r
 	if err := storekit.ValidateReclaim(p); err != nil {
 		return repository.Record{}, err
 	}
-	v, err := reclaimScript.Run(ctx, r.client, []string{r.RecordKey(p.Consumer, p.Key)},
-		p.PrevOwner, p.Owner, micros(p.Now), micros(p.LeaseUntil)).Result()
+	v, err := r.run(ctx, reclaimScript, r.RecordKey(p.Consumer, p.Key), replyIsRecord,
+		p.PrevOwner, p.Owner, micros(p.Now), micros(p.LeaseUntil))
 	if err != nil {
 		return repository.Record{}, fmt.Errorf("redis: reclaim: %w", err)
 	}
@@ -169,11 +223,13 @@ func (r *Repository) Release(ctx context.Context, p repository.LeaseParams) erro
 // fenced runs a script that starts with the fence and reports
 // repository.ErrLeaseLost when the fence stopped it.
 func (r *Repository) fenced(ctx context.Context, op string, s *goredis.Script, consumer, key, owner string, args ...any) error {
-	n, err := s.Run(ctx, r.client, []string{r.RecordKey(consumer, key)}, append([]any{owner}, args...)...).Int64()
+	v, err := r.run(ctx, s, r.RecordKey(consumer, key), replyIsOne, append([]any{owner}, args...)...)
 	if err != nil {
 		return fmt.Errorf("redis: %s: %w", op, err)
 	}
-	if n == 0 {
+	if n, ok := v.(int64); !ok {
+		return fmt.Errorf("redis: %s: unexpected script reply %T %v", op, v, v)
+	} else if n == 0 {
 		return fmt.Errorf("redis: %s: %w", op, repository.ErrLeaseLost)
 	}
 	return nil

@@ -16,11 +16,11 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository/repotest"
 )
 
-func TestConformance(t *testing.T) { runConformance(t, "redis", testenv.Redis(t)) }
+func TestConformance(t *testing.T) { runConformance(t, "redis", testenv.Redis(t), redis.Config{}) }
 
 // runConformance runs the conformance suite on client (one server or a
-// cluster).
-func runConformance(t *testing.T, name string, client goredis.UniversalClient) {
+// cluster) with config, under a key prefix per case.
+func runConformance(t *testing.T, name string, client goredis.UniversalClient, config redis.Config) {
 	repotest.Run(t, repotest.Backend{
 		Name:     name,
 		Features: repotest.Features{TwoPhase: true, NoSQLTable: true, ExpiryByTTL: true, Operator: true, Stats: true},
@@ -28,7 +28,9 @@ func runConformance(t *testing.T, name string, client goredis.UniversalClient) {
 			// The suite's random table name namespaces the case's keys.
 			prefix := "watermill-idempotent-test:" + table + ":"
 			testenv.DeleteRedisKeysOnCleanup(t, client, prefix)
-			return redis.NewRepository(client, redis.Config{KeyPrefix: prefix})
+			c := config // the cases run in parallel: each sets its own prefix
+			c.KeyPrefix = prefix
+			return redis.NewRepository(client, c)
 		},
 	})
 }
