@@ -17,7 +17,7 @@
 //	robustness.PrintTable(os.Stdout, results) // backend × fault → ops, linearizable, anomalies
 //
 // The servers are private (PostgreSQL cluster 15/robust on port 5460,
-// redis-server on 6390 and 6391), created for the run and removed after
+// redis-server on 6390, 6391 and 6400), created for the run and removed after
 // it; on the shared MariaDB the suite uses a database of its own and
 // kills only its own connections. go run ./chaos/cmd/chaos -config
 // robust runs the short profile (make chaos-ci), -config robust-full the
