@@ -116,9 +116,6 @@ type InboxSQL struct {
 	// ClaimBatch is Claim for many rows: its one VALUES row is repeated,
 	// five arguments a row; with RETURNING where conflicts are ignored.
 	ClaimBatch SQL
-	// ClaimWithBegin is the claim PostgreSQL sends in the round trip of
-	// BEGIN: a taken key fails it with a unique violation.
-	ClaimWithBegin SQL
 	Get            SQL // the record
 	LockedGet      SQL // the record, latest committed
 	Save           SQL // $3 result

@@ -91,7 +91,7 @@ func (f *fixture) claimTx(ctx context.Context, p repository.ClaimParams) (reposi
 	if err != nil {
 		return repository.Claim{}, err
 	}
-	c, err := f.tx.ClaimTx(ctx, tx, p)
+	c, err := claimOne(ctx, f.tx, tx, p)
 	if err != nil || !c.Claimed {
 		return c, errors.Join(err, tx.Rollback())
 	}
@@ -266,7 +266,7 @@ func (f *fixture) seed(ctx context.Context, prefix string, n int, createdAt time
 	}
 	for i := range n {
 		key := fmt.Sprintf("%s-%d", prefix, i)
-		if _, err := f.tx.ClaimTx(ctx, tx, repository.ClaimParams{
+		if _, err := claimOne(ctx, f.tx, tx, repository.ClaimParams{
 			Consumer: "bench", Key: key, PayloadHash: repository.HashPayload([]byte(key)),
 			Now: createdAt, ExpiresAt: createdAt.Add(ttl),
 		}); err != nil {

@@ -78,20 +78,29 @@ type VersionConfig = Config
 // microseconds. It implements repository.Transactional,
 // BatchTransactional, TwoPhase, Reader, Cleaner, Operator and Stats and is
 // safe for concurrent use.
-type Repository struct{ s *sqlstore.Inbox }
+type Repository struct {
+	driver
+	s *sqlstore.Inbox
+}
+
+// driver is the repository.Driver half of a repository: the claim, the
+// result and the transactions (see internal/sqlstore.Driver).
+type driver = sqlstore.Driver[*sql.Tx]
 
 // VersionStore keeps the last applied version per (consumer, entity) in
 // SQLite. It implements repository.VersionGuard and is safe for
 // concurrent use. Rows never expire (an old version could apply again):
 // delete one when the entity itself is deleted.
-type VersionStore struct{ s *sqlstore.Versions }
+type VersionStore struct {
+	s *sqlstore.Versions
+}
 
 // NewRepository returns a Repository over db, opened with Open or DSN. It
 // does not create the schema: call Migrate, or apply Migrations with your
 // migration tool.
 func NewRepository(db *sql.DB, config Config) (*Repository, error) {
 	s, err := sqlstore.NewInbox(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
-	return sqlstore.OrNil(&Repository{s}, err)
+	return sqlstore.OrNil(&Repository{driver: driver{Store: s, Txs: sqlstore.StdTxs{DB: db}}, s: s}, err)
 }
 
 // NewVersionStore returns a VersionStore over db; like NewRepository, it
