@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
@@ -117,8 +119,8 @@ func groupTx(ctx context.Context, begin middleware.BatchClaimBeginner, b *busine
 			return errors.New("a fresh key was not claimed")
 		}
 	}
-	q, ok := pgxinbox.TxFromContext(tx.WithTx(ctx))
-	if !ok {
+	q, txErr := idempotency.Tx[pgx.Tx](tx.WithTx(ctx))
+	if txErr != nil {
 		return errors.New("no pgx transaction in the batch's context")
 	}
 	for _, m := range msgs {

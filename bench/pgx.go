@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -62,8 +64,8 @@ func (p *pgxDB) bare(b *business) message.HandlerFunc {
 // inInbox is B's handler on pgx: the INSERT in the inbox's pgx.Tx.
 func inInboxPgx(b *business) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := pgxinbox.TxFromContext(msg.Context())
-		if !ok {
+		tx, txErr := idempotency.Tx[pgx.Tx](msg.Context())
+		if txErr != nil {
 			return nil, errors.New("no pgx inbox transaction in the context")
 		}
 		_, err := tx.Exec(msg.Context(), b.insertSQL, msg.UUID, len(msg.Payload))

@@ -182,8 +182,8 @@ func (b *business) bare(msg *message.Message) ([]*message.Message, error) {
 // inInbox is the handler behind the inbox: the INSERT in the inbox's
 // transaction.
 func (b *business) inInbox(msg *message.Message) ([]*message.Message, error) {
-	tx, ok := middleware.TxFromContext(msg.Context())
-	if !ok {
+	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+	if txErr != nil {
 		return nil, errors.New("no inbox transaction in the context")
 	}
 	return nil, b.insert(msg.Context(), tx, msg)

@@ -14,13 +14,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/watermill-idempotent/health"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
@@ -360,7 +358,7 @@ func newService(ctx context.Context, dsn, driver, prefix string, pub message.Pub
 			if err := obs[i].Migrate(ctx, db); err != nil {
 				return svc, err
 			}
-			inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: scopes[i], Outputs: obs[i].Outputs("svc")})
+			inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: scopes[i], Outputs: obs[i].Outputs("svc")})
 			if err != nil {
 				return svc, err
 			}
@@ -396,8 +394,7 @@ func newService(ctx context.Context, dsn, driver, prefix string, pub message.Pub
 			if err := pgxoutbox.Migrate(ctx, obs[i], pool); err != nil {
 				return svc, err
 			}
-			inbox, err := middleware.NewInbox(middleware.Config{Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
-				Repository: repo, Consumer: scopes[i], Outputs: pgxoutbox.Outputs(obs[i], "svc")})
+			inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: scopes[i], Outputs: pgxoutbox.Outputs(obs[i], "svc")})
 			if err != nil {
 				return svc, err
 			}

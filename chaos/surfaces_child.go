@@ -235,7 +235,7 @@ func runCaller(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 	var attempt attemptFunc
 	switch sp.API {
 	case apiOnceTx:
-		o, err := once.NewTransactional(once.Config{DB: db, Repository: repo, Scope: "chaos", Logger: logger})
+		o, err := once.NewTransactional(repo, once.Config{Scope: "chaos", Logger: logger})
 		if err != nil {
 			return err
 		}

@@ -36,8 +36,7 @@ func TestBatchFillsWhileItWaitsForAConnection(t *testing.T) {
 				mu    sync.Mutex
 				sizes []int
 			)
-			inbox, err := NewInbox(Config{
-				DB: db, Repository: repo, Consumer: "billing", Logger: watermill.NopLogger{},
+			inbox, err := NewInbox(repo, Config{Consumer: "billing", Logger: watermill.NopLogger{},
 				Batch: BatchConfig{MaxMessages: 8, MaxWait: time.Millisecond, Fixed: true},
 				Observer: reserveObserver(func(d idempotency.Delivery) {
 					mu.Lock()
@@ -117,8 +116,7 @@ func reserveTestStore(t *testing.T, backend string) (*sql.DB, repository.Transac
 // hangs, and no handler runs.
 func TestBatchReserveFailureFailsTheDeliveries(t *testing.T) {
 	db, repo := reserveTestStore(t, "sqlite")
-	inbox, err := NewInbox(Config{
-		DB: db, Repository: repo, Consumer: "billing", Logger: watermill.NopLogger{},
+	inbox, err := NewInbox(repo, Config{Consumer: "billing", Logger: watermill.NopLogger{},
 		Batch: BatchConfig{MaxMessages: 4, MaxWait: time.Millisecond, Fixed: true},
 	})
 	require.NoError(t, err)

@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
@@ -38,9 +38,9 @@ type txSet struct {
 // driver.
 func (s *txSet) add(msg *message.Message) {
 	var tx any
-	if std, ok := middleware.TxFromContext(msg.Context()); ok {
+	if std, ok := idempotency.Tx[*sql.Tx](msg.Context()); ok {
 		tx = std
-	} else if pgxTx, ok := pgxinbox.TxFromContext(msg.Context()); ok {
+	} else if pgxTx, ok := idempotency.Tx[pgx.Tx](msg.Context()); ok {
 		tx = pgxTx
 	}
 	s.mu.Lock()
@@ -154,7 +154,7 @@ func TestBatchConfigValidation(t *testing.T) {
 		{middleware.BatchConfig{MaxMessages: middleware.MaxBatchMessages + 1}, "MaxMessages"},
 		{middleware.BatchConfig{MaxMessages: 8, MaxWait: -time.Second}, "MaxWait"},
 	} {
-		_, err := middleware.NewInbox(middleware.Config{DB: &sql.DB{}, Repository: s.repo, Consumer: "shop", Batch: c.batch})
+		_, err := middleware.NewInbox(s.repo, middleware.Config{Consumer: "shop", Batch: c.batch})
 		require.ErrorContains(t, err, c.want)
 	}
 }

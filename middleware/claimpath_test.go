@@ -66,7 +66,7 @@ func claimPath(t *testing.T) []string {
 	repo, err := sqlite.NewRepository(db, sqlite.Config{})
 	require.NoError(t, err)
 	require.NoError(t, repo.Migrate(t.Context()))
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "trace"})
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "trace"})
 	require.NoError(t, err)
 
 	tr.arm()

@@ -53,7 +53,7 @@ func TestConfigValidate(t *testing.T) {
 		// Seconds of retention is a mistake unless the window is declared
 		// that short: the default window (1 h) refuses it.
 		"retention shorter than the default window": {func(c *middleware.Config) { c.Retention = time.Second }, "config.Retention (1s) is shorter than RedeliveryWindow (1h0m0s)"},
-		"DB and Beginner":            {func(c *middleware.Config) { c.Beginner = beginner }, "both set"},
+		"DB and Beginner": {func(c *middleware.Config) { c.Beginner = beginner }, "both set"},
 		"Beginner with TxOptions": {func(c *middleware.Config) {
 			c.DB, c.Beginner, c.TxOptions = nil, beginner, &sql.TxOptions{}
 		}, "TxOptions needs Config.DB"},

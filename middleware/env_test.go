@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -179,15 +181,15 @@ func (s *store) q(query string) string {
 // on the others.
 func (s *store) execInTx(ctx context.Context, query string, args ...any) error {
 	if s.pool != nil {
-		tx, ok := pgxinbox.TxFromContext(ctx)
-		if !ok {
+		tx, txErr := idempotency.Tx[pgx.Tx](ctx)
+		if txErr != nil {
 			return errors.New("no pgx inbox transaction in the context")
 		}
 		_, err := tx.Exec(ctx, s.q(query), args...)
 		return err
 	}
-	tx, ok := middleware.TxFromContext(ctx)
-	if !ok {
+	tx, txErr := idempotency.Tx[*sql.Tx](ctx)
+	if txErr != nil {
 		return errors.New("no inbox transaction in the context")
 	}
 	_, err := tx.ExecContext(ctx, s.q(query), args...)
@@ -273,8 +275,8 @@ func (h *chargeHandler) Handle(msg *message.Message) (_ []*message.Message, err 
 	if h.s.pool != nil {
 		return h.handlePgx(msg)
 	}
-	tx, ok := middleware.TxFromContext(msg.Context())
-	if !ok {
+	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+	if txErr != nil {
 		// Without the inbox (the Deduplicator comparison) the handler
 		// commits its own transaction, as a plain handler would.
 		if tx, err = h.s.db.BeginTx(msg.Context(), nil); err != nil {
@@ -307,8 +309,8 @@ func (h *chargeHandler) Handle(msg *message.Message) (_ []*message.Message, err 
 
 // handlePgx is Handle on the pgx inbox transaction.
 func (h *chargeHandler) handlePgx(msg *message.Message) ([]*message.Message, error) {
-	tx, ok := pgxinbox.TxFromContext(msg.Context())
-	if !ok {
+	tx, txErr := idempotency.Tx[pgx.Tx](msg.Context())
+	if txErr != nil {
 		return nil, errors.New("no pgx inbox transaction in the context")
 	}
 	var o order

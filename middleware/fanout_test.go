@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -353,8 +354,8 @@ var inboxModes = []inboxMode{
 // in the inbox transaction (transactional mode only).
 func chargeEffect(s *store) func(msg *message.Message, handler, orderID string) error {
 	return func(msg *message.Message, handler, orderID string) error {
-		tx, ok := middleware.TxFromContext(msg.Context())
-		if !ok {
+		tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+		if txErr != nil {
 			return nil
 		}
 		_, err := tx.ExecContext(msg.Context(), s.q(`INSERT INTO `+s.charges+` (order_id, amount) VALUES (?, 1)`), handler+"/"+orderID)

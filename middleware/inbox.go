@@ -258,9 +258,9 @@ func (c Config) Validate() error {
 // A concurrent delivery of the same key waits on the database until the
 // first transaction ends. Inbox is safe for concurrent use.
 type Inbox struct {
-	config Config
-	scope  scoping
-	obs    observability
+	config   Config
+	scope    scoping
+	obs      observability
 	beginner beginner
 	batch    *batcher // nil unless Config.Batch is on
 	reader   repository.Reader

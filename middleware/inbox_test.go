@@ -182,7 +182,7 @@ func TestInboxContextAccessors(t *testing.T) {
 		mw := s.newInbox(t, "billing", func(c *middleware.Config) {
 			c.Key = middleware.JSONFieldKey("order_id")
 		}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
-			_, sawTx = middleware.TxFromContext(msg.Context())
+			_, sawTx = idempotency.Tx[*sql.Tx](msg.Context())
 			key, sawKey = idempotency.KeyFromContext(msg.Context())
 			return nil, nil
 		})
@@ -193,7 +193,7 @@ func TestInboxContextAccessors(t *testing.T) {
 		require.True(t, sawKey)
 		require.Equal(t, "o-77", key)
 
-		_, ok := middleware.TxFromContext(msg.Context())
+		_, ok := idempotency.Tx[*sql.Tx](msg.Context())
 		require.False(t, ok, "the finished transaction does not leak out of the handler")
 		_, ok = idempotency.KeyFromContext(msg.Context())
 		require.False(t, ok)
@@ -344,8 +344,6 @@ func TestInboxReadFirst(t *testing.T) {
 
 func TestInboxReadFirstNeedsReader(t *testing.T) {
 	s := newSQLiteStore(t)
-	_, err := middleware.NewInbox(middleware.Config{
-		DB: s.db, Repository: struct{ repository.Transactional }{s.repo}, Consumer: "billing", ReadFirst: true,
-	})
+	_, err := middleware.NewInbox(struct{ repository.Transactional }{s.repo}, middleware.Config{Consumer: "billing", ReadFirst: true})
 	require.ErrorContains(t, err, "ReadFirst needs a Repository implementing repository.Reader")
 }

@@ -497,7 +497,7 @@ func TestVersionGuardTwoHandlers(t *testing.T) {
 				obs := &scopeObserver{}
 				var mw message.HandlerMiddleware
 				if mode == "transactional" {
-					inbox, err := middleware.NewInbox(middleware.Config{DB: v.d.db, Repository: v.repo, Consumer: "shop", Observer: obs})
+					inbox, err := middleware.NewInbox(v.repo, middleware.Config{Consumer: "shop", Observer: obs})
 					require.NoError(t, err)
 					mw = inbox.Middleware
 				} else {

@@ -1,6 +1,7 @@
 package middleware_test
 
 import (
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -91,7 +92,7 @@ func newVersioned(t *testing.T, d dialect) *versioned {
 		applied:     map[entityUpdate]int{},
 	}
 	var err error
-	v.inbox, err = middleware.NewInbox(middleware.Config{DB: d.db, Repository: repo, Consumer: "projector", Observer: v.counter})
+	v.inbox, err = middleware.NewInbox(repo, middleware.Config{Consumer: "projector", Observer: v.counter})
 	require.NoError(t, err)
 	v.guard, err = middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: guard, Consumer: "projector"})
 	require.NoError(t, err)
@@ -118,7 +119,7 @@ func (v *versioned) handle(msg *message.Message) ([]*message.Message, error) {
 	v.lastApplied[u.Entity] = u.Version
 	v.applied[u]++
 	v.mu.Unlock()
-	tx, _ := middleware.TxFromContext(ctx)
+	tx, _ := idempotency.Tx[*sql.Tx](ctx)
 	_, err := tx.ExecContext(ctx, v.d.q(`UPDATE `+v.state+` SET version = ?, body = ? WHERE entity = ?`),
 		u.Version, fmt.Sprintf("state at v%d", u.Version), u.Entity)
 	return nil, err

@@ -40,7 +40,7 @@ func insert(table string) once.TxFunc {
 }
 
 func newTransactional(t *testing.T, s *backends.Store) *once.Transactional {
-	o, err := once.NewTransactional(once.Config{DB: s.DB, Repository: s.SQL, Scope: backends.RandomName("etl")})
+	o, err := once.NewTransactional(s.SQL, once.Config{Scope: backends.RandomName("etl")})
 	require.NoError(t, err)
 	return o
 }

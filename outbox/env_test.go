@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
@@ -388,14 +390,14 @@ func newConsumerInbox(t *testing.T, b backend) *consumerInbox {
 	_, err := c.db.Exec(`CREATE TABLE ` + c.effects + ` (uuid VARCHAR(255) NOT NULL)`)
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = c.db.Exec(`DROP TABLE ` + c.effects) })
-	c.inbox, err = middleware.NewInbox(middleware.Config{DB: c.db, Repository: repo, Consumer: "outbox-test"})
+	c.inbox, err = middleware.NewInbox(repo, middleware.Config{Consumer: "outbox-test"})
 	require.NoError(t, err)
 	return c
 }
 
 func (c *consumerInbox) handler(msg *message.Message) ([]*message.Message, error) {
-	tx, ok := middleware.TxFromContext(msg.Context())
-	if !ok {
+	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+	if txErr != nil {
 		return nil, fmt.Errorf("no inbox transaction")
 	}
 	_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+c.effects+` (uuid) VALUES (`+c.ph(1)+`)`, msg.UUID)

@@ -59,7 +59,7 @@ var entries = map[string]struct {
 	"inbox": {span: "inbox billing", mode: "transactional", kind: trace.SpanKindConsumer,
 		run: func(t *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error {
 			db, repo := sqliteRepo(t)
-			inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing", Observer: obs})
+			inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "billing", Observer: obs})
 			require.NoError(t, err)
 			return deliver(inbox.Middleware, parent, key, work)
 		}},
@@ -83,7 +83,7 @@ var entries = map[string]struct {
 	"once transactional": {span: "once billing", mode: "once", kind: trace.SpanKindInternal,
 		run: func(t *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error {
 			db, repo := sqliteRepo(t)
-			o, err := once.NewTransactional(once.Config{DB: db, Repository: repo, Scope: "billing", Observer: obs})
+			o, err := once.NewTransactional(repo, once.Config{Scope: "billing", Observer: obs})
 			require.NoError(t, err)
 			_, err = o.Do(parent, key, func(ctx context.Context, _ *sql.Tx) ([]byte, error) { return nil, work(ctx) })
 			return err

@@ -32,6 +32,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 
@@ -111,12 +113,12 @@ func run(n, c, repeat int, only string) error {
 		return nil, tx.Commit()
 	}
 	inInbox := func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := middleware.TxFromContext(msg.Context())
+		tx, _ := idempotency.Tx[*sql.Tx](msg.Context())
 		_, err := tx.ExecContext(msg.Context(), insert, msg.UUID)
 		return nil, err
 	}
 	withInbox := func(batch middleware.BatchConfig) (message.HandlerFunc, error) {
-		i, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "cpucost", Batch: batch})
+		i, err := middleware.NewInbox(repo, middleware.Config{Consumer: "cpucost", Batch: batch})
 		if err != nil {
 			return nil, err
 		}

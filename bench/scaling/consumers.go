@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/idemkit/watermill-idempotent/bench/internal/brokers"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -154,14 +156,14 @@ func runConsumerChild(c childArgs) error {
 	if err != nil {
 		return err
 	}
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "scaling"})
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "scaling"})
 	if err != nil {
 		return err
 	}
 	insert := `INSERT INTO ` + c.orders + ` (id, amount) VALUES ($1, $2)`
 	handler := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := middleware.TxFromContext(msg.Context())
-		if !ok {
+		tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+		if txErr != nil {
 			return nil, errors.New("no inbox transaction in the context")
 		}
 		_, err := tx.ExecContext(msg.Context(), insert, msg.UUID, len(msg.Payload))

@@ -184,8 +184,7 @@ func (s *shop) deduplicator(router *message.Router, dedup *wmiddleware.Deduplica
 // panic becomes an error the inbox rolls back). Middlewares added first
 // run outermost.
 func (s *shop) inbox(router *message.Router, repo *postgres.Repository, key middleware.KeyFunc, inTx []message.HandlerMiddleware) error {
-	inbox, err := middleware.NewInbox(middleware.Config{
-		DB: s.db, Repository: repo, Consumer: "shop", Key: key,
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "shop", Key: key,
 		Retention: retention, RedeliveryWindow: retention,
 	})
 	if err != nil {
@@ -236,7 +235,7 @@ func legacyKey(repo repository.Transactional, old middleware.KeyFunc) message.Ha
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
-			tx, ok := middleware.TxFromContext(ctx)
+			tx, ok := idempotency.Tx[*sql.Tx](ctx)
 			scope, _ := idempotency.ScopeFromContext(ctx)
 			if !ok {
 				return nil, fmt.Errorf("legacyKey must run inside the inbox")
@@ -280,7 +279,7 @@ func (s *shop) charge(msg *message.Message) error {
 	if err != nil {
 		return err
 	}
-	tx, _ := middleware.TxFromContext(msg.Context())
+	tx, _ := idempotency.Tx[*sql.Tx](msg.Context())
 	_, err = tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, cents) VALUES ($1, $2)`, o.ID, o.Cents)
 	return err
 }

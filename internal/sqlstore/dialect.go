@@ -116,10 +116,10 @@ type InboxSQL struct {
 	// ClaimBatch is Claim for many rows: its one VALUES row is repeated,
 	// five arguments a row; with RETURNING where conflicts are ignored.
 	ClaimBatch SQL
-	Get            SQL // the record
-	LockedGet      SQL // the record, latest committed
-	Save           SQL // $3 result
-	Exists         SQL // COUNT of the key, latest committed
+	Get        SQL // the record
+	LockedGet  SQL // the record, latest committed
+	Save       SQL // $3 result
+	Exists     SQL // COUNT of the key, latest committed
 	// Acquire inserts an in-progress record ($3 payload hash, $4 owner,
 	// $5 lease until, $6 now, $7 expiry) unless the key is taken.
 	Acquire SQL

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
@@ -17,7 +19,6 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -111,8 +112,7 @@ func count(t *testing.T, pool *pgxpool.Pool, table string) int {
 func TestPgxInboxOutboxRelay(t *testing.T) {
 	pool, repo, ob := setup(t)
 
-	inbox, err := middleware.NewInbox(middleware.Config{
-		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
+	inbox, err := middleware.NewInbox(repo, middleware.Config{
 		Consumer: "shipping",
 		Outputs:  pgxoutbox.Outputs(ob, "shipments"),
 	})
@@ -120,8 +120,8 @@ func TestPgxInboxOutboxRelay(t *testing.T) {
 	runs := 0
 	handler := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		runs++
-		tx, ok := pgxinbox.TxFromContext(msg.Context())
-		require.True(t, ok)
+		tx, txErr := idempotency.Tx[pgx.Tx](msg.Context())
+		require.NoError(t, txErr)
 		audit := message.NewMessage("audit-"+msg.UUID, msg.Payload)
 		if err := pgxoutbox.WriteTx(msg.Context(), ob, tx, outbox.Outgoing{Topic: "audit", Message: audit}); err != nil {
 			return nil, err
@@ -174,8 +174,7 @@ func TestOutputsNeedPgxInbox(t *testing.T) {
 	ctx := t.Context()
 	pool, repo, ob := setup(t)
 
-	inbox, err := middleware.NewInbox(middleware.Config{
-		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
+	inbox, err := middleware.NewInbox(repo, middleware.Config{
 		Consumer: "c",
 		Outputs:  ob.Outputs("out"),
 	})

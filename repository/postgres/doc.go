@@ -11,7 +11,7 @@
 //		Consumer: "shop",
 //	})
 //	// in the handler, hand the pgx.Tx to sqlc's pgx-mode queries:
-//	tx, _ := pgxinbox.TxFromContext(msg.Context())
+//	tx, _ := idempotency.Tx[pgx.Tx](msg.Context())
 //	err := queries.WithTx(tx).InsertCharge(msg.Context(), params)
 //
 // Claims and Acquire are INSERT … ON CONFLICT DO NOTHING on the primary key

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -86,12 +88,12 @@ func runPartitionedInbox(t *testing.T, batch int) {
 	_, err = db.ExecContext(ctx, `CREATE TABLE "`+effects+`" (message_uuid TEXT NOT NULL)`)
 	require.NoError(t, err)
 
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing",
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "billing",
 		Batch: middleware.BatchConfig{MaxMessages: batch}})
 	require.NoError(t, err)
 	handler := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := middleware.TxFromContext(msg.Context())
-		if !ok {
+		tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+		if txErr != nil {
 			return nil, errors.New("no inbox transaction")
 		}
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO "`+effects+`" (message_uuid) VALUES ($1)`, msg.UUID)

@@ -16,7 +16,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
@@ -44,8 +43,8 @@ func Migrate(ctx context.Context, db *sql.DB) (*postgres.Repository, error) {
 // transaction (middleware.TxFromContext), so the row and the inbox's
 // marker commit together.
 func Record(msg *message.Message) error {
-	tx, ok := middleware.TxFromContext(msg.Context())
-	if !ok {
+	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+	if txErr != nil {
 		return fmt.Errorf("ledger: no inbox transaction in the message's context")
 	}
 	_, err := tx.ExecContext(msg.Context(), `INSERT INTO ledger (uuid, payload) VALUES ($1, $2)`, msg.UUID, string(msg.Payload))

@@ -8,7 +8,7 @@
 // "already processed" marker, and they do not know which broker delivers
 // to them: Run wires them to whatever broker.Open returned.
 //
-//	inbox, _ := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop",
+//	inbox, _ := middleware.NewInbox(repo, middleware.Config{ Consumer: "shop",
 //		Outputs: ob.Outputs("payments")}) // payments leave through the outbox
 //	billing := &shop.Billing{Store: store}
 //	router.AddHandler("billing", "orders", sub, "payments", pub, billing.Handle)
@@ -20,6 +20,7 @@ package shop
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,8 +69,8 @@ func (b *Billing) Handle(msg *message.Message) ([]*message.Message, error) {
 	if err := json.Unmarshal(msg.Payload, &o); err != nil {
 		return nil, fmt.Errorf("decoding order %s: %w", msg.UUID, err)
 	}
-	tx, ok := middleware.TxFromContext(ctx)
-	if !ok {
+	tx, txErr := idempotency.Tx[*sql.Tx](ctx)
+	if txErr != nil {
 		return nil, errors.New("billing must run inside the inbox middleware")
 	}
 	markRan(ctx)
@@ -113,8 +114,8 @@ func (r *Receipts) Handle(msg *message.Message) error {
 	if err := json.Unmarshal(msg.Payload, &p); err != nil {
 		return fmt.Errorf("decoding payment %s: %w", msg.UUID, err)
 	}
-	tx, ok := middleware.TxFromContext(ctx)
-	if !ok {
+	tx, txErr := idempotency.Tx[*sql.Tx](ctx)
+	if txErr != nil {
 		return errors.New("receipts must run inside the inbox middleware")
 	}
 	return r.Store.Receipt(ctx, tx, msg.UUID, p)
