@@ -38,7 +38,7 @@ type BatchConfig struct {
 	// runs: a batch runs as soon as it is full. With fewer database
 	// connections than deliveries in flight, the deliveries in flight
 	// divided by the connections is enough (a batch waiting for a
-	// connection goes on filling, see ReservingBeginner). At most
+	// connection goes on filling, see repository.Driver's Reserve). At most
 	// MaxBatchMessages.
 	MaxMessages int
 	// MaxWait is the longest the first delivery of a batch waits for

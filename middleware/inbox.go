@@ -122,11 +122,9 @@ type Config struct {
 	// turn on the shared transaction and see each other's writes; a
 	// failing handler's delivery fails alone (the others run again
 	// without it). ReadFirst is not used in batch mode (a duplicate
-	// costs one read inside the batch). With a Beginner the keys are
-	// claimed one by one in the shared transaction, unless it is a
-	// BatchClaimBeginner (pgxinbox's is: BEGIN and one multi-row claim in
-	// one round trip). See BatchConfig and docs/batching.md. Default:
-	// zero (off).
+	// costs one read inside the batch). The batch's keys are claimed
+	// with one multi-row claim. See BatchConfig and docs/batching.md.
+	// Default: zero (off).
 	Batch BatchConfig
 }
 

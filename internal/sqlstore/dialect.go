@@ -1,5 +1,5 @@
 // Package sqlstore is the one SQL implementation of the storage contracts
-// (repository.Transactional, TwoPhase, Reader, Cleaner, Operator, Stats,
+// (repository.Driver's claims, TwoPhase, Reader, Cleaner, Operator, Stats,
 // VersionGuard), of the outbox's statements and of versioned migrations.
 //
 // Each database's SQL is on one page: postgres.go, mysql.go and sqlite.go

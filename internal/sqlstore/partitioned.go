@@ -512,7 +512,7 @@ func (s *PartitionedInbox) RetryableTx(err error) bool { return s.in.RetryableTx
 // The operations below neither insert a key nor change expires_at: they
 // are the plain store's.
 
-// SaveResultOn is SaveResultTx on any driver's transaction.
+// SaveResultOn stores p's result in the transaction ex runs in.
 func (s *PartitionedInbox) SaveResultOn(ctx context.Context, ex Executor, p repository.SaveResultParams) error {
 	return s.in.SaveResultOn(ctx, ex, p)
 }

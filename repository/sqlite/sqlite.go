@@ -44,7 +44,7 @@ func DSN(path string) string {
 // has one writer anyway: waiters queue in Go's pool instead of polling
 // SQLite's lock, which under sustained contention can miss every free
 // moment for longer than the busy timeout (SQLITE_BUSY). So inside a
-// handler use the transaction from middleware.TxFromContext, never the
+// handler use the transaction from idempotency.Tx[*sql.Tx], never the
 // *sql.DB, which would wait for the transaction waiting for it.
 func Open(path string) (*sql.DB, error) {
 	db, err := sql.Open("sqlite", DSN(path))
@@ -75,9 +75,9 @@ func (c Config) Validate() error { return sqlstore.Config(c).Validate() }
 type VersionConfig = Config
 
 // Repository stores inbox records in SQLite, timestamps as Unix
-// microseconds. It implements repository.Transactional,
-// BatchTransactional, TwoPhase, Reader, Cleaner, Operator and Stats and is
-// safe for concurrent use.
+// microseconds. It is the repository.Driver[*sql.Tx] the transactional
+// inbox takes, implements repository.TwoPhase, Reader, Cleaner, Operator
+// and Stats and is safe for concurrent use.
 type Repository struct {
 	driver
 	s *sqlstore.Inbox
