@@ -273,9 +273,9 @@ func billingHandler(s spec, shared *sharing) message.HandlerFunc {
 		if err := json.Unmarshal(msg.Payload, &o); err != nil {
 			return nil, err
 		}
-		tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
-		if txErr != nil {
-			return nil, errors.New("billing: no inbox transaction in the context")
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, fmt.Errorf("billing: %w", err)
 		}
 		if _, err := tx.ExecContext(msg.Context(), insert, o.OrderID, s.Name); err != nil {
 			return nil, err
@@ -294,11 +294,11 @@ func receiptsHandler(s spec) message.NoPublishHandlerFunc {
 		if err := json.Unmarshal(msg.Payload, &o); err != nil {
 			return err
 		}
-		tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
-		if txErr != nil {
-			return errors.New("receipts: no inbox transaction in the context")
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return fmt.Errorf("receipts: %w", err)
 		}
-		_, err := tx.ExecContext(msg.Context(), insert, o.OrderID, s.Name)
+		_, err = tx.ExecContext(msg.Context(), insert, o.OrderID, s.Name)
 		return err
 	}
 }

@@ -32,12 +32,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemkit/watermill-idempotent/idempotency"
-
 	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -113,8 +112,11 @@ func run(n, c, repeat int, only string) error {
 		return nil, tx.Commit()
 	}
 	inInbox := func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := idempotency.Tx[*sql.Tx](msg.Context())
-		_, err := tx.ExecContext(msg.Context(), insert, msg.UUID)
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, err
+		}
+		_, err = tx.ExecContext(msg.Context(), insert, msg.UUID)
 		return nil, err
 	}
 	withInbox := func(batch middleware.BatchConfig) (message.HandlerFunc, error) {

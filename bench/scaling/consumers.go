@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/watermill-idempotent/idempotency"
-
 	"github.com/idemkit/watermill-idempotent/bench/internal/brokers"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/bench/internal/stats"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
@@ -162,11 +161,11 @@ func runConsumerChild(c childArgs) error {
 	}
 	insert := `INSERT INTO ` + c.orders + ` (id, amount) VALUES ($1, $2)`
 	handler := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
-		if txErr != nil {
-			return nil, errors.New("no inbox transaction in the context")
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, err
 		}
-		_, err := tx.ExecContext(msg.Context(), insert, msg.UUID, len(msg.Payload))
+		_, err = tx.ExecContext(msg.Context(), insert, msg.UUID, len(msg.Payload))
 		return nil, err
 	})
 	var (

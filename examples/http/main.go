@@ -101,8 +101,11 @@ func run(ctx context.Context, dbPath string, out io.Writer, wrap ...message.Hand
 	}
 	router.AddMiddleware(append(wrap, inbox.Middleware)...)
 	router.AddConsumerHandler("shipping", "orders.placed", pubSub, func(msg *message.Message) error {
-		tx, _ := idempotency.Tx[*sql.Tx](msg.Context())
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO shipments (order_id) VALUES (?)`, string(msg.Payload))
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(msg.Context(), `INSERT INTO shipments (order_id) VALUES (?)`, string(msg.Payload))
 		return err
 	})
 

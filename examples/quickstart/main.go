@@ -29,12 +29,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemkit/watermill-idempotent/idempotency"
-
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
@@ -252,7 +251,10 @@ func (f *flow) bill(msg *message.Message) ([]*message.Message, error) {
 	f.failed[o.OrderID] = true
 	f.mu.Unlock()
 
-	tx, _ := idempotency.Tx[*sql.Tx](msg.Context())
+	tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+	if err != nil {
+		return nil, err
+	}
 	if _, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, customer, amount_cents) VALUES (?, ?, ?)`,
 		o.OrderID, o.Customer, o.Amount); err != nil {
 		return nil, err

@@ -117,9 +117,9 @@ func charge(msg *message.Message) ([]*message.Message, error) {
 	if err := json.Unmarshal(msg.Payload, &o); err != nil {
 		return nil, fmt.Errorf("%w: %w", errMalformed, err)
 	}
-	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
-	if txErr != nil {
-		return nil, errors.New("charge must run inside the inbox middleware")
+	tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+	if err != nil {
+		return nil, err
 	}
 	if _, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, cents) VALUES ($1, $2)`, o.ID, o.Cents); err != nil {
 		return nil, err // rolls back the charge and the marker: the retry is safe

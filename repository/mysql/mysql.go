@@ -52,9 +52,10 @@ func (c Config) Validate() error { return sqlstore.Config(c).Validate() }
 // repository.DefaultVersionsTableName.
 type VersionConfig = Config
 
-// Repository stores inbox records in MySQL or MariaDB (InnoDB). It
-// is the repository.Driver[*sql.Tx] the transactional inbox takes, and
-// implements repository.TwoPhase, Reader, Cleaner, Operator and Stats and is safe for concurrent use.
+// Repository stores inbox records in MySQL or MariaDB (InnoDB). It is
+// the repository.Driver[*sql.Tx] the transactional inbox takes (its
+// Driver methods are documented there), implements repository.TwoPhase,
+// Reader, Cleaner, Operator and Stats and is safe for concurrent use.
 // Every value is checked to fit its column before it is sent (keys and
 // consumers of at most 255 bytes, payload hashes of at most
 // MaxPayloadHashLength, times in years 1000 to 9999), so none is ever

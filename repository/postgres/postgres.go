@@ -44,7 +44,9 @@ type VersionConfig = Config
 // (NewPgxRepository, pgx/v5). It is the repository.Driver the
 // transactional inbox, once.NewTransactional and the version guard take,
 // and implements repository.TwoPhase, Reader, Cleaner, Operator and Stats
-// for every other entry point. Both drivers send the same statements. It
+// for every other entry point. Its repository.Driver methods (Begin,
+// BeginClaim, Claim, SaveResult, Commit, Rollback, Retryable, Reserve,
+// Get) are documented there. Both drivers send the same statements. It
 // is safe for concurrent use.
 type Repository[TTx any] struct {
 	driver[TTx]

@@ -76,8 +76,9 @@ type VersionConfig = Config
 
 // Repository stores inbox records in SQLite, timestamps as Unix
 // microseconds. It is the repository.Driver[*sql.Tx] the transactional
-// inbox takes, implements repository.TwoPhase, Reader, Cleaner, Operator
-// and Stats and is safe for concurrent use.
+// inbox takes (its Driver methods are documented there), implements
+// repository.TwoPhase, Reader, Cleaner, Operator and Stats and is safe
+// for concurrent use.
 type Repository struct {
 	driver
 	s *sqlstore.Inbox

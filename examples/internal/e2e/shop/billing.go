@@ -4,7 +4,7 @@
 //
 // The handlers (Billing.Handle, Receipts.Handle) are ordinary Watermill
 // handlers. They write through the inbox transaction
-// (middleware.TxFromContext), so a charge commits together with the
+// (idempotency.Tx), so a charge commits together with the
 // "already processed" marker, and they do not know which broker delivers
 // to them: Run wires them to whatever broker.Open returned.
 //
@@ -69,9 +69,9 @@ func (b *Billing) Handle(msg *message.Message) ([]*message.Message, error) {
 	if err := json.Unmarshal(msg.Payload, &o); err != nil {
 		return nil, fmt.Errorf("decoding order %s: %w", msg.UUID, err)
 	}
-	tx, txErr := idempotency.Tx[*sql.Tx](ctx)
-	if txErr != nil {
-		return nil, errors.New("billing must run inside the inbox middleware")
+	tx, err := idempotency.Tx[*sql.Tx](ctx)
+	if err != nil {
+		return nil, err
 	}
 	markRan(ctx)
 	if err := b.Store.Charge(ctx, tx, o); err != nil {
@@ -114,9 +114,9 @@ func (r *Receipts) Handle(msg *message.Message) error {
 	if err := json.Unmarshal(msg.Payload, &p); err != nil {
 		return fmt.Errorf("decoding payment %s: %w", msg.UUID, err)
 	}
-	tx, txErr := idempotency.Tx[*sql.Tx](ctx)
-	if txErr != nil {
-		return errors.New("receipts must run inside the inbox middleware")
+	tx, err := idempotency.Tx[*sql.Tx](ctx)
+	if err != nil {
+		return err
 	}
 	return r.Store.Receipt(ctx, tx, msg.UUID, p)
 }
