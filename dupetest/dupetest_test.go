@@ -55,7 +55,7 @@ func (a account) credit(msg *message.Message) ([]*message.Message, error) {
 	var exec interface {
 		ExecContext(context.Context, string, ...any) (sql.Result, error)
 	} = a.db
-	if tx, ok := idempotency.Tx[*sql.Tx](msg.Context()); ok {
+	if tx, err := idempotency.Tx[*sql.Tx](msg.Context()); err == nil {
 		exec = tx
 	}
 	_, err = exec.ExecContext(msg.Context(), `UPDATE `+a.table+` SET balance = balance + `+strconv.Itoa(amount)+` WHERE id = 1`)

@@ -2,7 +2,6 @@ package dupetest_test
 
 import (
 	"database/sql"
-	"errors"
 	"fmt"
 	"regexp"
 	"testing"
@@ -43,7 +42,7 @@ func (o orders) insertWithDB(msg *message.Message) error {
 func (o orders) insertWithTx(msg *message.Message) error {
 	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
 	if txErr != nil {
-		return errors.New("no inbox transaction")
+		return txErr
 	}
 	_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+o.table+` (order_id) VALUES ($1)`, orderID(msg))
 	return err

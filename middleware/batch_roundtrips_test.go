@@ -41,8 +41,11 @@ func TestBatchRoundTrips(t *testing.T) {
 		require.NoError(t, err)
 		prefix := randomName("m")
 		mw := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-			tx, _ := idempotency.Tx[*sql.Tx](msg.Context())
-			_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+s.charges+` (order_id, amount) VALUES ($1, 1)`, msg.UUID)
+			tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+			if err != nil {
+				return nil, err
+			}
+			_, err = tx.ExecContext(msg.Context(), `INSERT INTO `+s.charges+` (order_id, amount) VALUES ($1, 1)`, msg.UUID)
 			return nil, err
 		})
 		msgs := make([]*message.Message, n)

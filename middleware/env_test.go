@@ -23,7 +23,6 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -36,14 +35,21 @@ type store struct {
 	db      *sql.DB
 	inbox   string // inbox table
 	charges string // business table: one row per charge, deliberately without a unique constraint
-	repo    interface {
-		repository.Transactional
-		repository.Reader
-	}
+	// repo is the backend's database/sql repository on the inbox table
+	// (on the pgx store too, where it only reads and sets up).
+	repo        sqlRepo
 	placeholder func(n int) string
-	// pool is set on the pgx store: the inbox runs on pgxinbox and the
-	// handler writes through the pgx.Tx.
-	pool *pgxpool.Pool
+	// pool and pgxRepo are set on the pgx store: the inbox runs on
+	// postgres.NewPgxRepository and the handler writes through the pgx.Tx.
+	pool    *pgxpool.Pool
+	pgxRepo *postgres.Repository[pgx.Tx]
+}
+
+// sqlRepo is a database/sql repository: the inbox's driver and the
+// two-phase inbox's repository.
+type sqlRepo interface {
+	repository.Driver[*sql.Tx]
+	repository.TwoPhase
 }
 
 // withPgx names every store plus the opt-in pgx one (PostgreSQL with the
@@ -121,7 +127,7 @@ func newPgxStoreOn(t testing.TB, s *store, pool *pgxpool.Pool) *store {
 	s.pool = pool
 	repo, err := postgres.NewPgxRepository(s.pool, postgres.Config{Table: s.inbox})
 	require.NoError(t, err)
-	s.repo = repo
+	s.pgxRepo = repo
 	return s
 }
 
@@ -234,16 +240,31 @@ func (s *store) failCommit(ctx context.Context, tx *sql.Tx) error {
 
 func (s *store) newInbox(t testing.TB, consumer string, mutate ...func(*middleware.Config)) *middleware.Inbox {
 	t.Helper()
-	c := middleware.Config{DB: s.db, Repository: s.repo, Consumer: consumer, Logger: watermill.NopLogger{}}
-	if s.pool != nil {
-		c.DB, c.Beginner = nil, pgxinbox.Beginner(s.pool, s.repo.(*postgres.Repository), pgx.TxOptions{})
-	}
+	c := middleware.Config{Consumer: consumer, Logger: watermill.NopLogger{}}
 	for _, m := range mutate {
 		m(&c)
 	}
-	inbox, err := middleware.NewInbox(c)
+	inbox, err := s.inboxWith(c)
 	require.NoError(t, err)
 	return inbox
+}
+
+// leaseRepo is the store's repository for the two-phase inbox: the pgx
+// one on the pgx store.
+func (s *store) leaseRepo() leaseRepo {
+	if s.pgxRepo != nil {
+		return s.pgxRepo
+	}
+	return s.repo
+}
+
+// inboxWith is middleware.NewInbox on the store's driver: the pgx
+// repository on the pgx store, the database/sql one elsewhere.
+func (s *store) inboxWith(c middleware.Config) (*middleware.Inbox, error) {
+	if s.pgxRepo != nil {
+		return middleware.NewInbox(s.pgxRepo, c)
+	}
+	return middleware.NewInbox(s.repo, c)
 }
 
 // order is the test domain's event payload.

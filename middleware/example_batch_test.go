@@ -38,11 +38,14 @@ func ExampleBatchConfig() {
 	var mu sync.Mutex
 	txs := map[any]int{}
 	charge := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := idempotency.Tx[*sql.Tx](msg.Context())
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, err
+		}
 		mu.Lock()
 		txs[tx]++
 		mu.Unlock()
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO charges VALUES (?)`, string(msg.Payload))
+		_, err = tx.ExecContext(msg.Context(), `INSERT INTO charges VALUES (?)`, string(msg.Payload))
 		return nil, err
 	})
 

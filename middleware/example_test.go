@@ -33,7 +33,10 @@ func ExampleInbox() {
 		panic(err)
 	}
 	charge := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := idempotency.Tx[*sql.Tx](msg.Context())
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, err
+		}
 		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO charges VALUES ('order-1', 1200)`); err != nil {
 			return nil, err
 		}

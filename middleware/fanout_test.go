@@ -342,8 +342,7 @@ var inboxModes = []inboxMode{
 		return s.newInbox(t, consumer).Middleware
 	}},
 	{"two-phase", func(t *testing.T, s *store, consumer string) message.HandlerMiddleware {
-		repo, ok := s.repo.(leaseRepo)
-		require.True(t, ok, "%T is not a two-phase repository", s.repo)
+		repo := s.leaseRepo()
 		inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: repo, Consumer: consumer})
 		require.NoError(t, err)
 		return inbox.Middleware

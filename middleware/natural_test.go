@@ -191,8 +191,11 @@ func TestNaturalKeyAndInbox(t *testing.T) {
 	_, err = db.Exec(`INSERT INTO ` + payments + ` (order_id) VALUES ('order-1')`)
 	require.NoError(t, err)
 	handler := func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := idempotency.Tx[*sql.Tx](msg.Context())
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+payments+` (order_id) VALUES ('order-1')`)
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, err
+		}
+		_, err = tx.ExecContext(msg.Context(), `INSERT INTO `+payments+` (order_id) VALUES ('order-1')`)
 		return nil, err
 	}
 	natural := middleware.NewNaturalKey(middleware.NaturalKeyConfig{})

@@ -46,7 +46,7 @@ func TestChainInboxOutboxRelayInbox(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { _, _ = b.db.Exec(`DROP TABLE ` + charges) })
 		inboxTable := "inbox_" + randomSuffix()
-		var repo repository.Transactional
+		var repo repository.Driver[*sql.Tx]
 		switch b.dialect {
 		case sqldialect.PostgreSQL:
 			r, err := postgres.NewRepository(b.db, postgres.Config{Table: inboxTable})
@@ -88,7 +88,10 @@ func TestChainInboxOutboxRelayInbox(t *testing.T) {
 			billingDeliveries.Add(1)
 			_, err := billing.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 				billingRuns.Add(1)
-				tx, _ := idempotency.Tx[*sql.Tx](msg.Context())
+				tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+				if err != nil {
+					return nil, err
+				}
 				if _, err := tx.ExecContext(msg.Context(), `INSERT INTO `+charges+` (order_id) VALUES (`+b.ph(1)+`)`, string(msg.Payload)); err != nil {
 					return nil, err
 				}

@@ -371,7 +371,7 @@ func newConsumerInbox(t *testing.T, b backend) *consumerInbox {
 	t.Helper()
 	ctx := context.Background()
 	c := &consumerInbox{effects: "effects_" + randomSuffix()}
-	var repo repository.Transactional
+	var repo repository.Driver[*sql.Tx]
 	inboxTable := "inbox_" + randomSuffix()
 	if b.dialect == sqldialect.PostgreSQL {
 		c.db, c.ph = b.db, b.ph
@@ -398,7 +398,7 @@ func newConsumerInbox(t *testing.T, b backend) *consumerInbox {
 func (c *consumerInbox) handler(msg *message.Message) ([]*message.Message, error) {
 	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
 	if txErr != nil {
-		return nil, fmt.Errorf("no inbox transaction")
+		return nil, txErr
 	}
 	_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+c.effects+` (uuid) VALUES (`+c.ph(1)+`)`, msg.UUID)
 	return nil, err

@@ -52,7 +52,10 @@ func Example() {
 		log.Fatal(err)
 	}
 	_ = inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := idempotency.Tx[pgx.Tx](msg.Context())
+		tx, err := idempotency.Tx[pgx.Tx](msg.Context())
+		if err != nil {
+			return nil, err
+		}
 		if _, err := tx.Exec(msg.Context(), `UPDATE orders SET shipped = true WHERE id = $1`, string(msg.Payload)); err != nil {
 			return nil, err
 		}

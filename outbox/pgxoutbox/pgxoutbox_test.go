@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 
 // setup returns a pool on a schema of the test's own holding a migrated
 // inbox (default names) and outbox.
-func setup(t *testing.T) (*pgxpool.Pool, *postgres.Repository, *outbox.Outbox) {
+func setup(t *testing.T) (*pgxpool.Pool, *postgres.Repository[pgx.Tx], *outbox.Outbox) {
 	t.Helper()
 	pool := testenv.PgxSchemaPool(t, "pgxoutbox_")
 	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
@@ -103,7 +103,7 @@ func count(t *testing.T, pool *pgxpool.Pool, table string) int {
 	return n
 }
 
-// TestPgxInboxOutboxRelay: an inbox on pgx (pgxinbox.Beginner) hands the
+// TestPgxInboxOutboxRelay: an inbox on pgx (postgres.NewPgxRepository) hands the
 // handler a pgx.Tx; the handler's own outbox write (WriteTx) and its
 // returned outputs (Outputs) commit with the marker, roll back with a
 // failed handler, and are not written again for a duplicate. A relay on
@@ -167,9 +167,10 @@ func TestPgxInboxOutboxRelay(t *testing.T) {
 	require.Eventually(t, func() bool { return count(t, pool, outbox.DefaultTableName) == 0 }, 10*time.Second, 5*time.Millisecond)
 }
 
-// TestOutputsNeedPgxInbox: pgxoutbox.Outputs on an inbox on database/sql
-// (no pgx.Tx in the context) fails the delivery and writes nothing; so
-// does outbox.Outputs on a pgx inbox.
+// TestOutputsNeedPgxInbox: outbox.Outputs (database/sql) on an inbox on
+// pgx (a pgx.Tx in the context, no *sql.Tx) fails the delivery and
+// writes nothing; pgxoutbox.Outputs outside an inbox (no transaction in
+// the context) fails with idempotency.ErrNoTransaction.
 func TestOutputsNeedPgxInbox(t *testing.T) {
 	ctx := t.Context()
 	pool, repo, ob := setup(t)
@@ -182,9 +183,12 @@ func TestOutputsNeedPgxInbox(t *testing.T) {
 	_, err = inbox.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("x", nil)}, nil
 	})(message.NewMessage("m", nil))
+	require.ErrorIs(t, err, idempotency.ErrNoTransaction)
 	require.ErrorContains(t, err, "pgxoutbox.Outputs")
 	require.Zero(t, count(t, pool, outbox.DefaultTableName))
 
-	err = pgxoutbox.Outputs(ob, "out").WriteOutputs(ctx, nil, []*message.Message{message.NewMessage("x", nil)})
-	require.ErrorContains(t, err, "pgxinbox.Beginner")
+	err = pgxoutbox.Outputs(ob, "out").WriteOutputs(ctx, []*message.Message{message.NewMessage("x", nil)})
+	require.ErrorIs(t, err, idempotency.ErrNoTransaction)
+	require.ErrorContains(t, err, "outbox.Outbox.Outputs")
+	require.Zero(t, count(t, pool, outbox.DefaultTableName))
 }

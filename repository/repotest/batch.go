@@ -14,8 +14,8 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// runBatch checks repository.BatchTransactional: multi-row claims in one
-// transaction, racing batches with overlapping keys.
+// runBatch checks repository.Driver's Claim of several params: multi-row
+// claims in one transaction, racing batches with overlapping keys.
 func runBatch(t *testing.T, b Backend) {
 	runCase(t, b, "FreshAndDuplicatesInOrder", func(t *testing.T, f *fixture) {
 		f.claim(t, ClaimParams("billing", "k-2"), []byte("stored-2"))

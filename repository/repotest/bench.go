@@ -37,9 +37,9 @@ const CleanupBatch = 1000
 // b, one operation per iteration on one goroutine, each on a table of its
 // own, and reports msgs/s (rows/s for Cleanup) besides ns/op:
 //
-//   - Claim: begin, ClaimTx of a fresh key, commit — the marker a first
+//   - Claim: begin, Claim of a fresh key, commit — the marker a first
 //     delivery costs in transactional mode;
-//   - DuplicateClaim: begin, ClaimTx of a stored key (the conflicting
+//   - DuplicateClaim: begin, Claim of a stored key (the conflicting
 //     insert and the read of the stored record), rollback — a duplicate;
 //   - Acquire, DuplicateAcquire: the same for two-phase mode;
 //   - Complete: marking an acquired record completed with a result;

@@ -43,7 +43,7 @@ import (
 )
 
 // Repository is what every backend provides to the suite. Backends with
-// Features.Transactional also implement repository.Transactional, those
+// Features.Transactional also implement repository.Driver[*sql.Tx], those
 // with Features.TwoPhase also implement repository.TwoPhase.
 type Repository interface {
 	repository.Reader
@@ -84,8 +84,9 @@ type Features struct {
 	// by consumer and state); requires TwoPhase, whose calls seed the
 	// records.
 	Stats bool
-	// Batch: the backend implements repository.BatchTransactional
-	// (multi-row claims for group commit); requires Transactional.
+	// Batch: the backend's Driver.Claim claims several params in one
+	// call (group commit's multi-row claims: duplicates in place, racing
+	// batches with overlapping keys); requires Transactional.
 	Batch bool
 }
 

@@ -50,7 +50,7 @@ func RunVersionGuard(t *testing.T, b VersionBackend) {
 		require.NoError(t, err, "%s: New(%q)", b.Name, table)
 		return s
 	}
-	// advance runs one AdvanceTx in its own committed transaction.
+	// advance runs one Advance in its own committed transaction.
 	advance := func(t *testing.T, s VersionStore, p repository.AdvanceParams) (applied bool) {
 		t.Helper()
 		ctx := context.Background()

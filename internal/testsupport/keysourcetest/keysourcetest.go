@@ -8,7 +8,6 @@ package keysourcetest
 import (
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -128,7 +127,7 @@ func (c *Consumer) charge(msg *message.Message) error {
 	}
 	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
 	if txErr != nil {
-		return errors.New("charge must run inside the inbox middleware")
+		return fmt.Errorf("charge must run inside the inbox middleware: %w", txErr)
 	}
 	query := `INSERT INTO ` + c.charges + ` (order_id, cents) VALUES ($1, $2)`
 	if c.store.Name != "postgres" {
