@@ -45,30 +45,35 @@ type ClaimStore interface {
 // Driver implements repository.Driver with a store's statements in a Go
 // driver's transactions. The backends' repositories forward to it.
 type Driver[TTx any] struct {
-	Store ClaimStore
-	Txs   Txs[TTx]
+	store ClaimStore
+	txs   Txs[TTx]
+}
+
+// NewDriver returns the Driver of store on txs.
+func NewDriver[TTx any](store ClaimStore, txs Txs[TTx]) Driver[TTx] {
+	return Driver[TTx]{store: store, txs: txs}
 }
 
 // Get reads a record outside any transaction.
 func (d Driver[TTx]) Get(ctx context.Context, consumer, key string) (repository.Record, error) {
-	return d.Store.Get(ctx, consumer, key)
+	return d.store.Get(ctx, consumer, key)
 }
 
 // Begin begins a transaction.
-func (d Driver[TTx]) Begin(ctx context.Context) (TTx, error) { return d.Txs.Begin(ctx) }
+func (d Driver[TTx]) Begin(ctx context.Context) (TTx, error) { return d.txs.Begin(ctx) }
 
 // Claim claims params in tx: one key with the dialect's claim, several
 // with its multi-row claim.
 func (d Driver[TTx]) Claim(ctx context.Context, tx TTx, params []repository.ClaimParams) ([]repository.Claim, error) {
-	ex := d.Txs.Exec(tx)
+	ex := d.txs.Exec(tx)
 	if len(params) == 1 {
-		c, err := d.Store.ClaimOn(ctx, ex, params[0])
+		c, err := d.store.ClaimOn(ctx, ex, params[0])
 		if err != nil {
 			return nil, err
 		}
 		return []repository.Claim{c}, nil
 	}
-	return d.Store.ClaimBatchOn(ctx, ex, params)
+	return d.store.ClaimBatchOn(ctx, ex, params)
 }
 
 // BeginClaim begins a transaction and claims params in it. One key on
@@ -77,8 +82,8 @@ func (d Driver[TTx]) Claim(ctx context.Context, tx TTx, params []repository.Clai
 // transaction when the key was taken.
 func (d Driver[TTx]) BeginClaim(ctx context.Context, params []repository.ClaimParams) (TTx, []repository.Claim, error) {
 	var none TTx
-	if be, ok := d.Txs.(BeginExecer[TTx]); ok && len(params) == 1 {
-		if in, ok := d.Store.(*Inbox); ok {
+	if be, ok := d.txs.(BeginExecer[TTx]); ok && len(params) == 1 {
+		if in, ok := d.store.(*Inbox); ok {
 			query, args, err := in.claimSQL(params[0])
 			if err != nil {
 				return none, nil, err
@@ -87,9 +92,9 @@ func (d Driver[TTx]) BeginClaim(ctx context.Context, params []repository.ClaimPa
 			if err != nil {
 				return none, nil, in.wrap("claim", err)
 			}
-			c, err := in.claimed(ctx, d.Txs.Exec(tx), params[0], n)
+			c, err := in.claimed(ctx, d.txs.Exec(tx), params[0], n)
 			if err != nil {
-				_ = d.Txs.Rollback(context.WithoutCancel(ctx), tx)
+				_ = d.txs.Rollback(context.WithoutCancel(ctx), tx)
 				return none, nil, err
 			}
 			return tx, []repository.Claim{c}, nil
@@ -98,13 +103,13 @@ func (d Driver[TTx]) BeginClaim(ctx context.Context, params []repository.ClaimPa
 	// Not bound to ctx: database/sql would roll the transaction back on
 	// its own when ctx is cancelled, racing the commit. The statements
 	// still run with ctx.
-	tx, err := d.Txs.Begin(context.WithoutCancel(ctx))
+	tx, err := d.txs.Begin(context.WithoutCancel(ctx))
 	if err != nil {
 		return none, nil, fmt.Errorf("begin transaction: %w", err)
 	}
 	claims, err := d.Claim(ctx, tx, params)
 	if err != nil {
-		_ = d.Txs.Rollback(context.WithoutCancel(ctx), tx)
+		_ = d.txs.Rollback(context.WithoutCancel(ctx), tx)
 		return none, nil, err
 	}
 	return tx, claims, nil
@@ -112,25 +117,25 @@ func (d Driver[TTx]) BeginClaim(ctx context.Context, params []repository.ClaimPa
 
 // SaveResult stores a result in tx.
 func (d Driver[TTx]) SaveResult(ctx context.Context, tx TTx, p repository.SaveResultParams) error {
-	return d.Store.SaveResultOn(ctx, d.Txs.Exec(tx), p)
+	return d.store.SaveResultOn(ctx, d.txs.Exec(tx), p)
 }
 
 // Commit commits tx.
-func (d Driver[TTx]) Commit(ctx context.Context, tx TTx) error { return d.Txs.Commit(ctx, tx) }
+func (d Driver[TTx]) Commit(ctx context.Context, tx TTx) error { return d.txs.Commit(ctx, tx) }
 
 // Rollback rolls tx back.
-func (d Driver[TTx]) Rollback(ctx context.Context, tx TTx) error { return d.Txs.Rollback(ctx, tx) }
+func (d Driver[TTx]) Rollback(ctx context.Context, tx TTx) error { return d.txs.Rollback(ctx, tx) }
 
 // Retryable reports a deadlock victim or a serialization failure.
-func (d Driver[TTx]) Retryable(err error) bool { return d.Store.RetryableTx(err) }
+func (d Driver[TTx]) Retryable(err error) bool { return d.store.RetryableTx(err) }
 
 // Reserve returns a Driver on one connection of the pool.
 func (d Driver[TTx]) Reserve(ctx context.Context) (repository.Driver[TTx], func(), error) {
-	txs, release, err := d.Txs.Reserve(ctx)
+	txs, release, err := d.txs.Reserve(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	return Driver[TTx]{Store: d.Store, Txs: txs}, release, nil
+	return Driver[TTx]{store: d.store, txs: txs}, release, nil
 }
 
 // StdTxs are database/sql's transactions on DB, or on the connection

@@ -505,7 +505,7 @@ func (s *PartitionedInbox) ClaimBatchOn(ctx context.Context, ex Executor, params
 	return claims, nil
 }
 
-// RetryableTx implements repository.BatchTransactional: a deadlock victim
+// RetryableTx is the Retryable of repository.Driver: a deadlock victim or a
 // or a serialization failure.
 func (s *PartitionedInbox) RetryableTx(err error) bool { return s.in.RetryableTx(err) }
 

@@ -60,5 +60,5 @@ type PartitionedRepository struct {
 // not be one NewRepository created.
 func NewPartitionedRepository(db *sql.DB, config PartitionedConfig) (*PartitionedRepository, error) {
 	s, err := sqlstore.NewPartitionedInbox(dialect, sqlstore.StdDB(db), sqlstore.PartitionConfig(config))
-	return sqlstore.OrNil(&PartitionedRepository{driver: driver[*sql.Tx]{Store: s, Txs: sqlstore.StdTxs{DB: db}}, s: s}, err)
+	return sqlstore.OrNil(&PartitionedRepository{driver: sqlstore.NewDriver[*sql.Tx](s, sqlstore.StdTxs{DB: db}), s: s}, err)
 }

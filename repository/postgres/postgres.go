@@ -99,7 +99,7 @@ func NewPgxVersionStore(pool *pgxpool.Pool, config VersionConfig) (*VersionStore
 // newRepository and newVersionStore make the stores on either driver.
 func newRepository[TTx any](db sqlstore.DB, txs sqlstore.Txs[TTx], config Config) (*Repository[TTx], error) {
 	s, err := sqlstore.NewInbox(dialect, db, sqlstore.Config(config))
-	return sqlstore.OrNil(&Repository[TTx]{driver: driver[TTx]{Store: s, Txs: txs}, s: s}, err)
+	return sqlstore.OrNil(&Repository[TTx]{driver: sqlstore.NewDriver[TTx](s, txs), s: s}, err)
 }
 
 func newVersionStore[TTx any](db sqlstore.DB, txs sqlstore.Txs[TTx], config VersionConfig) (*VersionStore[TTx], error) {

@@ -101,7 +101,7 @@ type VersionStore struct {
 // migration tool.
 func NewRepository(db *sql.DB, config Config) (*Repository, error) {
 	s, err := sqlstore.NewInbox(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
-	return sqlstore.OrNil(&Repository{driver: driver{Store: s, Txs: sqlstore.StdTxs{DB: db}}, s: s}, err)
+	return sqlstore.OrNil(&Repository{driver: sqlstore.NewDriver[*sql.Tx](s, sqlstore.StdTxs{DB: db}), s: s}, err)
 }
 
 // NewVersionStore returns a VersionStore over db; like NewRepository, it
