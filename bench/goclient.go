@@ -9,14 +9,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 // scenarioGoGroup is FGX: G's statements on pgx in G's shape, as FG sends
 // them with pgbench, but from Go: max(c/k, 1) goroutines, each with a
-// connection of its own, each transaction pgxinbox's BeginClaimBatch
+// connection of its own, each transaction the pgx repository's BeginClaim
 // (BEGIN and the k-row claim in one round trip, as G on pgx), k INSERTs
 // and COMMIT, one after another. No router, no batcher, no delivery
 // waits: the fastest any Go program runs G's chain of round trips on this
@@ -79,10 +77,10 @@ func scenarioGoGroup(ctx context.Context, p *pgxDB, n, c, k int) (result, error)
 }
 
 // groupTables creates a business table (prefix) and an inbox table for
-// one run of G's SQL from Go, and returns the business table and
-// pgxinbox's Beginner on the inbox, which begins a transaction and claims
-// a batch's keys in one round trip.
-func (p *pgxDB) groupTables(ctx context.Context, t *tables, prefix string) (*business, middleware.BatchClaimBeginner, error) {
+// one run of G's SQL from Go, and returns the business table and the pgx
+// repository on the inbox, whose BeginClaim begins a transaction and
+// claims a batch's keys in one round trip.
+func (p *pgxDB) groupTables(ctx context.Context, t *tables, prefix string) (*business, repository.Driver[pgx.Tx], error) {
 	b, err := newBusiness(ctx, p.pg, t, prefix)
 	if err != nil {
 		return nil, nil, err
@@ -91,11 +89,7 @@ func (p *pgxDB) groupTables(ctx context.Context, t *tables, prefix string) (*bus
 	if err != nil {
 		return nil, nil, err
 	}
-	begin, ok := pgxinbox.Beginner(p.pool, repo, pgx.TxOptions{}).(middleware.BatchClaimBeginner)
-	if !ok {
-		return nil, nil, errors.New("pgxinbox.Beginner claims no batch")
-	}
-	return b, begin, nil
+	return b, repo, nil
 }
 
 // benchClaim is the claim of m's key at now, as the harness's inboxes
@@ -106,27 +100,23 @@ func benchClaim(m *message.Message, now time.Time) repository.ClaimParams {
 
 // groupTx is one transaction of G's statements for msgs, whose claims are
 // params: BEGIN and the claim in one round trip, an INSERT each, COMMIT.
-func groupTx(ctx context.Context, begin middleware.BatchClaimBeginner, b *business, params []repository.ClaimParams, msgs []*message.Message) error {
-	tx, claims, err := begin.BeginClaimBatch(ctx, params)
+func groupTx(ctx context.Context, d repository.Driver[pgx.Tx], b *business, params []repository.ClaimParams, msgs []*message.Message) error {
+	tx, claims, err := d.BeginClaim(ctx, params)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() { _ = d.Rollback(context.WithoutCancel(ctx), tx) }()
 	for _, cl := range claims {
 		if !cl.Claimed {
 			return errors.New("a fresh key was not claimed")
 		}
 	}
-	q, ok := pgxinbox.TxFromContext(tx.WithTx(ctx))
-	if !ok {
-		return errors.New("no pgx transaction in the batch's context")
-	}
 	for _, m := range msgs {
-		if _, err := q.Exec(ctx, b.insertSQL, m.UUID, len(m.Payload)); err != nil {
+		if _, err := tx.Exec(ctx, b.insertSQL, m.UUID, len(m.Payload)); err != nil {
 			return err
 		}
 	}
-	return tx.Commit(ctx)
+	return d.Commit(ctx, tx)
 }
 
 // scenarioRouterGroup is FGR: FGX's transactions (groupTx) fed by the

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
@@ -62,11 +62,11 @@ func (p *pgxDB) bare(b *business) message.HandlerFunc {
 // inInbox is B's handler on pgx: the INSERT in the inbox's pgx.Tx.
 func inInboxPgx(b *business) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := pgxinbox.TxFromContext(msg.Context())
-		if !ok {
-			return nil, errors.New("no pgx inbox transaction in the context")
+		tx, err := idempotency.Tx[pgx.Tx](msg.Context())
+		if err != nil {
+			return nil, err
 		}
-		_, err := tx.Exec(msg.Context(), b.insertSQL, msg.UUID, len(msg.Payload))
+		_, err = tx.Exec(msg.Context(), b.insertSQL, msg.UUID, len(msg.Payload))
 		return nil, err
 	}
 }
@@ -86,22 +86,23 @@ func scenarioBarePgx(ctx context.Context, p *pgxDB, n, c int) (result, error) {
 	return r, b.expect(ctx, n)
 }
 
-// newPgxInbox returns an inbox on a fresh table whose transactions are
-// pgx's (pgxinbox.Beginner: BEGIN and the claim in one round trip).
+// newInbox returns an inbox on a fresh table whose transactions are
+// pgx's (postgres.NewPgxRepository: BEGIN and the claim in one round
+// trip).
 func (p *pgxDB) newInbox(ctx context.Context, t *tables, mutate ...func(*middleware.Config)) (*middleware.Inbox, error) {
 	repo, err := p.newRepo(ctx, t)
 	if err != nil {
 		return nil, err
 	}
-	config := middleware.Config{Beginner: pgxinbox.Beginner(p.pool, repo, pgx.TxOptions{}), Repository: repo, Consumer: "bench"}
+	config := middleware.Config{Consumer: "bench"}
 	for _, m := range mutate {
 		m(&config)
 	}
-	return middleware.NewInbox(config)
+	return middleware.NewInbox(repo, config)
 }
 
 // newRepo returns a pgx repository on a fresh, migrated inbox table.
-func (p *pgxDB) newRepo(ctx context.Context, t *tables) (*postgres.Repository, error) {
+func (p *pgxDB) newRepo(ctx context.Context, t *tables) (*postgres.Repository[pgx.Tx], error) {
 	repo, err := postgres.NewPgxRepository(p.pool, postgres.Config{Table: t.add("bench_inbox_" + randomSuffix())})
 	if err != nil {
 		return nil, err

@@ -26,7 +26,7 @@ import (
 
 // inboxRepo is what the transactional scenarios need from a backend.
 type inboxRepo interface {
-	repository.Transactional
+	repository.Driver[*sql.Tx]
 	repository.Cleaner
 }
 
@@ -155,8 +155,8 @@ func newBusiness(ctx context.Context, d *database, t *tables, prefix string) (*b
 	return &business{d: d, table: table, insertSQL: `INSERT INTO ` + q + ` (id, amount) VALUES (` + d.ph(1) + `, ` + d.ph(2) + `)`}, nil
 }
 
-func (b *business) insert(ctx context.Context, q repository.Querier, msg *message.Message) error {
-	_, err := q.ExecContext(ctx, b.insertSQL, msg.UUID, len(msg.Payload))
+func (b *business) insert(ctx context.Context, tx *sql.Tx, msg *message.Message) error {
+	_, err := tx.ExecContext(ctx, b.insertSQL, msg.UUID, len(msg.Payload))
 	return err
 }
 
@@ -182,9 +182,9 @@ func (b *business) bare(msg *message.Message) ([]*message.Message, error) {
 // inInbox is the handler behind the inbox: the INSERT in the inbox's
 // transaction.
 func (b *business) inInbox(msg *message.Message) ([]*message.Message, error) {
-	tx, ok := middleware.TxFromContext(msg.Context())
-	if !ok {
-		return nil, errors.New("no inbox transaction in the context")
+	tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+	if err != nil {
+		return nil, err
 	}
 	return nil, b.insert(msg.Context(), tx, msg)
 }
@@ -225,12 +225,12 @@ func newInbox(ctx context.Context, d *database, t *tables, observer idempotency.
 		return nil, nil, "", err
 	}
 	config := middleware.Config{
-		DB: d.db, Repository: repo, Consumer: "bench", Observer: observer, Retention: retention, RedeliveryWindow: retention,
+		Consumer: "bench", Observer: observer, Retention: retention, RedeliveryWindow: retention,
 	}
 	for _, m := range mutate {
 		m(&config)
 	}
-	inbox, err := middleware.NewInbox(config)
+	inbox, err := middleware.NewInbox(repo, config)
 	return inbox, repo, table, err
 }
 

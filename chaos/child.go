@@ -222,14 +222,13 @@ func runWorker(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 			scopes[name("billing", i)], scopes[name("receipts", i)] = "billing", "receipts"
 		}
 		shared := &sharing{logger: logger, txs: map[*sql.Tx]int{}}
-		billing, err := middleware.NewInbox(middleware.Config{
-			DB: db, Repository: repo, Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch,
+		billing, err := middleware.NewInbox(repo, middleware.Config{Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch,
 			Outputs: ob.Outputs(s.Names.Payments), Retention: s.Retention, RedeliveryWindow: s.Retention,
 		})
 		if err != nil {
 			return err
 		}
-		receipts, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch, Retention: s.Retention, RedeliveryWindow: s.Retention})
+		receipts, err := middleware.NewInbox(repo, middleware.Config{Consumer: "chaos", Logger: logger, HandlerScopes: scopes, Batch: batch, Retention: s.Retention, RedeliveryWindow: s.Retention})
 		if err != nil {
 			return err
 		}
@@ -274,9 +273,9 @@ func billingHandler(s spec, shared *sharing) message.HandlerFunc {
 		if err := json.Unmarshal(msg.Payload, &o); err != nil {
 			return nil, err
 		}
-		tx, ok := middleware.TxFromContext(msg.Context())
-		if !ok {
-			return nil, errors.New("billing: no inbox transaction in the context")
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, fmt.Errorf("billing: %w", err)
 		}
 		if _, err := tx.ExecContext(msg.Context(), insert, o.OrderID, s.Name); err != nil {
 			return nil, err
@@ -295,11 +294,11 @@ func receiptsHandler(s spec) message.NoPublishHandlerFunc {
 		if err := json.Unmarshal(msg.Payload, &o); err != nil {
 			return err
 		}
-		tx, ok := middleware.TxFromContext(msg.Context())
-		if !ok {
-			return errors.New("receipts: no inbox transaction in the context")
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return fmt.Errorf("receipts: %w", err)
 		}
-		_, err := tx.ExecContext(msg.Context(), insert, o.OrderID, s.Name)
+		_, err = tx.ExecContext(msg.Context(), insert, o.OrderID, s.Name)
 		return err
 	}
 }

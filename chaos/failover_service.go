@@ -14,15 +14,14 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/watermill-idempotent/health"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
+	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/janitor"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
@@ -321,7 +320,7 @@ func runService(parent context.Context, config FailoverConfig, pr pair, driver s
 func newService(ctx context.Context, dsn, driver, prefix string, pub message.Publisher, onBatch func(janitor.Batch), jh *health.JanitorStatus) (*service, error) {
 	svc := &service{}
 	var db *sql.DB
-	var repo *postgres.Repository
+	var cleaner repository.Cleaner // the inbox's repository, on driver
 	var err error
 	obs := [2]*outbox.Outbox{}
 	for i, suffix := range []string{"_obn", "_obp"} {
@@ -350,17 +349,19 @@ func newService(ctx context.Context, dsn, driver, prefix string, pub message.Pub
 			return svc, err
 		}
 		svc.closers = append(svc.closers, func() { _ = db.Close() })
+		var repo *postgres.Repository[*sql.Tx]
 		if repo, err = postgres.NewRepository(db, postgres.Config{Table: prefix + "_inbox"}); err != nil {
 			return svc, err
 		}
 		if err := repo.Migrate(ctx); err != nil {
 			return svc, err
 		}
+		cleaner = repo
 		for i := range obs {
 			if err := obs[i].Migrate(ctx, db); err != nil {
 				return svc, err
 			}
-			inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: scopes[i], Outputs: obs[i].Outputs("svc")})
+			inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: scopes[i], Outputs: obs[i].Outputs("svc")})
 			if err != nil {
 				return svc, err
 			}
@@ -386,18 +387,19 @@ func newService(ctx context.Context, dsn, driver, prefix string, pub message.Pub
 		svc.closers = append(svc.closers, pool.Close)
 		db = stdlib.OpenDBFromPool(pool)
 		svc.closers = append(svc.closers, func() { _ = db.Close() })
-		if repo, err = postgres.NewPgxRepository(pool, postgres.Config{Table: prefix + "_inbox"}); err != nil {
+		repo, err := postgres.NewPgxRepository(pool, postgres.Config{Table: prefix + "_inbox"})
+		if err != nil {
 			return svc, err
 		}
 		if err := repo.Migrate(ctx); err != nil {
 			return svc, err
 		}
+		cleaner = repo
 		for i := range obs {
 			if err := pgxoutbox.Migrate(ctx, obs[i], pool); err != nil {
 				return svc, err
 			}
-			inbox, err := middleware.NewInbox(middleware.Config{Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
-				Repository: repo, Consumer: scopes[i], Outputs: pgxoutbox.Outputs(obs[i], "svc")})
+			inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: scopes[i], Outputs: pgxoutbox.Outputs(obs[i], "svc")})
 			if err != nil {
 				return svc, err
 			}
@@ -411,7 +413,7 @@ func newService(ctx context.Context, dsn, driver, prefix string, pub message.Pub
 	default:
 		return svc, fmt.Errorf("unknown driver %q", driver)
 	}
-	if svc.janitor, err = janitor.NewJanitor(repo, janitor.Config{Interval: 250 * time.Millisecond, Observer: janitor.ObserverFunc(func(_ context.Context, b janitor.Batch) { onBatch(b) })}); err != nil {
+	if svc.janitor, err = janitor.NewJanitor(cleaner, janitor.Config{Interval: 250 * time.Millisecond, Observer: janitor.ObserverFunc(func(_ context.Context, b janitor.Batch) { onBatch(b) })}); err != nil {
 		return svc, err
 	}
 	svc.closers = append(svc.closers, func() { _ = svc.janitor.Close() })

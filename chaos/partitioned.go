@@ -26,7 +26,7 @@ const (
 // inboxStore is what the suite needs of an inbox table: the store of the
 // transactional and two-phase inboxes, and its migration.
 type inboxStore interface {
-	repository.Transactional
+	repository.Driver[*sql.Tx]
 	repository.TwoPhase
 	Migrate(ctx context.Context) error
 }
@@ -93,13 +93,12 @@ func (e *env) seedExpired(ctx context.Context, n names, spread time.Duration) (*
 			_ = db.Close()
 			return nil, err
 		}
+		params := make([]repository.ClaimParams, 0, seedRecords)
 		for r := range seedRecords {
-			_, err = repo.ClaimTx(ctx, tx, repository.ClaimParams{Consumer: "chaos-seed", Key: fmt.Sprintf("seed-%d-%d", p, r),
+			params = append(params, repository.ClaimParams{Consumer: "chaos-seed", Key: fmt.Sprintf("seed-%d-%d", p, r),
 				PayloadHash: []byte{1}, Now: expires.Add(-time.Hour), ExpiresAt: expires})
-			if err != nil {
-				break
-			}
 		}
+		_, err = repo.Claim(ctx, tx, params)
 		if err == nil {
 			err = tx.Commit()
 		}

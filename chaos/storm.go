@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/watermill-idempotent/once"
+	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
@@ -322,7 +323,7 @@ func (s *storm) cell(parent context.Context, driver string, storeTimeout time.Du
 	var callers []*once.TwoPhase
 	for p := range s.config.Pools {
 		dsn := s.cluster.DSN(fmt.Sprintf("%s%d", stormApp, p+1))
-		var repo *postgres.Repository
+		var repo repository.TwoPhase // postgres.Repository on driver
 		switch driver {
 		case StormDatabaseSQL:
 			db, err := sql.Open("pgx", dsn)

@@ -227,7 +227,7 @@ func onceOutcome(res once.Result, err error) (outcome, value string, retry bool)
 // and records the answers in the ledger.
 func runCaller(ctx context.Context, s spec, logger watermill.LoggerAdapter) error {
 	sp := s.Surface
-	db, ledger, repo, closeAll, err := openSurface(s, sp.Callers+2)
+	_, ledger, repo, closeAll, err := openSurface(s, sp.Callers+2)
 	if err != nil {
 		return err
 	}
@@ -235,7 +235,7 @@ func runCaller(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 	var attempt attemptFunc
 	switch sp.API {
 	case apiOnceTx:
-		o, err := once.NewTransactional(once.Config{DB: db, Repository: repo, Scope: "chaos", Logger: logger})
+		o, err := once.NewTransactional(repo, once.Config{Scope: "chaos", Logger: logger})
 		if err != nil {
 			return err
 		}
@@ -290,7 +290,7 @@ func runCaller(ctx context.Context, s spec, logger watermill.LoggerAdapter) erro
 
 // openSurface opens a keyed child's stores: the private cluster (at most
 // maxConns connections), its inbox table there and the SQLite ledger.
-func openSurface(s spec, maxConns int) (db, ledger *sql.DB, repo *postgres.Repository, closeAll func(), err error) {
+func openSurface(s spec, maxConns int) (db, ledger *sql.DB, repo *postgres.Repository[*sql.Tx], closeAll func(), err error) {
 	if db, err = openDB(s.DSN, maxConns); err != nil {
 		return nil, nil, nil, nil, err
 	}

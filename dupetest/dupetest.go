@@ -319,7 +319,7 @@ func (i *Injector) failInInbox(h message.HandlerFunc, msg *message.Message) ([]*
 		}
 		err = fmt.Errorf("%w (message %s%s): State was %v before the attempt and %v after the rollback, "+
 			"so the handler writes outside the inbox's transaction and every redelivery after a failure repeats its effect; "+
-			"write with middleware.TxFromContext(msg.Context()), not with the *sql.DB",
+			"write with idempotency.Tx[*sql.Tx](msg.Context()), not with the *sql.DB",
 			ErrOutsideTx, msg.UUID, key, before, after)
 		i.rollbackError(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
@@ -53,7 +55,7 @@ func (a account) credit(msg *message.Message) ([]*message.Message, error) {
 	var exec interface {
 		ExecContext(context.Context, string, ...any) (sql.Result, error)
 	} = a.db
-	if tx, ok := middleware.TxFromContext(msg.Context()); ok {
+	if tx, err := idempotency.Tx[*sql.Tx](msg.Context()); err == nil {
 		exec = tx
 	}
 	_, err = exec.ExecContext(msg.Context(), `UPDATE `+a.table+` SET balance = balance + `+strconv.Itoa(amount)+` WHERE id = 1`)
@@ -134,7 +136,7 @@ func TestInjectorPassesWithTheInbox(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			st := backends.Open(t, name)
 			acct := newAccount(t, st)
-			inbox, err := middleware.NewInbox(middleware.Config{DB: st.DB, Repository: st.SQL, Consumer: "payments"})
+			inbox, err := middleware.NewInbox(st.SQL, middleware.Config{Consumer: "payments"})
 			require.NoError(t, err)
 
 			dupes := dupetest.New(dupetest.Config{Seed: 42, Fraction: 0.5, FailFirst: 0.2})

@@ -76,7 +76,7 @@ func Example_writesOutsideTheTransaction() {
 	if err := repo.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "orders"})
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "orders"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func Example_writesOutsideTheTransaction() {
 		},
 	})
 	placeOrder := dupes.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		// The mistake: db, not middleware.TxFromContext(msg.Context()).
+		// The mistake: db, not idempotency.Tx[*sql.Tx](msg.Context()).
 		_, err := db.ExecContext(msg.Context(), `INSERT INTO orders (id) VALUES ($1)`, msg.UUID)
 		return nil, err
 	})

@@ -2,10 +2,11 @@ package dupetest_test
 
 import (
 	"database/sql"
-	"errors"
 	"fmt"
 	"regexp"
 	"testing"
+
+	"github.com/idemkit/watermill-idempotent/idempotency"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -39,9 +40,9 @@ func (o orders) insertWithDB(msg *message.Message) error {
 
 // insertWithTx writes with the inbox's transaction.
 func (o orders) insertWithTx(msg *message.Message) error {
-	tx, ok := middleware.TxFromContext(msg.Context())
-	if !ok {
-		return errors.New("no inbox transaction")
+	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+	if txErr != nil {
+		return txErr
 	}
 	_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+o.table+` (order_id) VALUES ($1)`, orderID(msg))
 	return err
@@ -86,7 +87,7 @@ func TestStateCatchesAWriteOutsideTheTransaction(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			st := backends.Open(t, "postgres")
 			o := newOrders(t, st.DB)
-			inbox, err := middleware.NewInbox(middleware.Config{DB: st.DB, Repository: st.SQL, Consumer: "orders"})
+			inbox, err := middleware.NewInbox(st.SQL, middleware.Config{Consumer: "orders"})
 			require.NoError(t, err)
 
 			dupes := dupetest.New(dupetest.Config{Seed: 1, FailFirst: 1, Inbox: inbox.Middleware, State: o.rows})
@@ -108,7 +109,7 @@ func TestStateCatchesAWriteOutsideTheTransaction(t *testing.T) {
 			for _, err := range stats.RollbackErrors {
 				require.ErrorIs(t, err, dupetest.ErrOutsideTx)
 				require.Contains(t, err.Error(), "State was 0 before the attempt and 1 after the rollback")
-				require.Contains(t, err.Error(), "write with middleware.TxFromContext(msg.Context()), not with the *sql.DB")
+				require.Contains(t, err.Error(), "write with idempotency.Tx[*sql.Tx](msg.Context()), not with the *sql.DB")
 				m := messageNamed.FindStringSubmatch(err.Error())
 				require.NotNil(t, m, err.Error())
 				named[m[1]]++
@@ -130,9 +131,7 @@ var messageNamed = regexp.MustCompile(`^dupetest: the handler's effect survived 
 func TestStateErrorNamesTheMessageAndKey(t *testing.T) {
 	st := backends.Open(t, "postgres")
 	o := newOrders(t, st.DB)
-	inbox, err := middleware.NewInbox(middleware.Config{
-		DB: st.DB, Repository: st.SQL, Consumer: "orders", Key: middleware.MetadataKey("order_id"),
-	})
+	inbox, err := middleware.NewInbox(st.SQL, middleware.Config{Consumer: "orders", Key: middleware.MetadataKey("order_id")})
 	require.NoError(t, err)
 	// Every message copied at once: the copy is the redelivery.
 	dupes := dupetest.New(dupetest.Config{Fraction: 1, Late: -1, FailFirst: 1, Inbox: inbox.Middleware, State: o.rows})
@@ -146,7 +145,7 @@ func TestStateErrorNamesTheMessageAndKey(t *testing.T) {
 	require.EqualError(t, err, `dupetest: the handler's effect survived a rollback of the inbox transaction `+
 		`(message 3b2f0c1e-msg, key "order-7"): State was 0 before the attempt and 1 after the rollback, `+
 		`so the handler writes outside the inbox's transaction and every redelivery after a failure repeats its effect; `+
-		`write with middleware.TxFromContext(msg.Context()), not with the *sql.DB`)
+		`write with idempotency.Tx[*sql.Tx](msg.Context()), not with the *sql.DB`)
 	require.ErrorIs(t, err, dupetest.ErrOutsideTx)
 	stats := dupes.Stats()
 	require.Equal(t, []error{err}, stats.RollbackErrors)

@@ -2,6 +2,9 @@ package idempotency
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"reflect"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -25,6 +28,42 @@ func KeyFromContext(ctx context.Context) (key string, ok bool) {
 // false outside a handler.
 func ScopeFromContext(ctx context.Context) (scope string, ok bool) {
 	return ctxkeys.Scope(ctx)
+}
+
+// ErrNoTransaction is returned by Tx when the context carries no
+// transaction: the code does not run inside the transactional inbox
+// (middleware.NewInbox) or a once.Transactional function, or the context
+// is not the one they passed (use msg.Context()).
+var ErrNoTransaction = errors.New("no inbox transaction in context")
+
+// Tx returns the transaction the call being handled runs in: in a
+// handler of the transactional inbox, msg.Context(); in a
+// once.Transactional function, its ctx. Writes made through it commit or
+// roll back together with the deduplication marker; do not commit or
+// roll it back. TTx is the driver's transaction type — *sql.Tx with a
+// database/sql repository, pgx.Tx with postgres.NewPgxRepository:
+//
+//	tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+//	if err != nil {
+//		return nil, err
+//	}
+//	_, err = tx.ExecContext(msg.Context(), "UPDATE accounts SET balance = balance - $1 WHERE id = $2", amount, id)
+//
+// Outside such a call it returns an error wrapping ErrNoTransaction, and
+// for a TTx other than the driver's one that names both types: a handler
+// returns it, and the message is retried, never run without the
+// transaction.
+func Tx[TTx any](ctx context.Context) (TTx, error) {
+	var zero TTx
+	v, ok := ctxkeys.Tx(ctx)
+	if !ok {
+		return zero, ErrNoTransaction
+	}
+	tx, ok := v.(TTx)
+	if !ok {
+		return zero, fmt.Errorf("%w of type %v: the inbox's transaction is a %T", ErrNoTransaction, reflect.TypeFor[TTx](), v)
+	}
+	return tx, nil
 }
 
 // namespace is the UUIDv5 namespace of every identifier derived here, so

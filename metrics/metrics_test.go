@@ -34,7 +34,7 @@ func TestDeliveryMetrics(t *testing.T) {
 	repo, err := sqlite.NewRepository(db, sqlite.Config{})
 	require.NoError(t, err)
 	require.NoError(t, repo.Migrate(t.Context()))
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing", Observer: m})
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "billing", Observer: m})
 	require.NoError(t, err)
 
 	mw := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {

@@ -33,7 +33,7 @@ func TestMetricsAndTracing(t *testing.T) {
 	repo, err := sqlite.NewRepository(db, sqlite.Config{})
 	require.NoError(t, err)
 	require.NoError(t, repo.Migrate(t.Context()))
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing",
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "billing",
 		Observer: idempotency.Observers(m, tracing.New(tp))})
 	require.NoError(t, err)
 

@@ -38,7 +38,7 @@ type BatchConfig struct {
 	// runs: a batch runs as soon as it is full. With fewer database
 	// connections than deliveries in flight, the deliveries in flight
 	// divided by the connections is enough (a batch waiting for a
-	// connection goes on filling, see ReservingBeginner). At most
+	// connection goes on filling, see repository.Driver's Reserve). At most
 	// MaxBatchMessages.
 	MaxMessages int
 	// MaxWait is the longest the first delivery of a batch waits for
@@ -321,27 +321,29 @@ func (b *batcher) take() []*delivery {
 	return batch
 }
 
-// reserve reserves the connection of the next batch (see
-// ReservingBeginner): a Beginner on it, and release. A Beginner that
-// cannot reserve is returned as it is. With no connection to be had, the
-// Beginner fails with that error: the batch's first attempt fails as a
-// BEGIN on the pool would, and run decides what next.
-func (b *batcher) reserve(ctx context.Context) (Beginner, func()) {
-	r, ok := b.inbox.beginner.(ReservingBeginner)
-	if !ok {
-		return b.inbox.beginner, func() {}
-	}
-	on, release, err := r.Reserve(ctx)
+// reserve reserves the connection of the next batch: a beginner on it,
+// and release. With no connection to be had, the beginner fails with
+// that error: the batch's first attempt fails as a BEGIN on the pool
+// would, and run decides what next.
+func (b *batcher) reserve(ctx context.Context) (beginner, func()) {
+	on, release, err := b.inbox.beginner.reserve(ctx)
 	if err != nil {
-		return failingBeginner{fmt.Errorf("reserve a connection: %w", err)}, func() {}
+		return failingBeginner{b.inbox.beginner, fmt.Errorf("reserve a connection: %w", err)}, func() {}
 	}
 	return on, release
 }
 
-// failingBeginner begins nothing: every BeginInbox fails with err.
-type failingBeginner struct{ err error }
+// failingBeginner begins nothing: every begin fails with err.
+type failingBeginner struct {
+	beginner
+	err error
+}
 
-func (f failingBeginner) BeginInbox(context.Context) (InboxTx, error) { return nil, f.err }
+func (f failingBeginner) begin(context.Context) (inboxTx, error) { return nil, f.err }
+
+func (f failingBeginner) beginClaim(context.Context, []repository.ClaimParams) (inboxTx, []repository.Claim, error) {
+	return nil, nil, f.err
+}
 
 // waitedOut learns from a MaxWait that ran out: every delivery the
 // subscribers could hand out was inside by then, or as many as are
@@ -368,7 +370,7 @@ func (b *batcher) waitedOut() {
 //
 // The first attempt begins on on (a reserved connection, see reserve),
 // which release then gives back; any later one on the pool.
-func (b *batcher) run(live []*delivery, on Beginner, release func()) {
+func (b *batcher) run(live []*delivery, on beginner, release func()) {
 	for attempt := 1; len(live) > 0; attempt++ {
 		rest, failed, err := b.attempt(live, on)
 		if attempt == 1 {
@@ -404,7 +406,7 @@ func (b *batcher) run(live []*delivery, on Beginner, release func()) {
 // attempt runs live in one transaction. It returns the deliveries still
 // undecided (duplicates are answered at once), and on error the
 // delivery to blame, if any.
-func (b *batcher) attempt(live []*delivery, on Beginner) (rest []*delivery, failed *delivery, err error) {
+func (b *batcher) attempt(live []*delivery, on beginner) (rest []*delivery, failed *delivery, err error) {
 	// Not bound to a delivery's context, for the reason given in
 	// Inbox.beginClaim.
 	ctx := context.WithoutCancel(live[0].ctx)
@@ -450,60 +452,26 @@ func (b *batcher) attempt(live []*delivery, on Beginner) (rest []*delivery, fail
 }
 
 // beginClaim begins the batch's transaction and claims every delivery's
-// key in it: in one round trip on a BatchClaimBeginner; otherwise BEGIN,
-// then one multi-row claim where the repository can (database/sql), one
-// claim each where it cannot (a Beginner's transaction). took is the
-// claim's time, with BEGIN where the two share a round trip. On an error
-// the transaction has ended.
-func (b *batcher) beginClaim(ctx context.Context, on Beginner, live []*delivery) (_ InboxTx, _ []repository.Claim, took time.Duration, _ error) {
+// key in it with one multi-row claim. took is the claim's time, with
+// BEGIN where the two share a round trip. On an error the transaction
+// has ended.
+func (b *batcher) beginClaim(ctx context.Context, on beginner, live []*delivery) (_ inboxTx, _ []repository.Claim, took time.Duration, _ error) {
 	params := make([]repository.ClaimParams, len(live))
 	for k, d := range live {
 		params[k] = d.claim
 	}
-	if cb, ok := on.(BatchClaimBeginner); ok {
-		start := time.Now()
-		tx, claims, err := cb.BeginClaimBatch(ctx, params)
-		took = time.Since(start)
-		if err != nil {
-			return nil, nil, took, fmt.Errorf("inbox: claim %d keys: %w", len(live), err)
-		}
-		return tx, claims, took, nil
-	}
-	tx, err := on.BeginInbox(ctx)
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("inbox: begin batch transaction: %w", err)
-	}
 	start := time.Now()
-	claims, err := claimAll(ctx, tx, params)
+	tx, claims, err := on.beginClaim(ctx, params)
 	took = time.Since(start)
 	if err != nil {
-		_ = tx.Rollback(ctx)
 		return nil, nil, took, fmt.Errorf("inbox: claim %d keys: %w", len(live), err)
 	}
 	return tx, claims, took, nil
 }
 
-// claimAll claims params in tx: one multi-row claim where the repository
-// can, one claim each otherwise.
-func claimAll(ctx context.Context, tx InboxTx, params []repository.ClaimParams) ([]repository.Claim, error) {
-	if std, ok := tx.(stdTx); ok {
-		if br, ok := std.Repo.(repository.BatchTransactional); ok {
-			return br.ClaimBatchTx(ctx, std.Tx, params)
-		}
-	}
-	claims := make([]repository.Claim, len(params))
-	for k, p := range params {
-		var err error
-		if claims[k], err = tx.Claim(ctx, p); err != nil {
-			return nil, err
-		}
-	}
-	return claims, nil
-}
-
 // runOne runs d's handler on the shared transaction and stores its result
 // there, as handle does for a delivery of its own.
-func (b *batcher) runOne(tx InboxTx, d *delivery) (err error) {
+func (b *batcher) runOne(tx inboxTx, d *delivery) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			// The panic stays this delivery's: the others of the batch
@@ -525,10 +493,7 @@ func (b *batcher) runOne(tx InboxTx, d *delivery) (err error) {
 // retryable reports whether err lost the whole transaction to a deadlock
 // or a serialization failure, so that running the batch again can help.
 func (b *batcher) retryable(err error) bool {
-	if br, ok := b.inbox.config.Repository.(repository.BatchTransactional); ok && br.RetryableTx(err) {
-		return true
-	}
-	return storekit.IsSerializationFailure(err)
+	return b.inbox.beginner.retryable(err) || storekit.IsSerializationFailure(err)
 }
 
 // inFailedTx recognises PostgreSQL's "current transaction is aborted"

@@ -4,7 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,8 +36,7 @@ func TestBatchFillsWhileItWaitsForAConnection(t *testing.T) {
 				mu    sync.Mutex
 				sizes []int
 			)
-			inbox, err := NewInbox(Config{
-				DB: db, Repository: repo, Consumer: "billing", Logger: watermill.NopLogger{},
+			inbox, err := NewInbox(repo, Config{Consumer: "billing", Logger: watermill.NopLogger{},
 				Batch: BatchConfig{MaxMessages: 8, MaxWait: time.Millisecond, Fixed: true},
 				Observer: reserveObserver(func(d idempotency.Delivery) {
 					mu.Lock()
@@ -93,7 +92,7 @@ type reserveObserver func(idempotency.Delivery)
 func (f reserveObserver) ObserveDelivery(_ context.Context, d idempotency.Delivery) { f(d) }
 
 // reserveTestStore opens backend's database and an inbox table of its own.
-func reserveTestStore(t *testing.T, backend string) (*sql.DB, repository.Transactional) {
+func reserveTestStore(t *testing.T, backend string) (*sql.DB, repository.Driver[*sql.Tx]) {
 	t.Helper()
 	if backend == "sqlite" {
 		db := testenv.SQLite(t)
@@ -117,8 +116,7 @@ func reserveTestStore(t *testing.T, backend string) (*sql.DB, repository.Transac
 // hangs, and no handler runs.
 func TestBatchReserveFailureFailsTheDeliveries(t *testing.T) {
 	db, repo := reserveTestStore(t, "sqlite")
-	inbox, err := NewInbox(Config{
-		DB: db, Repository: repo, Consumer: "billing", Logger: watermill.NopLogger{},
+	inbox, err := NewInbox(repo, Config{Consumer: "billing", Logger: watermill.NopLogger{},
 		Batch: BatchConfig{MaxMessages: 4, MaxWait: time.Millisecond, Fixed: true},
 	})
 	require.NoError(t, err)
@@ -140,8 +138,8 @@ func TestBatchReserveFailureFailsTheDeliveries(t *testing.T) {
 		// machine) fails with the reservation's error itself.
 		require.Error(t, err)
 		require.Truef(t,
-			strings.Contains(err.Error(), "inbox: begin batch transaction: sql: database is closed") ||
-				strings.Contains(err.Error(), "inbox: begin batch transaction: reserve a connection: sql: database is closed"),
+			regexp.MustCompile(`^inbox: claim \d+ keys: begin transaction: sql: database is closed$`).MatchString(err.Error()) ||
+				regexp.MustCompile(`^inbox: claim \d+ keys: reserve a connection: sql: database is closed$`).MatchString(err.Error()),
 			"%v: neither the pool's BEGIN nor the reservation failing on the closed database", err)
 	}
 	require.Zero(t, ran.Load())

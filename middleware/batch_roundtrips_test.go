@@ -1,9 +1,12 @@
 package middleware_test
 
 import (
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/idempotency"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -34,12 +37,15 @@ func TestBatchRoundTrips(t *testing.T) {
 
 	const n = 64
 	perDelivery := func(batch middleware.BatchConfig) float64 {
-		inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing", Logger: watermill.NopLogger{}, Batch: batch})
+		inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "billing", Logger: watermill.NopLogger{}, Batch: batch})
 		require.NoError(t, err)
 		prefix := randomName("m")
 		mw := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-			tx, _ := middleware.TxFromContext(msg.Context())
-			_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+s.charges+` (order_id, amount) VALUES ($1, 1)`, msg.UUID)
+			tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+			if err != nil {
+				return nil, err
+			}
+			_, err = tx.ExecContext(msg.Context(), `INSERT INTO `+s.charges+` (order_id, amount) VALUES ($1, 1)`, msg.UUID)
 			return nil, err
 		})
 		msgs := make([]*message.Message, n)

@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository"
+	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 	"github.com/idemkit/watermill-idempotent/sqldialect"
 )
 
@@ -38,9 +39,9 @@ type txSet struct {
 // driver.
 func (s *txSet) add(msg *message.Message) {
 	var tx any
-	if std, ok := middleware.TxFromContext(msg.Context()); ok {
+	if std, err := idempotency.Tx[*sql.Tx](msg.Context()); err == nil {
 		tx = std
-	} else if pgxTx, ok := pgxinbox.TxFromContext(msg.Context()); ok {
+	} else if pgxTx, err := idempotency.Tx[pgx.Tx](msg.Context()); err == nil {
 		tx = pgxTx
 	}
 	s.mu.Lock()
@@ -145,7 +146,8 @@ func orders(n int) []*message.Message {
 }
 
 func TestBatchConfigValidation(t *testing.T) {
-	s := &store{name: "none"}
+	repo, err := sqlite.NewRepository(&sql.DB{}, sqlite.Config{})
+	require.NoError(t, err)
 	for _, c := range []struct {
 		batch middleware.BatchConfig
 		want  string
@@ -154,7 +156,7 @@ func TestBatchConfigValidation(t *testing.T) {
 		{middleware.BatchConfig{MaxMessages: middleware.MaxBatchMessages + 1}, "MaxMessages"},
 		{middleware.BatchConfig{MaxMessages: 8, MaxWait: -time.Second}, "MaxWait"},
 	} {
-		_, err := middleware.NewInbox(middleware.Config{DB: &sql.DB{}, Repository: s.repo, Consumer: "shop", Batch: c.batch})
+		_, err := middleware.NewInbox(repo, middleware.Config{Consumer: "shop", Batch: c.batch})
 		require.ErrorContains(t, err, c.want)
 	}
 }

@@ -6,11 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
 )
 
@@ -18,21 +16,19 @@ func TestConfigValidate(t *testing.T) {
 	db := &sql.DB{}
 	repo, err := sqlite.NewRepository(db, sqlite.Config{})
 	require.NoError(t, err)
-	valid := middleware.Config{DB: db, Repository: repo, Consumer: "billing"}
-	// A Beginner replaces DB, and Repository is then optional.
-	beginner := pgxinbox.Beginner(nil, nil, pgx.TxOptions{})
-	_, err = middleware.NewInbox(middleware.Config{Beginner: beginner, Consumer: "billing"})
-	require.NoError(t, err)
-
-	_, err = middleware.NewInbox(valid)
+	valid := middleware.Config{Consumer: "billing"}
+	_, err = middleware.NewInbox(repo, valid)
 	require.NoError(t, err, "defaults make a minimal config valid")
+
+	// No driver: refused, with the configuration's own problems.
+	_, err = middleware.NewInbox[*sql.Tx](nil, middleware.Config{Consumer: "bill\x00ing"})
+	require.ErrorContains(t, err, "NewInbox needs a repository.Driver")
+	require.ErrorContains(t, err, "Config.Consumer contains a NUL byte")
 
 	for name, tc := range map[string]struct {
 		mutate func(*middleware.Config)
 		want   string
 	}{
-		"no DB":              {func(c *middleware.Config) { c.DB = nil }, "missing Config.DB"},
-		"no repository":      {func(c *middleware.Config) { c.Repository = nil }, "missing Config.Repository"},
 		"long consumer":      {func(c *middleware.Config) { c.Consumer = strings.Repeat("c", 256) }, "Config.Consumer is 256 bytes, longer than 255"},
 		"consumer with NUL":  {func(c *middleware.Config) { c.Consumer = "bill\x00ing" }, "Config.Consumer contains a NUL byte"},
 		"consumer not UTF-8": {func(c *middleware.Config) { c.Consumer = "bill\xffing" }, "Config.Consumer is not valid UTF-8"},
@@ -53,37 +49,30 @@ func TestConfigValidate(t *testing.T) {
 		// Seconds of retention is a mistake unless the window is declared
 		// that short: the default window (1 h) refuses it.
 		"retention shorter than the default window": {func(c *middleware.Config) { c.Retention = time.Second }, "config.Retention (1s) is shorter than RedeliveryWindow (1h0m0s)"},
-		"DB and Beginner":            {func(c *middleware.Config) { c.Beginner = beginner }, "both set"},
-		"Beginner with TxOptions": {func(c *middleware.Config) {
-			c.DB, c.Beginner, c.TxOptions = nil, beginner, &sql.TxOptions{}
-		}, "TxOptions needs Config.DB"},
-		"Beginner, ReadFirst without Repository": {func(c *middleware.Config) {
-			c.DB, c.Beginner, c.Repository, c.ReadFirst = nil, beginner, nil, true
-		}, "ReadFirst needs a Repository"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := valid
 			tc.mutate(&c)
-			_, err := middleware.NewInbox(c)
+			_, err := middleware.NewInbox(repo, c)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
 
 	c := valid
 	c.Retention, c.RedeliveryWindow = 24*time.Hour, 24*time.Hour
-	_, err = middleware.NewInbox(c)
+	_, err = middleware.NewInbox(repo, c)
 	require.NoError(t, err, "retention equal to the redelivery window is enough")
 
 	c = valid
 	c.Retention, c.RedeliveryWindow = time.Second, time.Second
-	_, err = middleware.NewInbox(c)
+	_, err = middleware.NewInbox(repo, c)
 	require.NoError(t, err, "a short retention with the window declared as short")
 
 	// A negative Retention is reported once, as not positive, not as
 	// shorter than the window.
 	c = valid
 	c.Retention = -time.Second
-	_, err = middleware.NewInbox(c)
+	_, err = middleware.NewInbox(repo, c)
 	require.ErrorContains(t, err, "Retention must be positive")
 	require.NotContains(t, err.Error(), "shorter than RedeliveryWindow")
 }

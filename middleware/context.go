@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"context"
-	"database/sql"
 
 	"github.com/idemkit/watermill-idempotent/internal/ctxkeys"
 )
@@ -10,8 +9,7 @@ import (
 type ctxKey int
 
 const (
-	txKey ctxKey = iota
-	inTxKey
+	inTxKey ctxKey = iota
 )
 
 // withInboxTx marks ctx as inside an inbox transaction, whatever driver
@@ -25,23 +23,10 @@ func inInboxTx(ctx context.Context) bool {
 	return in
 }
 
-func withTx(ctx context.Context, tx *sql.Tx) context.Context {
-	return context.WithValue(ctx, txKey, tx)
-}
-
 func withKey(ctx context.Context, key string) context.Context {
 	return ctxkeys.WithKey(ctx, key)
 }
 
 func withScope(ctx context.Context, scope string) context.Context {
 	return ctxkeys.WithScope(ctx, scope)
-}
-
-// TxFromContext returns the inbox transaction of the message being handled:
-// use msg.Context(). Writes made through it commit or roll back together
-// with the deduplication marker. Handlers must not commit or roll it back
-// themselves. ok is false outside an inbox handler.
-func TxFromContext(ctx context.Context) (tx *sql.Tx, ok bool) {
-	tx, ok = ctx.Value(txKey).(*sql.Tx)
-	return tx, ok && tx != nil
 }

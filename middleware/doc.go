@@ -15,18 +15,19 @@
 //	)
 //
 //	repo, _ := postgres.NewRepository(db, postgres.Config{})
-//	inbox, err := middleware.NewInbox(middleware.Config{
-//		DB:         db,
-//		Repository: repo,
-//		Consumer:   "shop", // this service's name; required
+//	inbox, err := middleware.NewInbox(repo, middleware.Config{
+//		Consumer: "shop", // this service's name; required
 //	})
 //	if err != nil { … }
 //	router.AddMiddleware(inbox.Middleware)
 //	router.AddHandler("billing", "orders", sub, "payments", pub, charge) // scope "shop/billing"
 //
 //	func charge(msg *message.Message) ([]*message.Message, error) {
-//		tx, _ := middleware.TxFromContext(msg.Context())
-//		_, err := tx.ExecContext(msg.Context(), "INSERT INTO charges …")
+//		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+//		if err != nil {
+//			return nil, err // not inside the inbox: retried, never run without it
+//		}
+//		_, err = tx.ExecContext(msg.Context(), "INSERT INTO charges …")
 //		return nil, err // an error rolls back the charge and the marker together
 //	}
 //

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -21,7 +23,6 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -34,14 +35,21 @@ type store struct {
 	db      *sql.DB
 	inbox   string // inbox table
 	charges string // business table: one row per charge, deliberately without a unique constraint
-	repo    interface {
-		repository.Transactional
-		repository.Reader
-	}
+	// repo is the backend's database/sql repository on the inbox table
+	// (on the pgx store too, where it only reads and sets up).
+	repo        sqlRepo
 	placeholder func(n int) string
-	// pool is set on the pgx store: the inbox runs on pgxinbox and the
-	// handler writes through the pgx.Tx.
-	pool *pgxpool.Pool
+	// pool and pgxRepo are set on the pgx store: the inbox runs on
+	// postgres.NewPgxRepository and the handler writes through the pgx.Tx.
+	pool    *pgxpool.Pool
+	pgxRepo *postgres.Repository[pgx.Tx]
+}
+
+// sqlRepo is a database/sql repository: the inbox's driver and the
+// two-phase inbox's repository.
+type sqlRepo interface {
+	repository.Driver[*sql.Tx]
+	repository.TwoPhase
 }
 
 // withPgx names every store plus the opt-in pgx one (PostgreSQL with the
@@ -119,7 +127,7 @@ func newPgxStoreOn(t testing.TB, s *store, pool *pgxpool.Pool) *store {
 	s.pool = pool
 	repo, err := postgres.NewPgxRepository(s.pool, postgres.Config{Table: s.inbox})
 	require.NoError(t, err)
-	s.repo = repo
+	s.pgxRepo = repo
 	return s
 }
 
@@ -179,15 +187,15 @@ func (s *store) q(query string) string {
 // on the others.
 func (s *store) execInTx(ctx context.Context, query string, args ...any) error {
 	if s.pool != nil {
-		tx, ok := pgxinbox.TxFromContext(ctx)
-		if !ok {
+		tx, txErr := idempotency.Tx[pgx.Tx](ctx)
+		if txErr != nil {
 			return errors.New("no pgx inbox transaction in the context")
 		}
 		_, err := tx.Exec(ctx, s.q(query), args...)
 		return err
 	}
-	tx, ok := middleware.TxFromContext(ctx)
-	if !ok {
+	tx, txErr := idempotency.Tx[*sql.Tx](ctx)
+	if txErr != nil {
 		return errors.New("no inbox transaction in the context")
 	}
 	_, err := tx.ExecContext(ctx, s.q(query), args...)
@@ -232,16 +240,31 @@ func (s *store) failCommit(ctx context.Context, tx *sql.Tx) error {
 
 func (s *store) newInbox(t testing.TB, consumer string, mutate ...func(*middleware.Config)) *middleware.Inbox {
 	t.Helper()
-	c := middleware.Config{DB: s.db, Repository: s.repo, Consumer: consumer, Logger: watermill.NopLogger{}}
-	if s.pool != nil {
-		c.DB, c.Beginner = nil, pgxinbox.Beginner(s.pool, s.repo.(*postgres.Repository), pgx.TxOptions{})
-	}
+	c := middleware.Config{Consumer: consumer, Logger: watermill.NopLogger{}}
 	for _, m := range mutate {
 		m(&c)
 	}
-	inbox, err := middleware.NewInbox(c)
+	inbox, err := s.inboxWith(c)
 	require.NoError(t, err)
 	return inbox
+}
+
+// leaseRepo is the store's repository for the two-phase inbox: the pgx
+// one on the pgx store.
+func (s *store) leaseRepo() leaseRepo {
+	if s.pgxRepo != nil {
+		return s.pgxRepo
+	}
+	return s.repo
+}
+
+// inboxWith is middleware.NewInbox on the store's driver: the pgx
+// repository on the pgx store, the database/sql one elsewhere.
+func (s *store) inboxWith(c middleware.Config) (*middleware.Inbox, error) {
+	if s.pgxRepo != nil {
+		return middleware.NewInbox(s.pgxRepo, c)
+	}
+	return middleware.NewInbox(s.repo, c)
 }
 
 // order is the test domain's event payload.
@@ -273,8 +296,8 @@ func (h *chargeHandler) Handle(msg *message.Message) (_ []*message.Message, err 
 	if h.s.pool != nil {
 		return h.handlePgx(msg)
 	}
-	tx, ok := middleware.TxFromContext(msg.Context())
-	if !ok {
+	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+	if txErr != nil {
 		// Without the inbox (the Deduplicator comparison) the handler
 		// commits its own transaction, as a plain handler would.
 		if tx, err = h.s.db.BeginTx(msg.Context(), nil); err != nil {
@@ -307,8 +330,8 @@ func (h *chargeHandler) Handle(msg *message.Message) (_ []*message.Message, err 
 
 // handlePgx is Handle on the pgx inbox transaction.
 func (h *chargeHandler) handlePgx(msg *message.Message) ([]*message.Message, error) {
-	tx, ok := pgxinbox.TxFromContext(msg.Context())
-	if !ok {
+	tx, txErr := idempotency.Tx[pgx.Tx](msg.Context())
+	if txErr != nil {
 		return nil, errors.New("no pgx inbox transaction in the context")
 	}
 	var o order

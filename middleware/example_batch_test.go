@@ -2,11 +2,14 @@ package middleware_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/idempotency"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -26,8 +29,7 @@ func ExampleBatchConfig() {
 	_ = repo.Migrate(context.Background())
 	_, _ = db.Exec(`CREATE TABLE charges (order_id TEXT)`)
 
-	inbox, err := middleware.NewInbox(middleware.Config{
-		DB: db, Repository: repo, Consumer: "billing",
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "billing",
 		Batch: middleware.BatchConfig{MaxMessages: 8, MaxWait: time.Second},
 	})
 	if err != nil {
@@ -36,11 +38,14 @@ func ExampleBatchConfig() {
 	var mu sync.Mutex
 	txs := map[any]int{}
 	charge := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := middleware.TxFromContext(msg.Context())
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, err
+		}
 		mu.Lock()
 		txs[tx]++
 		mu.Unlock()
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO charges VALUES (?)`, string(msg.Payload))
+		_, err = tx.ExecContext(msg.Context(), `INSERT INTO charges VALUES (?)`, string(msg.Payload))
 		return nil, err
 	})
 

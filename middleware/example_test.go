@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,12 +28,15 @@ func ExampleInbox() {
 	_ = repo.Migrate(context.Background())
 	_, _ = db.Exec(`CREATE TABLE charges (order_id TEXT, amount INTEGER)`)
 
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing"})
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "billing"})
 	if err != nil {
 		panic(err)
 	}
 	charge := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := middleware.TxFromContext(msg.Context())
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, err
+		}
 		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO charges VALUES ('order-1', 1200)`); err != nil {
 			return nil, err
 		}

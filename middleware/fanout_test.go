@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -341,8 +342,7 @@ var inboxModes = []inboxMode{
 		return s.newInbox(t, consumer).Middleware
 	}},
 	{"two-phase", func(t *testing.T, s *store, consumer string) message.HandlerMiddleware {
-		repo, ok := s.repo.(leaseRepo)
-		require.True(t, ok, "%T is not a two-phase repository", s.repo)
+		repo := s.leaseRepo()
 		inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: repo, Consumer: consumer})
 		require.NoError(t, err)
 		return inbox.Middleware
@@ -353,8 +353,8 @@ var inboxModes = []inboxMode{
 // in the inbox transaction (transactional mode only).
 func chargeEffect(s *store) func(msg *message.Message, handler, orderID string) error {
 	return func(msg *message.Message, handler, orderID string) error {
-		tx, ok := middleware.TxFromContext(msg.Context())
-		if !ok {
+		tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+		if txErr != nil {
 			return nil
 		}
 		_, err := tx.ExecContext(msg.Context(), s.q(`INSERT INTO `+s.charges+` (order_id, amount) VALUES (?, 1)`), handler+"/"+orderID)

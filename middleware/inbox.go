@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
+	"github.com/idemkit/watermill-idempotent/internal/ctxkeys"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
@@ -25,21 +25,6 @@ const DefaultRedeliveryWindow = time.Hour
 
 // Config configures an Inbox.
 type Config struct {
-	// DB is the database/sql database the inbox transaction runs on; the
-	// repository's table and the handler's business tables must live in
-	// it. Set DB or Beginner, not both.
-	DB *sql.DB
-	// Repository stores the markers in DB's transactions. Required with
-	// DB; with Beginner it is only read by ReadFirst and the adaptive read
-	// (ReadFirstAbove): optional, but without it every duplicate costs a
-	// transaction.
-	Repository repository.Transactional
-	// Beginner begins the inbox transaction on another driver instead of
-	// DB: middleware/pgxinbox.Beginner runs it on a pgx/v5 pool, and the
-	// handler reads the pgx.Tx with pgxinbox.TxFromContext. TxOptions
-	// needs DB; Outputs then needs a writer for that driver
-	// (outbox/pgxoutbox.Outputs). Default: nil (use DB).
-	Beginner Beginner
 	// Consumer names the service that owns this inbox ("payments"). It is
 	// required: records are stored per (scope, key), and each delivery's
 	// scope is Consumer + ScopeSeparator + the name of the Watermill
@@ -87,9 +72,6 @@ type Config struct {
 	// so a Retention of seconds is refused unless the window is declared
 	// that short.
 	RedeliveryWindow time.Duration
-	// TxOptions are used to begin the inbox transaction. Default: nil (the
-	// driver's default isolation level).
-	TxOptions *sql.TxOptions
 	// Logger receives the inbox's logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.
@@ -115,8 +97,7 @@ type Config struct {
 	// transaction, so turn it on for streams that carry many duplicates
 	// (a replay after an outage, a producer that retries a lot). The claim
 	// in the transaction still decides every race; the read only answers
-	// keys already completed. Requires a Repository that also implements
-	// repository.Reader (every backend here does). Default: false (but see
+	// keys already completed. Default: false (but see
 	// ReadFirstAbove: the inbox reads first by itself while duplicates are
 	// frequent).
 	ReadFirst bool
@@ -124,9 +105,8 @@ type Config struct {
 	// share of duplicates among the scope's recent deliveries (a moving
 	// average over about the last 32) is at least this fraction, and off
 	// again when it falls below: a stream of first deliveries pays nothing
-	// for it, and a replay of copies is answered with one read each. It
-	// needs a Repository implementing repository.Reader; without one it
-	// stays off. Default: DefaultReadFirstAbove (0.25, where one read
+	// for it, and a replay of copies is answered with one read each.
+	// Default: DefaultReadFirstAbove (0.25, where one read
 	// saved per duplicate outweighs one read added per first delivery).
 	// Negative or above 1: never (only ReadFirst).
 	ReadFirstAbove float64
@@ -142,11 +122,9 @@ type Config struct {
 	// turn on the shared transaction and see each other's writes; a
 	// failing handler's delivery fails alone (the others run again
 	// without it). ReadFirst is not used in batch mode (a duplicate
-	// costs one read inside the batch). With a Beginner the keys are
-	// claimed one by one in the shared transaction, unless it is a
-	// BatchClaimBeginner (pgxinbox's is: BEGIN and one multi-row claim in
-	// one round trip). See BatchConfig and docs/batching.md. Default:
-	// zero (off).
+	// costs one read inside the batch). The batch's keys are claimed
+	// with one multi-row claim. See BatchConfig and docs/batching.md.
+	// Default: zero (off).
 	Batch BatchConfig
 }
 
@@ -157,81 +135,75 @@ type Config struct {
 const DefaultReadFirstAbove = 0.25
 
 // OutputWriter stores a handler's output messages inside the inbox
-// transaction, so they are published if and only if it commits. tx is the
-// inbox's *sql.Tx with Config.DB; with a Config.Beginner it is nil and
-// ctx carries the Beginner's transaction, as it does for the handler
-// (pgxinbox.TxFromContext).
+// transaction, so they are published if and only if it commits: ctx
+// carries that transaction (idempotency.Tx), as it does for the handler.
+// outbox.Outbox.Outputs returns one.
 type OutputWriter interface {
-	WriteOutputs(ctx context.Context, tx *sql.Tx, msgs []*message.Message) error
+	WriteOutputs(ctx context.Context, msgs []*message.Message) error
 }
 
-// Beginner begins inbox transactions on a driver other than database/sql
-// (see middleware/pgxinbox), so that this package does not depend on the
-// driver.
-type Beginner interface {
-	// BeginInbox begins one inbox transaction. The Inbox calls it with a
-	// context that is never cancelled (see Inbox), and ends the
-	// transaction with exactly one Commit or Rollback.
-	BeginInbox(ctx context.Context) (InboxTx, error)
+// beginner begins the inbox's transactions on its repository.Driver,
+// whose transaction type it hides (driverBeginner).
+type beginner interface {
+	begin(ctx context.Context) (inboxTx, error)
+	// beginClaim begins a transaction and claims params in it (see
+	// repository.Driver's BeginClaim); on an error it has ended.
+	beginClaim(ctx context.Context, params []repository.ClaimParams) (inboxTx, []repository.Claim, error)
+	// reserve takes a connection of the pool for a group commit's batch:
+	// a beginner on it, and release.
+	reserve(ctx context.Context) (beginner, func(), error)
+	retryable(err error) bool
 }
 
-// InboxTx is one inbox transaction begun by a Beginner. Claim and
-// SaveResult keep the repository.Transactional contract on it.
-type InboxTx interface {
-	Claim(ctx context.Context, params repository.ClaimParams) (repository.Claim, error)
-	SaveResult(ctx context.Context, params repository.SaveResultParams) error
-	// WithTx returns ctx carrying the transaction for the handler.
-	WithTx(ctx context.Context) context.Context
-	Commit(ctx context.Context) error
-	// Rollback ends the transaction if it is still open; the Inbox calls
-	// it after a failed Commit too and ignores its error.
-	Rollback(ctx context.Context) error
+// inboxTx is one inbox transaction.
+type inboxTx interface {
+	protocol.Tx
+	// claimAll claims params with one multi-row claim.
+	claimAll(ctx context.Context, params []repository.ClaimParams) ([]repository.Claim, error)
+	// withTx returns ctx carrying the transaction for the handler
+	// (idempotency.Tx).
+	withTx(ctx context.Context) context.Context
 }
 
-// ClaimBeginner is a Beginner that begins the transaction and claims the
-// key in one round trip (middleware/pgxinbox's Beginner sends "begin;
-// INSERT …" as one query). The Inbox prefers BeginClaim to BeginInbox and
-// Claim. A fresh claim returns the open transaction and Claim.Claimed; a
-// key already taken returns a nil InboxTx (the transaction has ended) and
-// the stored record in Claim.Existing, as InboxTx.Claim does.
-type ClaimBeginner interface {
-	Beginner
-	BeginClaim(ctx context.Context, params repository.ClaimParams) (InboxTx, repository.Claim, error)
+// driverBeginner is a beginner on a driver with transactions of type TTx.
+type driverBeginner[TTx any] struct{ d repository.Driver[TTx] }
+
+func (b driverBeginner[TTx]) begin(ctx context.Context) (inboxTx, error) {
+	tx, err := b.d.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return driverTx[TTx]{protocol.DriverTx[TTx]{D: b.d, Tx: tx}}, nil
 }
 
-// BatchClaimBeginner is a Beginner that begins the transaction of a
-// group commit (Config.Batch) and claims every key of the batch in one
-// round trip (middleware/pgxinbox's Beginner sends BEGIN and one INSERT
-// with a row per key as one pgx.Batch). The Inbox prefers BeginClaimBatch to BeginInbox and
-// a Claim per key. claims[k] answers params[k] as InboxTx.Claim does; the
-// transaction is open whatever the claims say, and has ended when an
-// error is returned.
-type BatchClaimBeginner interface {
-	Beginner
-	BeginClaimBatch(ctx context.Context, params []repository.ClaimParams) (_ InboxTx, claims []repository.Claim, _ error)
+func (b driverBeginner[TTx]) beginClaim(ctx context.Context, params []repository.ClaimParams) (inboxTx, []repository.Claim, error) {
+	tx, claims, err := b.d.BeginClaim(ctx, params)
+	if err != nil {
+		return nil, nil, err
+	}
+	return driverTx[TTx]{protocol.DriverTx[TTx]{D: b.d, Tx: tx}}, claims, nil
 }
 
-// ReservingBeginner is a Beginner that can reserve a connection of its
-// pool ahead of the transactions begun on it. Group commit (Config.Batch)
-// reserves the connection of a batch that is not full yet before it
-// takes the batch's deliveries: while the pool has no connection free,
-// the batch goes on filling, instead of every batch queuing for a
-// connection with the few deliveries that came meanwhile. middleware/pgxinbox's Beginner is one;
-// with Config.DB the inbox reserves a database/sql connection (DB.Conn).
-// A Beginner that is not one has its batches begun on it directly.
-type ReservingBeginner interface {
-	Beginner
-	// Reserve waits for a connection of the pool and returns a Beginner
-	// that begins its transactions, one at a time, on that connection,
-	// and release, which gives the connection back once the last of
-	// them has ended. The Inbox calls release exactly once.
-	Reserve(ctx context.Context) (_ Beginner, release func(), _ error)
+func (b driverBeginner[TTx]) reserve(ctx context.Context) (beginner, func(), error) {
+	d, release, err := b.d.Reserve(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return driverBeginner[TTx]{d}, release, nil
 }
 
-// stdTx is an inbox transaction on database/sql.
-type stdTx struct{ protocol.SQLTx }
+func (b driverBeginner[TTx]) retryable(err error) bool { return b.d.Retryable(err) }
 
-func (t stdTx) WithTx(ctx context.Context) context.Context { return withTx(ctx, t.Tx) }
+// driverTx is an inbox transaction of type TTx.
+type driverTx[TTx any] struct{ protocol.DriverTx[TTx] }
+
+func (t driverTx[TTx]) claimAll(ctx context.Context, params []repository.ClaimParams) ([]repository.Claim, error) {
+	return t.D.Claim(ctx, t.Tx, params)
+}
+
+func (t driverTx[TTx]) withTx(ctx context.Context) context.Context {
+	return ctxkeys.WithTx(ctx, t.Tx)
+}
 
 func (c *Config) setDefaults() {
 	if c.Key == nil {
@@ -253,23 +225,9 @@ func (c *Config) setDefaults() {
 // Validate reports every problem with the configuration at once.
 func (c Config) Validate() error {
 	var errs []error
-	switch {
-	case c.DB == nil && c.Beginner == nil:
-		errs = append(errs, errors.New("missing Config.DB (or Config.Beginner)"))
-	case c.DB != nil && c.Beginner != nil:
-		errs = append(errs, errors.New("config.DB and Config.Beginner are both set: set one"))
-	case c.Beginner != nil && c.TxOptions != nil:
-		errs = append(errs, errors.New("config.TxOptions needs Config.DB: give a Beginner its own options"))
-	}
-	if c.Repository == nil && c.Beginner == nil {
-		errs = append(errs, errors.New("missing Config.Repository"))
-	}
 	errs = append(errs, validateScoping("Config", c.Consumer, c.HandlerScopes, true)...)
 	errs = append(errs, protocol.ValidateRetention(c.Retention, c.RedeliveryWindow)...)
 	errs = append(errs, c.Batch.validate()...)
-	if _, ok := c.Repository.(repository.Reader); c.ReadFirst && !ok {
-		errs = append(errs, fmt.Errorf("config.ReadFirst needs a Repository implementing repository.Reader; %T does not", c.Repository))
-	}
 	return settings.Invalid("inbox", errs)
 }
 
@@ -280,7 +238,7 @@ func (c Config) Validate() error {
 //
 // For each delivery it begins a transaction, claims the key with one
 // atomic conditional insert and, on a fresh claim, runs the handler with
-// the transaction in msg.Context() (see TxFromContext); it stores the
+// the transaction in msg.Context() (see idempotency.Tx); it stores the
 // messages the handler returns with the marker and commits. The marker,
 // the handler's writes through the transaction and the stored result
 // commit together or not at all:
@@ -298,43 +256,44 @@ func (c Config) Validate() error {
 // A concurrent delivery of the same key waits on the database until the
 // first transaction ends. Inbox is safe for concurrent use.
 type Inbox struct {
-	config Config
-	scope  scoping
-	obs    observability
-	// beginner is Config.Beginner, or one on Config.DB.
-	beginner Beginner
-	batch    *batcher          // nil unless Config.Batch is on
-	reader   repository.Reader // nil: no ReadFirst
+	config   Config
+	scope    scoping
+	obs      observability
+	beginner beginner
+	batch    *batcher // nil unless Config.Batch is on
+	reader   repository.Reader
 	dups     duplicateRates
-	tx       protocol.Transactional[InboxTx]
+	tx       protocol.Transactional[inboxTx]
 }
 
-// NewInbox validates config and returns an Inbox.
-func NewInbox(config Config) (*Inbox, error) {
+// NewInbox validates config and returns an Inbox whose transactions run
+// on d: a SQL backend's repository (postgres.NewRepository or
+// NewPgxRepository, mysql.NewRepository, sqlite.NewRepository), whose
+// table and the handler's business tables live in one database. The
+// handler reads the transaction with idempotency.Tx[TTx], TTx being d's
+// transaction type (*sql.Tx, pgx.Tx).
+func NewInbox[TTx any](d repository.Driver[TTx], config Config) (*Inbox, error) {
 	config.setDefaults()
-	if err := config.Validate(); err != nil {
+	err := config.Validate()
+	if d == nil {
+		err = errors.Join(errors.New("inbox: NewInbox needs a repository.Driver (postgres.NewRepository, mysql.NewRepository, sqlite.NewRepository)"), err)
+	}
+	if err != nil {
 		return nil, err
 	}
-	reader, _ := config.Repository.(repository.Reader)
 	above := config.ReadFirstAbove
-	if reader == nil || config.ReadFirst {
-		above = -1 // no read to turn on, or it is always on: keep no rates
+	if config.ReadFirst {
+		above = -1 // it is always on: keep no rates
 	}
 	i := &Inbox{
 		config: config,
 		scope:  newScoping(config.Consumer, config.HandlerScopes),
 		obs:    newObservability(idempotency.ModeTransactional, config.Logger, config.Observer),
-		reader: reader,
+		reader: d,
 		dups:   duplicateRates{above: above},
 	}
-	i.beginner = config.Beginner
-	if i.beginner == nil {
-		i.beginner = sqlBeginner{db: config.DB, opts: config.TxOptions, repo: config.Repository}
-	}
-	i.tx = protocol.Transactional[InboxTx]{Prefix: "inbox", Begin: i.begin}
-	if cb, ok := config.Beginner.(ClaimBeginner); ok {
-		i.tx.BeginClaim = cb.BeginClaim
-	}
+	i.beginner = driverBeginner[TTx]{d}
+	i.tx = protocol.Transactional[inboxTx]{Prefix: "inbox", Begin: i.beginner.begin, BeginClaim: i.beginClaim}
 	if config.Batch.MaxMessages > 1 {
 		i.batch = &batcher{inbox: i, max: config.Batch.MaxMessages, wait: config.Batch.MaxWait, fixed: config.Batch.Fixed}
 	}
@@ -364,7 +323,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.
 	hash := repository.HashPayload(msg.Payload)
 
 	rate := i.dups.of(scope)
-	if i.reader != nil && (c.ReadFirst || rate.high()) {
+	if c.ReadFirst || rate.high() {
 		claimStart := time.Now()
 		rec, err := i.reader.Get(ctx, scope, key)
 		obs.d.Claim = time.Since(claimStart)
@@ -385,7 +344,7 @@ func (i *Inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.
 		PayloadHash: hash,
 		Now:         now,
 		ExpiresAt:   now.Add(c.Retention),
-	}, func(ctx context.Context, tx InboxTx) (result []byte, err error) {
+	}, func(ctx context.Context, tx inboxTx) (result []byte, err error) {
 		r, result, err = i.runHandler(ctx, tx, h, msg, scope, key)
 		return result, err
 	})
@@ -413,9 +372,9 @@ type ran struct {
 // key, and writes its output to Config.Outputs (outputs). It returns
 // what the handler left and the result to store with the marker. On an
 // error nothing is to be committed.
-func (i *Inbox) runHandler(ctx context.Context, tx InboxTx, h message.HandlerFunc, msg *message.Message, scope, key string) (r ran, result []byte, err error) {
+func (i *Inbox) runHandler(ctx context.Context, tx inboxTx, h message.HandlerFunc, msg *message.Message, scope, key string) (r ran, result []byte, err error) {
 	original := msg.Context()
-	msg.SetContext(withScope(withKey(tx.WithTx(withInboxTx(ctx)), key), scope))
+	msg.SetContext(withScope(withKey(tx.withTx(withInboxTx(ctx)), key), scope))
 	out, err := func() ([]*message.Message, error) {
 		defer msg.SetContext(original) // a panic too leaves the message as it came
 		return h(msg)
@@ -439,17 +398,13 @@ func (i *Inbox) runHandler(ctx context.Context, tx InboxTx, h message.HandlerFun
 // Config.Outputs when it is set (the relay publishes them, so nothing is
 // left to return or replay), and encodes the result to store for replay.
 // It returns the messages for the router to publish now.
-func (i *Inbox) outputs(ctx context.Context, tx InboxTx, scope, key string, out []*message.Message) (_ []*message.Message, result []byte, _ error) {
+func (i *Inbox) outputs(ctx context.Context, tx inboxTx, scope, key string, out []*message.Message) (_ []*message.Message, result []byte, _ error) {
 	c := i.config
 	if c.Outputs != nil && len(out) > 0 {
 		for pos, m := range out {
 			m.UUID = OutputUUID(scope, key, pos)
 		}
-		var sqlTx *sql.Tx
-		if s, ok := tx.(stdTx); ok {
-			sqlTx = s.Tx
-		}
-		if err := c.Outputs.WriteOutputs(tx.WithTx(ctx), sqlTx, out); err != nil {
+		if err := c.Outputs.WriteOutputs(tx.withTx(ctx), out); err != nil {
 			return nil, nil, fmt.Errorf("inbox: write %d outputs of key %q: %w", len(out), key, err)
 		}
 		// They commit with the marker and the relay publishes them: nothing
@@ -463,40 +418,13 @@ func (i *Inbox) outputs(ctx context.Context, tx InboxTx, scope, key string, out 
 	return out, result, nil
 }
 
-// begin begins an inbox transaction on Config.DB or Config.Beginner.
-func (i *Inbox) begin(ctx context.Context) (InboxTx, error) { return i.beginner.BeginInbox(ctx) }
-
-// sqlBeginner begins inbox transactions on Config.DB.
-type sqlBeginner struct {
-	db   *sql.DB
-	opts *sql.TxOptions
-	repo repository.Transactional
-	// held, if set, is a connection of db that Reserve took: every
-	// transaction begins on it.
-	held *sql.Conn
-}
-
-func (s sqlBeginner) BeginInbox(ctx context.Context) (InboxTx, error) {
-	var on protocol.TxBeginner = s.db
-	if s.held != nil {
-		on = s.held
-	}
-	tx, err := protocol.BeginSQL(on, s.opts, s.repo)(ctx)
+// beginClaim begins an inbox transaction and claims p in it.
+func (i *Inbox) beginClaim(ctx context.Context, p repository.ClaimParams) (inboxTx, repository.Claim, error) {
+	tx, claims, err := i.beginner.beginClaim(ctx, []repository.ClaimParams{p})
 	if err != nil {
-		return nil, err
+		return nil, repository.Claim{}, err
 	}
-	return stdTx{tx}, nil
-}
-
-// Reserve takes a connection of the pool (DB.Conn): no round trip while
-// one is idle.
-func (s sqlBeginner) Reserve(ctx context.Context) (Beginner, func(), error) {
-	conn, err := s.db.Conn(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	s.held = conn
-	return s, func() { _ = conn.Close() }, nil
+	return tx, claims[0], nil
 }
 
 // beginDelivery starts observing msg and resolves its scope and key. A

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
@@ -177,25 +178,30 @@ func TestInboxCommitFailureRollsBackAndRetrySucceeds(t *testing.T) {
 
 func TestInboxContextAccessors(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s *store) {
-		var sawTx, sawKey bool
+		var txErr, wrongTypeErr error
+		var sawKey bool
 		var key string
 		mw := s.newInbox(t, "billing", func(c *middleware.Config) {
 			c.Key = middleware.JSONFieldKey("order_id")
 		}).Middleware(func(msg *message.Message) ([]*message.Message, error) {
-			_, sawTx = middleware.TxFromContext(msg.Context())
+			_, txErr = idempotency.Tx[*sql.Tx](msg.Context())
+			_, wrongTypeErr = idempotency.Tx[pgx.Tx](msg.Context())
 			key, sawKey = idempotency.KeyFromContext(msg.Context())
 			return nil, nil
 		})
 		msg := orderMessage("uuid-1", order{ID: "o-77", Amount: 1})
 		_, err := mw(msg)
 		require.NoError(t, err)
-		require.True(t, sawTx)
+		require.NoError(t, txErr)
+		require.ErrorIs(t, wrongTypeErr, idempotency.ErrNoTransaction, "asked for another driver's transaction type")
+		require.ErrorContains(t, wrongTypeErr, "pgx.Tx")
+		require.ErrorContains(t, wrongTypeErr, "*sql.Tx")
 		require.True(t, sawKey)
 		require.Equal(t, "o-77", key)
 
-		_, ok := middleware.TxFromContext(msg.Context())
-		require.False(t, ok, "the finished transaction does not leak out of the handler")
-		_, ok = idempotency.KeyFromContext(msg.Context())
+		_, err = idempotency.Tx[*sql.Tx](msg.Context())
+		require.ErrorIs(t, err, idempotency.ErrNoTransaction, "the finished transaction does not leak out of the handler")
+		_, ok := idempotency.KeyFromContext(msg.Context())
 		require.False(t, ok)
 	})
 }
@@ -340,12 +346,4 @@ func TestInboxReadFirst(t *testing.T) {
 		require.EqualValues(t, 1, h.runs.Load())
 		require.Equal(t, 1, s.chargesFor(t, "o-1"))
 	}, withPgx...)
-}
-
-func TestInboxReadFirstNeedsReader(t *testing.T) {
-	s := newSQLiteStore(t)
-	_, err := middleware.NewInbox(middleware.Config{
-		DB: s.db, Repository: struct{ repository.Transactional }{s.repo}, Consumer: "billing", ReadFirst: true,
-	})
-	require.ErrorContains(t, err, "ReadFirst needs a Repository implementing repository.Reader")
 }

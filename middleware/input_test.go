@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strconv"
@@ -14,12 +15,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/storekit"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/repository/mysql"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -82,8 +83,8 @@ func (a *attempts) waitAcked(t *testing.T, f *flow, n int64) {
 
 // versionGuardFor creates a versions table beside s's inbox and returns
 // how a handler applies a version in its inbox transaction (the
-// middleware's VersionGuard for consumer, pgxinbox.ApplyIfNewer on the
-// pgx store) and how a test reads the last one applied.
+// middleware's VersionGuard for consumer, on the pgx.Tx on the pgx
+// store) and how a test reads the last one applied.
 func versionGuardFor(t *testing.T, s *store, consumer string) (apply func(ctx context.Context, entity string, version int64) error, lastVersion func(scope, entity string) (int64, error)) {
 	t.Helper()
 	table := randomName("versions")
@@ -92,8 +93,8 @@ func versionGuardFor(t *testing.T, s *store, consumer string) (apply func(ctx co
 		require.NoError(t, err)
 	})
 	ctx := t.Context()
-	guard := func(v repository.VersionGuard) func(context.Context, string, int64) error {
-		g, err := middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v, Consumer: consumer})
+	guard := func(v repository.VersionGuard[*sql.Tx]) func(context.Context, string, int64) error {
+		g, err := middleware.NewVersionGuard(middleware.VersionGuardConfig[*sql.Tx]{Guard: v, Consumer: consumer})
 		require.NoError(t, err)
 		return g.ApplyIfNewer
 	}
@@ -102,9 +103,9 @@ func versionGuardFor(t *testing.T, s *store, consumer string) (apply func(ctx co
 		v, err := postgres.NewPgxVersionStore(s.pool, postgres.VersionConfig{Table: table})
 		require.NoError(t, err)
 		require.NoError(t, v.Migrate(ctx))
-		return func(ctx context.Context, entity string, version int64) error {
-			return pgxinbox.ApplyIfNewer(ctx, v, entity, version)
-		}, func(c, e string) (int64, error) { return v.LastVersion(ctx, c, e) }
+		g, err := middleware.NewVersionGuard(middleware.VersionGuardConfig[pgx.Tx]{Guard: v, Consumer: consumer})
+		require.NoError(t, err)
+		return g.ApplyIfNewer, func(c, e string) (int64, error) { return v.LastVersion(ctx, c, e) }
 	case s.name == "postgres":
 		v, err := postgres.NewVersionStore(s.db, postgres.VersionConfig{Table: table})
 		require.NoError(t, err)
@@ -253,7 +254,7 @@ func TestRouterUnstorableKeyTwoPhase(t *testing.T) {
 		}
 	}
 	forEachLeaseStore(t, run)
-	forEachPostgresMode(t, func(t *testing.T, s *store) { run(t, s.repo.(leaseRepo)) })
+	forEachPostgresMode(t, func(t *testing.T, s *store) { run(t, s.leaseRepo()) })
 }
 
 // TestRouterDataExceptionIsPoisoned: a handler whose own write carries a

@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"sync"
 	"sync/atomic"
@@ -185,13 +186,16 @@ func TestNaturalKeyAndInbox(t *testing.T) {
 	repo, err := sqlite.NewRepository(db, sqlite.Config{Table: inboxTable})
 	require.NoError(t, err)
 	require.NoError(t, repo.Migrate(t.Context()))
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "payments"})
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "payments"})
 	require.NoError(t, err)
 	_, err = db.Exec(`INSERT INTO ` + payments + ` (order_id) VALUES ('order-1')`)
 	require.NoError(t, err)
 	handler := func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := middleware.TxFromContext(msg.Context())
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+payments+` (order_id) VALUES ('order-1')`)
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, err
+		}
+		_, err = tx.ExecContext(msg.Context(), `INSERT INTO `+payments+` (order_id) VALUES ('order-1')`)
 		return nil, err
 	}
 	natural := middleware.NewNaturalKey(middleware.NaturalKeyConfig{})

@@ -29,7 +29,7 @@ func BenchmarkOwnCost(b *testing.B) {
 		c     int
 	}{{"default", middleware.BatchConfig{}, 1}, {"batch16", middleware.BatchConfig{MaxMessages: 16}, 16}} {
 		b.Run(mode.name, func(b *testing.B) {
-			inbox, err := middleware.NewInbox(middleware.Config{Beginner: nopBeginner{}, Consumer: "bench", Batch: mode.batch})
+			inbox, err := middleware.NewInbox(nopDriver{}, middleware.Config{Consumer: "bench", Batch: mode.batch})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -65,18 +65,31 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// nopBeginner begins transactions that claim every key and store
+// nopDriver is a driver whose transactions claim every key and store
 // nothing.
-type nopBeginner struct{}
-
-func (nopBeginner) BeginInbox(context.Context) (middleware.InboxTx, error) { return nopTx{}, nil }
+type nopDriver struct{}
 
 type nopTx struct{}
 
-func (nopTx) Claim(context.Context, repository.ClaimParams) (repository.Claim, error) {
-	return repository.Claim{Claimed: true}, nil
+func (nopDriver) Get(context.Context, string, string) (repository.Record, error) {
+	return repository.Record{}, repository.ErrNotFound
 }
-func (nopTx) SaveResult(context.Context, repository.SaveResultParams) error { return nil }
-func (nopTx) WithTx(ctx context.Context) context.Context                    { return ctx }
-func (nopTx) Commit(context.Context) error                                  { return nil }
-func (nopTx) Rollback(context.Context) error                                { return nil }
+func (nopDriver) Begin(context.Context) (nopTx, error) { return nopTx{}, nil }
+func (d nopDriver) BeginClaim(ctx context.Context, params []repository.ClaimParams) (nopTx, []repository.Claim, error) {
+	claims, err := d.Claim(ctx, nopTx{}, params)
+	return nopTx{}, claims, err
+}
+func (nopDriver) Claim(_ context.Context, _ nopTx, params []repository.ClaimParams) ([]repository.Claim, error) {
+	claims := make([]repository.Claim, len(params))
+	for k := range claims {
+		claims[k].Claimed = true
+	}
+	return claims, nil
+}
+func (nopDriver) SaveResult(context.Context, nopTx, repository.SaveResultParams) error { return nil }
+func (nopDriver) Commit(context.Context, nopTx) error                                  { return nil }
+func (nopDriver) Rollback(context.Context, nopTx) error                                { return nil }
+func (nopDriver) Retryable(error) bool                                                 { return false }
+func (d nopDriver) Reserve(context.Context) (repository.Driver[nopTx], func(), error) {
+	return d, func() {}, nil
+}

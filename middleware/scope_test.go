@@ -56,11 +56,10 @@ func (o *scopeObserver) get(scope string, outcome idempotency.Outcome) int {
 // messages) and how to keep the keys stored under the bare handler name.
 func TestInboxesRequireConsumer(t *testing.T) {
 	s := newSQLiteStore(t)
-	twoPhaseRepo, ok := s.repo.(leaseRepo)
-	require.True(t, ok)
-	config := middleware.Config{DB: s.db, Repository: s.repo}
+	twoPhaseRepo := s.leaseRepo()
+	config := middleware.Config{}
 	twoPhase := middleware.TwoPhaseConfig{Repository: twoPhaseRepo}
-	_, newErr := middleware.NewInbox(config)
+	_, newErr := middleware.NewInbox(s.repo, config)
 	_, newTwoPhaseErr := middleware.NewTwoPhaseInbox(twoPhase)
 	for name, c := range map[string]struct {
 		err    error
@@ -70,7 +69,7 @@ func TestInboxesRequireConsumer(t *testing.T) {
 		"Config.Validate":         {config.Validate(), "Config"},
 		"NewTwoPhaseInbox":        {newTwoPhaseErr, "TwoPhaseConfig"},
 		"TwoPhaseConfig.Validate": {twoPhase.Validate(), "TwoPhaseConfig"},
-		"Config.Validate, only HandlerScopes": {middleware.Config{DB: s.db, Repository: s.repo,
+		"Config.Validate, only HandlerScopes": {middleware.Config{
 			HandlerScopes: map[string]string{"billing": "billing"}}.Validate(), "Config"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -80,7 +79,7 @@ func TestInboxesRequireConsumer(t *testing.T) {
 		})
 	}
 	config.Consumer, twoPhase.Consumer = "payments", "payments"
-	_, err := middleware.NewInbox(config)
+	_, err := middleware.NewInbox(s.repo, config)
 	require.NoError(t, err)
 	_, err = middleware.NewTwoPhaseInbox(twoPhase)
 	require.NoError(t, err)
@@ -118,12 +117,12 @@ func writeLegacyRecords(t *testing.T, s *store, scope string, msgs []*message.Me
 	for _, m := range msgs {
 		tx, err := s.db.BeginTx(t.Context(), nil)
 		require.NoError(t, err)
-		claim, err := s.repo.ClaimTx(t.Context(), tx, repository.ClaimParams{
+		claims, err := s.repo.Claim(t.Context(), tx, []repository.ClaimParams{{
 			Consumer: scope, Key: m.UUID, PayloadHash: repository.HashPayload(m.Payload),
 			Now: now, ExpiresAt: now.Add(idempotency.DefaultRetention),
-		})
+		}})
 		require.NoError(t, err)
-		require.True(t, claim.Claimed)
+		require.True(t, claims[0].Claimed)
 		require.NoError(t, tx.Commit())
 	}
 }
@@ -173,8 +172,7 @@ func TestUpgradeKeepsBareHandlerScopes(t *testing.T) {
 					c.HandlerScopes = map[string]string{"billing": "billing"}
 				}).Middleware
 				if mode.name == "two-phase" {
-					repo, ok := s.repo.(leaseRepo)
-					require.True(t, ok)
+					repo := s.leaseRepo()
 					inbox, err := middleware.NewTwoPhaseInbox(middleware.TwoPhaseConfig{Repository: repo, Consumer: "payments",
 						HandlerScopes: map[string]string{"billing": "billing"}})
 					require.NoError(t, err)
@@ -400,7 +398,7 @@ type captureOutputs struct {
 	uuids map[string][]string // handler → output UUIDs
 }
 
-func (c *captureOutputs) WriteOutputs(ctx context.Context, _ *sql.Tx, msgs []*message.Message) error {
+func (c *captureOutputs) WriteOutputs(ctx context.Context, msgs []*message.Message) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	h := message.HandlerNameFromCtx(ctx)
@@ -437,12 +435,9 @@ func TestOutputUUIDUsesTheScope(t *testing.T) {
 // versionSetup is an inbox repository and a version store on one
 // database.
 type versionSetup struct {
-	d    dialect
-	repo interface {
-		repository.Transactional
-		leaseRepo
-	}
-	guard repository.VersionGuard
+	d     dialect
+	repo  sqlRepo
+	guard repository.VersionGuard[*sql.Tx]
 }
 
 func newVersionSetup(t *testing.T, d dialect) versionSetup {
@@ -492,12 +487,12 @@ func TestVersionGuardTwoHandlers(t *testing.T) {
 			t.Run(d.name+"/"+mode, func(t *testing.T) {
 				t.Parallel()
 				v := newVersionSetup(t, dialect{name: d.name, db: d.open(t)})
-				guard, err := middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v.guard})
+				guard, err := middleware.NewVersionGuard(middleware.VersionGuardConfig[*sql.Tx]{Guard: v.guard})
 				require.NoError(t, err)
 				obs := &scopeObserver{}
 				var mw message.HandlerMiddleware
 				if mode == "transactional" {
-					inbox, err := middleware.NewInbox(middleware.Config{DB: v.d.db, Repository: v.repo, Consumer: "shop", Observer: obs})
+					inbox, err := middleware.NewInbox(v.repo, middleware.Config{Consumer: "shop", Observer: obs})
 					require.NoError(t, err)
 					mw = inbox.Middleware
 				} else {
@@ -575,7 +570,7 @@ func TestVersionGuardTwoHandlers(t *testing.T) {
 func TestVersionGuardScopeOutsideTheInbox(t *testing.T) {
 	db := testenv.SQLite(t)
 	v := newVersionSetup(t, dialect{name: "sqlite", db: db})
-	unscoped, err := middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v.guard})
+	unscoped, err := middleware.NewVersionGuard(middleware.VersionGuardConfig[*sql.Tx]{Guard: v.guard})
 	require.NoError(t, err)
 	tx, err := db.BeginTx(t.Context(), nil)
 	require.NoError(t, err)
@@ -584,12 +579,12 @@ func TestVersionGuardScopeOutsideTheInbox(t *testing.T) {
 	require.ErrorIs(t, err, idempotency.ErrNoScope)
 	require.True(t, idempotency.IsPermanent(err))
 
-	scoped, err := middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v.guard, Consumer: "projector"})
+	scoped, err := middleware.NewVersionGuard(middleware.VersionGuardConfig[*sql.Tx]{Guard: v.guard, Consumer: "projector"})
 	require.NoError(t, err)
 	require.NoError(t, scoped.ApplyIfNewerTx(t.Context(), tx, "order-1", 1))
 	require.ErrorIs(t, scoped.ApplyIfNewerTx(t.Context(), tx, "order-1", 1), middleware.ErrStaleVersion)
 
-	_, err = middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: v.guard, Consumer: "bad\x00"})
+	_, err = middleware.NewVersionGuard(middleware.VersionGuardConfig[*sql.Tx]{Guard: v.guard, Consumer: "bad\x00"})
 	require.ErrorContains(t, err, "VersionGuardConfig.Consumer contains a NUL byte")
 	require.False(t, errors.Is(err, idempotency.ErrNoScope))
 }

@@ -22,7 +22,7 @@ import (
 // unreachable returns a repository whose database address answers
 // nothing (a port that was just closed): every call fails with a real
 // "connection refused".
-func unreachable(t *testing.T) *postgres.Repository {
+func unreachable(t *testing.T) *postgres.Repository[*sql.Tx] {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()
@@ -41,7 +41,7 @@ func unreachable(t *testing.T) *postgres.Repository {
 // the answer lost after the commit.
 type flakyRepo struct {
 	leaseRepo
-	dead                      *postgres.Repository
+	dead                      *postgres.Repository[*sql.Tx]
 	failComplete, failRelease atomic.Int64
 	failAcquire               atomic.Int64 // commits, then fails
 	commitFirst               bool

@@ -11,17 +11,14 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// ErrNoTransaction is returned by VersionGuard.ApplyIfNewer when the
-// context carries no inbox transaction (the handler does not run inside
-// the transactional Inbox). Use ApplyIfNewerTx with your own transaction.
-var ErrNoTransaction = errors.New("no inbox transaction in context")
-
-// VersionGuardConfig configures a VersionGuard.
-type VersionGuardConfig struct {
+// VersionGuardConfig configures a VersionGuard on transactions of type
+// TTx (*sql.Tx, pgx.Tx: the inbox's).
+type VersionGuardConfig[TTx any] struct {
 	// Guard stores the last applied version per (scope, entity), in the
-	// same database as the inbox (postgres.VersionStore,
-	// mysql.VersionStore, sqlite.VersionStore). Required.
-	Guard repository.VersionGuard
+	// same database as the inbox (postgres.NewVersionStore or
+	// NewPgxVersionStore, mysql.NewVersionStore, sqlite.NewVersionStore).
+	// Required.
+	Guard repository.VersionGuard[TTx]
 	// Consumer is the scope used when the context carries none — outside
 	// an inbox handler, with ApplyIfNewerTx and a transaction of the
 	// caller's. Inside an inbox handler (either mode) the delivery's scope
@@ -33,7 +30,7 @@ type VersionGuardConfig struct {
 }
 
 // Validate reports every problem with the configuration at once.
-func (c VersionGuardConfig) Validate() error {
+func (c VersionGuardConfig[TTx]) Validate() error {
 	var errs []error
 	if c.Guard == nil {
 		errs = append(errs, errors.New("missing VersionGuardConfig.Guard"))
@@ -51,8 +48,11 @@ func (c VersionGuardConfig) Validate() error {
 //		if err := h.versions.ApplyIfNewer(msg.Context(), ev.OrderID, ev.Version); err != nil {
 //			return nil, err // ErrStaleVersion: the Inbox acknowledges and skips
 //		}
-//		tx, _ := middleware.TxFromContext(msg.Context())
-//		_, err := tx.ExecContext(msg.Context(), "UPDATE orders SET status = $1 WHERE id = $2", ev.Status, ev.OrderID)
+//		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+//		if err != nil {
+//			return nil, err
+//		}
+//		_, err = tx.ExecContext(msg.Context(), "UPDATE orders SET status = $1 WHERE id = $2", ev.Status, ev.OrderID)
 //		return nil, err
 //	}
 //
@@ -68,16 +68,16 @@ func (c VersionGuardConfig) Validate() error {
 // versions too.
 //
 // VersionGuard is safe for concurrent use.
-type VersionGuard struct {
-	config VersionGuardConfig
+type VersionGuard[TTx any] struct {
+	config VersionGuardConfig[TTx]
 }
 
 // NewVersionGuard validates config and returns a VersionGuard.
-func NewVersionGuard(config VersionGuardConfig) (*VersionGuard, error) {
+func NewVersionGuard[TTx any](config VersionGuardConfig[TTx]) (*VersionGuard[TTx], error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &VersionGuard{config: config}, nil
+	return &VersionGuard[TTx]{config: config}, nil
 }
 
 // ApplyIfNewer records version as the last applied version of entity in
@@ -87,13 +87,13 @@ func NewVersionGuard(config VersionGuardConfig) (*VersionGuard, error) {
 // and an error wrapping ErrStaleVersion when an equal or newer one was
 // already applied; nothing is written then. Concurrent deliveries for one
 // entity wait for each other's transactions, so applied messages take
-// effect in version order. It returns ErrNoTransaction outside the
+// effect in version order. It returns idempotency.ErrNoTransaction outside the
 // transactional Inbox, and a wrapped storage error (the transaction must
 // then be rolled back: return it).
-func (g *VersionGuard) ApplyIfNewer(ctx context.Context, entity string, version int64) error {
-	tx, ok := TxFromContext(ctx)
-	if !ok {
-		return fmt.Errorf("version guard: entity %q: %w", entity, ErrNoTransaction)
+func (g *VersionGuard[TTx]) ApplyIfNewer(ctx context.Context, entity string, version int64) error {
+	tx, err := idempotency.Tx[TTx](ctx)
+	if err != nil {
+		return fmt.Errorf("version guard: entity %q: %w", entity, err)
 	}
 	return g.ApplyIfNewerTx(ctx, tx, entity, version)
 }
@@ -105,7 +105,7 @@ func (g *VersionGuard) ApplyIfNewer(ctx context.Context, entity string, version 
 // with neither it returns idempotency.ErrNoScope (permanent). The caller commits or
 // rolls back; on ErrStaleVersion it should roll back and acknowledge the
 // message.
-func (g *VersionGuard) ApplyIfNewerTx(ctx context.Context, tx repository.Querier, entity string, version int64) error {
+func (g *VersionGuard[TTx]) ApplyIfNewerTx(ctx context.Context, tx TTx, entity string, version int64) error {
 	scope, ok := idempotency.ScopeFromContext(ctx)
 	if !ok {
 		scope = g.config.Consumer
@@ -113,7 +113,7 @@ func (g *VersionGuard) ApplyIfNewerTx(ctx context.Context, tx repository.Querier
 	if scope == "" {
 		return fmt.Errorf("version guard: entity %q: %w: not inside an inbox handler and VersionGuardConfig.Consumer is empty", entity, idempotency.ErrNoScope)
 	}
-	applied, err := g.config.Guard.AdvanceTx(ctx, tx, repository.AdvanceParams{
+	applied, err := g.config.Guard.Advance(ctx, tx, repository.AdvanceParams{
 		Consumer: scope, Entity: entity, Version: version,
 	})
 	if err != nil {

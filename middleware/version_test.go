@@ -1,6 +1,7 @@
 package middleware_test
 
 import (
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,7 +35,7 @@ type versioned struct {
 	d       dialect
 	state   string
 	inbox   *middleware.Inbox
-	guard   *middleware.VersionGuard
+	guard   *middleware.VersionGuard[*sql.Tx]
 	counter *outcomeCounter
 
 	mu          sync.Mutex
@@ -48,8 +49,8 @@ func newVersioned(t *testing.T, d dialect) *versioned {
 	ctx := t.Context()
 	inboxTable, versionsTable := randomName("inbox"), randomName("versions")
 	var (
-		repo  repository.Transactional
-		guard repository.VersionGuard
+		repo  repository.Driver[*sql.Tx]
+		guard repository.VersionGuard[*sql.Tx]
 	)
 	switch d.name {
 	case "postgres":
@@ -91,9 +92,9 @@ func newVersioned(t *testing.T, d dialect) *versioned {
 		applied:     map[entityUpdate]int{},
 	}
 	var err error
-	v.inbox, err = middleware.NewInbox(middleware.Config{DB: d.db, Repository: repo, Consumer: "projector", Observer: v.counter})
+	v.inbox, err = middleware.NewInbox(repo, middleware.Config{Consumer: "projector", Observer: v.counter})
 	require.NoError(t, err)
-	v.guard, err = middleware.NewVersionGuard(middleware.VersionGuardConfig{Guard: guard, Consumer: "projector"})
+	v.guard, err = middleware.NewVersionGuard(middleware.VersionGuardConfig[*sql.Tx]{Guard: guard, Consumer: "projector"})
 	require.NoError(t, err)
 	return v
 }
@@ -118,8 +119,11 @@ func (v *versioned) handle(msg *message.Message) ([]*message.Message, error) {
 	v.lastApplied[u.Entity] = u.Version
 	v.applied[u]++
 	v.mu.Unlock()
-	tx, _ := middleware.TxFromContext(ctx)
-	_, err := tx.ExecContext(ctx, v.d.q(`UPDATE `+v.state+` SET version = ?, body = ? WHERE entity = ?`),
+	tx, err := idempotency.Tx[*sql.Tx](ctx)
+	if err != nil {
+		return nil, err
+	}
+	_, err = tx.ExecContext(ctx, v.d.q(`UPDATE `+v.state+` SET version = ?, body = ? WHERE entity = ?`),
 		u.Version, fmt.Sprintf("state at v%d", u.Version), u.Entity)
 	return nil, err
 }
@@ -283,13 +287,13 @@ func TestVersionGuardConcurrentDeliveries(t *testing.T) {
 }
 
 func TestVersionGuardOutsideTheInbox(t *testing.T) {
-	_, err := middleware.NewVersionGuard(middleware.VersionGuardConfig{})
+	_, err := middleware.NewVersionGuard(middleware.VersionGuardConfig[*sql.Tx]{})
 	require.Error(t, err)
 
 	forEachDialect(t, func(t *testing.T, d dialect) {
 		v := newVersioned(t, d)
 		err := v.guard.ApplyIfNewer(t.Context(), "order-1", 1)
-		require.ErrorIs(t, err, middleware.ErrNoTransaction)
+		require.ErrorIs(t, err, idempotency.ErrNoTransaction)
 
 		// A handler with its own transaction uses ApplyIfNewerTx.
 		for _, c := range []struct {

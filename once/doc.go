@@ -4,10 +4,12 @@
 // middleware.
 //
 // Transactional runs the function inside a SQL transaction that also
-// holds the key's marker, so its writes and the marker commit together:
+// holds the key's marker, so its writes and the marker commit together;
+// the transaction is the repository's driver's (*sql.Tx here, pgx.Tx with
+// postgres.NewPgxRepository):
 //
 //	repo, _ := postgres.NewRepository(db, postgres.Config{})
-//	charges, err := once.NewTransactional(once.Config{DB: db, Repository: repo, Scope: "stripe-webhook"})
+//	charges, err := once.NewTransactional(repo, once.Config{Scope: "stripe-webhook"})
 //	if err != nil { … }
 //	res, err := charges.Do(ctx, event.ID, func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
 //		_, err := tx.ExecContext(ctx, "INSERT INTO payments …")

@@ -60,7 +60,7 @@ func ExampleTransactional_Do() {
 	if _, err := db.Exec(`CREATE TABLE sales (day TEXT, amount INTEGER)`); err != nil {
 		panic(err)
 	}
-	etl, err := once.NewTransactional(once.Config{DB: db, Repository: repo, Scope: "load-sales"})
+	etl, err := once.NewTransactional(repo, once.Config{Scope: "load-sales"})
 	if err != nil {
 		panic(err)
 	}

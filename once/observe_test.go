@@ -59,7 +59,7 @@ func callRecovered(call func()) (panicked any) {
 func TestPanicIsObservedInBothModes(t *testing.T) {
 	backends.ForEach(t, []string{"sqlite", "postgres"}, func(t *testing.T, s *backends.Store) {
 		obs := &backends.Lifecycle{}
-		tx, err := once.NewTransactional(once.Config{DB: s.DB, Repository: s.SQL, Scope: backends.RandomName("etl"), Observer: obs})
+		tx, err := once.NewTransactional(s.SQL, once.Config{Scope: backends.RandomName("etl"), Observer: obs})
 		require.NoError(t, err)
 		two, err := once.NewTwoPhase(once.TwoPhaseConfig{Repository: s.SQL, Scope: backends.RandomName("etl"), Observer: obs})
 		require.NoError(t, err)

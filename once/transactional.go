@@ -2,7 +2,6 @@ package once
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"time"
 
@@ -11,25 +10,18 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
+	"github.com/idemkit/watermill-idempotent/internal/ctxkeys"
 	"github.com/idemkit/watermill-idempotent/internal/protocol"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
 // Config configures a Transactional.
 type Config struct {
-	// DB is the database the call's transaction runs on; the repository's
-	// table and the tables fn writes must live in it. Required.
-	DB *sql.DB
-	// Repository stores the markers: a SQL backend (postgres, mysql,
-	// sqlite) created on DB. Required.
-	Repository repository.Transactional
 	// Scope is the consumer part of every record, as in TwoPhaseConfig. Required.
 	Scope string
 	// Retention is how long a completed key is remembered. Default:
 	// idempotency.DefaultRetention (7 days).
 	Retention time.Duration
-	// TxOptions are used to begin the transaction. Default: nil.
-	TxOptions *sql.TxOptions
 	// Logger receives the logs. Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// Now returns the current time. Default: time.Now.
@@ -52,13 +44,7 @@ func (c *Config) setDefaults() {
 // Validate reports every problem with the configuration at once.
 func (c Config) Validate() error {
 	var errs []error
-	if c.DB == nil {
-		errs = append(errs, errors.New("missing TxConfig.DB"))
-	}
-	if c.Repository == nil {
-		errs = append(errs, errors.New("missing TxConfig.Repository"))
-	}
-	if err := checkScope("TxConfig.Scope", c.Scope); err != nil {
+	if err := checkScope("Config.Scope", c.Scope); err != nil {
 		errs = append(errs, err)
 	}
 	errs = append(errs, protocol.ValidateRetention(c.Retention, 0)...)
@@ -66,39 +52,53 @@ func (c Config) Validate() error {
 }
 
 // TxFunc is the work Transactional.Do runs once per key, inside the
-// transaction that holds the key's marker. It must write through tx and
-// must not commit or roll it back.
-type TxFunc func(ctx context.Context, tx *sql.Tx) ([]byte, error)
+// transaction that holds the key's marker: a *sql.Tx or a pgx.Tx, the
+// driver's. It must write through tx and must not commit or roll it back.
+type TxFunc[TTx any] func(ctx context.Context, tx TTx) ([]byte, error)
 
 // Transactional runs a function once per (Scope, key) inside a SQL
 // transaction that also claims the key, like middleware.Inbox: the
 // marker, everything fn writes through the transaction and fn's output
 // commit together or not at all. Transactional is safe for concurrent
 // use.
-type Transactional struct {
+type Transactional[TTx any] struct {
 	calls
 	now       func() time.Time
 	retention time.Duration
-	tx        protocol.Transactional[protocol.SQLTx]
+	tx        protocol.Transactional[protocol.DriverTx[TTx]]
 }
 
-// NewTransactional validates config and returns a Transactional.
-func NewTransactional(config Config) (*Transactional, error) {
+// NewTransactional validates config and returns a Transactional whose
+// transactions run on d: a SQL backend's repository
+// (postgres.NewRepository or NewPgxRepository, mysql.NewRepository,
+// sqlite.NewRepository) in the database fn writes to.
+func NewTransactional[TTx any](d repository.Driver[TTx], config Config) (*Transactional[TTx], error) {
 	config.setDefaults()
-	if err := config.Validate(); err != nil {
+	err := config.Validate()
+	if d == nil {
+		err = errors.Join(errors.New("once: NewTransactional needs a repository.Driver (postgres.NewRepository, mysql.NewRepository, sqlite.NewRepository)"), err)
+	}
+	if err != nil {
 		return nil, err
 	}
-	return &Transactional{
+	return &Transactional[TTx]{
 		calls: calls{config.Scope, config.Observer, config.Logger}, now: config.Now, retention: config.Retention,
-		tx: protocol.Transactional[protocol.SQLTx]{
-			Prefix: "once", Begin: protocol.BeginSQL(config.DB, config.TxOptions, config.Repository),
+		tx: protocol.Transactional[protocol.DriverTx[TTx]]{
+			Prefix: "once",
+			Begin: func(ctx context.Context) (protocol.DriverTx[TTx], error) {
+				tx, err := d.Begin(ctx)
+				return protocol.DriverTx[TTx]{D: d, Tx: tx}, err
+			},
+			BeginClaim: func(ctx context.Context, p repository.ClaimParams) (protocol.DriverTx[TTx], repository.Claim, error) {
+				return protocol.BeginClaim(ctx, d, p)
+			},
 		},
 	}, nil
 }
 
 // Do runs fn once per key, with no input fingerprint: DoInput(ctx, key,
 // nil, fn).
-func (o *Transactional) Do(ctx context.Context, key string, fn TxFunc) (Result, error) {
+func (o *Transactional[TTx]) Do(ctx context.Context, key string, fn TxFunc[TTx]) (Result, error) {
 	return o.DoInput(ctx, key, nil, fn)
 }
 
@@ -121,13 +121,13 @@ func (o *Transactional) Do(ctx context.Context, key string, fn TxFunc) (Result, 
 //     re-raised), so a retry runs fn again.
 //
 // An empty key is ErrNoKey.
-func (o *Transactional) DoInput(ctx context.Context, key string, input []byte, fn TxFunc) (Result, error) {
+func (o *Transactional[TTx]) DoInput(ctx context.Context, key string, input []byte, fn TxFunc[TTx]) (Result, error) {
 	return o.do(ctx, key, fn == nil, func(ctx context.Context) protocol.Answer {
 		now := o.now()
 		return o.tx.Run(ctx, repository.ClaimParams{
 			Consumer: o.scope, Key: key, PayloadHash: repository.HashPayload(input), Now: now, ExpiresAt: now.Add(o.retention),
-		}, func(ctx context.Context, tx protocol.SQLTx) ([]byte, error) {
-			return fn(withCall(ctx, o.scope, key), tx.Tx)
+		}, func(ctx context.Context, tx protocol.DriverTx[TTx]) ([]byte, error) {
+			return fn(ctxkeys.WithTx(withCall(ctx, o.scope, key), tx.Tx), tx.Tx)
 		})
 	})
 }

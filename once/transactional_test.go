@@ -31,7 +31,7 @@ func rows(t *testing.T, s *backends.Store, table string) int {
 	return n
 }
 
-func insert(table string) once.TxFunc {
+func insert(table string) once.TxFunc[*sql.Tx] {
 	return func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
 		key, _ := once.KeyFromContext(ctx)
 		_, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (job) VALUES ('`+key+`')`)
@@ -39,8 +39,8 @@ func insert(table string) once.TxFunc {
 	}
 }
 
-func newTransactional(t *testing.T, s *backends.Store) *once.Transactional {
-	o, err := once.NewTransactional(once.Config{DB: s.DB, Repository: s.SQL, Scope: backends.RandomName("etl")})
+func newTransactional(t *testing.T, s *backends.Store) *once.Transactional[*sql.Tx] {
+	o, err := once.NewTransactional(s.SQL, once.Config{Scope: backends.RandomName("etl")})
 	require.NoError(t, err)
 	return o
 }
@@ -136,7 +136,7 @@ func TestConfigValidate(t *testing.T) {
 	_, err := once.NewTwoPhase(once.TwoPhaseConfig{})
 	require.ErrorContains(t, err, "missing Config.Repository")
 	require.ErrorContains(t, err, "missing Config.Scope")
-	_, err = once.NewTransactional(once.Config{Scope: "a\x00b"})
-	require.ErrorContains(t, err, "missing TxConfig.DB")
+	_, err = once.NewTransactional[*sql.Tx](nil, once.Config{Scope: "a\x00b"})
+	require.ErrorContains(t, err, "needs a repository.Driver")
 	require.ErrorContains(t, err, "NUL byte")
 }

@@ -2,12 +2,15 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/idempotency"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -43,7 +46,7 @@ func TestChainInboxOutboxRelayInbox(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { _, _ = b.db.Exec(`DROP TABLE ` + charges) })
 		inboxTable := "inbox_" + randomSuffix()
-		var repo repository.Transactional
+		var repo repository.Driver[*sql.Tx]
 		switch b.dialect {
 		case sqldialect.PostgreSQL:
 			r, err := postgres.NewRepository(b.db, postgres.Config{Table: inboxTable})
@@ -62,8 +65,7 @@ func TestChainInboxOutboxRelayInbox(t *testing.T) {
 			repo = r
 		}
 		t.Cleanup(func() { _, _ = b.db.Exec(`DROP TABLE ` + inboxTable) })
-		billing, err := middleware.NewInbox(middleware.Config{
-			DB: b.db, Repository: repo, Consumer: "shop", // scope "shop/billing"
+		billing, err := middleware.NewInbox(repo, middleware.Config{Consumer: "shop", // scope "shop/billing"
 			Outputs: b.outbox.Outputs("payments"),
 		})
 		require.NoError(t, err)
@@ -86,7 +88,10 @@ func TestChainInboxOutboxRelayInbox(t *testing.T) {
 			billingDeliveries.Add(1)
 			_, err := billing.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 				billingRuns.Add(1)
-				tx, _ := middleware.TxFromContext(msg.Context())
+				tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+				if err != nil {
+					return nil, err
+				}
 				if _, err := tx.ExecContext(msg.Context(), `INSERT INTO `+charges+` (order_id) VALUES (`+b.ph(1)+`)`, string(msg.Payload)); err != nil {
 					return nil, err
 				}

@@ -10,7 +10,7 @@ import (
 
 // TestDependencies lists, with go list -deps, what the programs in
 // testdata/deps link: the MySQL and SQLite programs (inbox, outbox with
-// Outputs, relay) link no pgx, and the pgx program (pgxinbox, pgxoutbox)
+// Outputs, relay) link no pgx, and the pgx program (postgres.NewPgxRepository, pgxoutbox)
 // does, so the check could fail.
 func TestDependencies(t *testing.T) {
 	if testing.Short() {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
@@ -369,7 +371,7 @@ func newConsumerInbox(t *testing.T, b backend) *consumerInbox {
 	t.Helper()
 	ctx := context.Background()
 	c := &consumerInbox{effects: "effects_" + randomSuffix()}
-	var repo repository.Transactional
+	var repo repository.Driver[*sql.Tx]
 	inboxTable := "inbox_" + randomSuffix()
 	if b.dialect == sqldialect.PostgreSQL {
 		c.db, c.ph = b.db, b.ph
@@ -388,15 +390,15 @@ func newConsumerInbox(t *testing.T, b backend) *consumerInbox {
 	_, err := c.db.Exec(`CREATE TABLE ` + c.effects + ` (uuid VARCHAR(255) NOT NULL)`)
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = c.db.Exec(`DROP TABLE ` + c.effects) })
-	c.inbox, err = middleware.NewInbox(middleware.Config{DB: c.db, Repository: repo, Consumer: "outbox-test"})
+	c.inbox, err = middleware.NewInbox(repo, middleware.Config{Consumer: "outbox-test"})
 	require.NoError(t, err)
 	return c
 }
 
 func (c *consumerInbox) handler(msg *message.Message) ([]*message.Message, error) {
-	tx, ok := middleware.TxFromContext(msg.Context())
-	if !ok {
-		return nil, fmt.Errorf("no inbox transaction")
+	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+	if txErr != nil {
+		return nil, txErr
 	}
 	_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+c.effects+` (uuid) VALUES (`+c.ph(1)+`)`, msg.UUID)
 	return nil, err

@@ -3,25 +3,28 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
+	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/idemkit/watermill-idempotent/idempotency"
 )
 
 // Outputs returns an OutputWriter (a middleware.OutputWriter) that stores an inbox handler's
 // output messages in this outbox, bound for topic, inside the inbox
 // transaction:
 //
-//	inbox, _ := middleware.NewInbox(middleware.Config{
-//		DB: db, Repository: repo, Consumer: "shop",
-//		Outputs: ob.Outputs("payments"),
+//	inbox, _ := middleware.NewInbox(repo, middleware.Config{
+//		Consumer: "shop",
+//		Outputs:  ob.Outputs("payments"),
 //	})
 //
 // The business writes, the inbox marker and the outbox rows then commit or
 // roll back together, and the relay publishes the outputs with the
 // deterministic UUIDs the inbox gave them (middleware.OutputUUID of the
-// handler's scope and key). It needs the inbox's Config.DB; for an inbox
-// on pgx (pgxinbox.Beginner) use pgxoutbox.Outputs.
+// handler's scope and key). It needs an inbox on database/sql (a
+// *sql.Tx); for an inbox on pgx (postgres.NewPgxRepository) use
+// pgxoutbox.Outputs.
 func (o *Outbox) Outputs(topic string) OutputWriter {
 	return OutputWriter{outbox: o, topic: topic}
 }
@@ -34,10 +37,12 @@ type OutputWriter struct {
 	topic  string
 }
 
-// WriteOutputs writes msgs in tx, the inbox transaction (see WriteTx).
-func (w OutputWriter) WriteOutputs(ctx context.Context, tx *sql.Tx, msgs []*message.Message) error {
-	if tx == nil {
-		return errors.New("outbox: the inbox has no *sql.Tx (it runs on a Config.Beginner): use pgxoutbox.Outputs")
+// WriteOutputs writes msgs in the inbox transaction ctx carries (see
+// WriteTx).
+func (w OutputWriter) WriteOutputs(ctx context.Context, msgs []*message.Message) error {
+	tx, err := idempotency.Tx[*sql.Tx](ctx)
+	if err != nil {
+		return fmt.Errorf("outbox: write outputs: %w (on pgx, use pgxoutbox.Outputs)", err)
 	}
 	out := make([]Outgoing, len(msgs))
 	for i, m := range msgs {

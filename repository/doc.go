@@ -3,20 +3,20 @@
 // the small interfaces a backend implements, the sentinel errors they share
 // and helpers used by the SQL backends.
 //
-// The transactional contract ([Transactional]) claims a marker inside the
-// caller's SQL transaction, so the marker commits or rolls back together
-// with the handler's business writes:
+// The transactional contract ([Driver], generic over the driver's
+// transaction: *sql.Tx or pgx.Tx) claims a marker inside a SQL
+// transaction, so the marker commits or rolls back together with the
+// handler's business writes:
 //
-//	tx, _ := db.BeginTx(ctx, nil)
-//	claim, err := repo.ClaimTx(ctx, tx, repository.ClaimParams{
+//	tx, claims, err := repo.BeginClaim(ctx, []repository.ClaimParams{{
 //		Consumer:    "billing",
 //		Key:         msg.UUID,
 //		PayloadHash: repository.HashPayload(msg.Payload),
 //		Now:         now,
 //		ExpiresAt:   now.Add(7 * 24 * time.Hour),
-//	})
-//	if err == nil && !claim.Claimed {
-//		// duplicate: claim.Existing holds the stored record
+//	}})
+//	if err == nil && !claims[0].Claimed {
+//		// duplicate: claims[0].Existing holds the stored record
 //	}
 //
 // Races are decided by the database: a claim is one atomic conditional

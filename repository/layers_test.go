@@ -52,7 +52,7 @@ func notMiddleware(imp string) string {
 //   - the storage contracts (repository) import nothing of an
 //     implementation: no internal/ package, only module packages that are
 //     leaves themselves (sqldialect, resultcodec);
-//   - the middleware (and pgxinbox) imports no backend and nothing of the
+//   - the middleware imports no backend and nothing of the
 //     SQL implementation (internal/sqlstore);
 //   - the outbox (and pgxoutbox), once, httpidem and tracing work without
 //     the inbox middleware, the Watermill adapter: what they share with it

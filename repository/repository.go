@@ -2,7 +2,6 @@ package repository
 
 import (
 	"context"
-	"database/sql"
 	"time"
 )
 
@@ -49,15 +48,7 @@ type Record struct {
 	ExpiresAt time.Time
 }
 
-// Querier is the part of a SQL transaction the transactional contract uses.
-// *sql.Tx satisfies it (and so does *sql.Conn, for callers that manage
-// transactions by hand).
-type Querier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// ClaimParams are the arguments of [Transactional.ClaimTx].
+// ClaimParams are the arguments of [Driver]'s Claim and BeginClaim.
 type ClaimParams struct {
 	// Consumer scopes the key; required.
 	Consumer string
@@ -84,29 +75,12 @@ type Claim struct {
 	Existing Record
 }
 
-// SaveResultParams are the arguments of [Transactional.SaveResultTx].
+// SaveResultParams are the arguments of [Driver]'s SaveResult.
 type SaveResultParams struct {
 	Consumer string
 	Key      string
 	// Result is the encoded handler result to replay to duplicates.
 	Result []byte
-}
-
-// Transactional is the storage contract of the transactional inbox: the
-// marker is claimed and completed inside the caller's transaction, so it
-// commits or rolls back together with the handler's writes.
-//
-// ClaimTx inserts the (consumer, key) marker with one atomic conditional
-// insert. A concurrent claim of the same key in another transaction blocks
-// until the first transaction ends, then returns the committed record as a
-// duplicate, or claims the key if the first transaction rolled back. On a
-// duplicate it returns Claimed false and the stored record.
-//
-// SaveResultTx stores the handler's encoded result on a record claimed in
-// the same transaction; it returns ErrNotFound if there is no such record.
-type Transactional interface {
-	ClaimTx(ctx context.Context, tx Querier, params ClaimParams) (Claim, error)
-	SaveResultTx(ctx context.Context, tx Querier, params SaveResultParams) error
 }
 
 // Reader reads a stored record. Backends implement it for operators and

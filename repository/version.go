@@ -14,7 +14,7 @@ const DefaultVersionsTableName = "watermill_versions"
 // never truncated or refused.
 const MaxEntityLength = MaxKeyLength
 
-// AdvanceParams are the arguments of [VersionGuard.AdvanceTx].
+// AdvanceParams are the arguments of [VersionGuard.Advance].
 type AdvanceParams struct {
 	// Consumer scopes the entity, like the inbox's keys; required.
 	Consumer string
@@ -32,7 +32,7 @@ type AdvanceParams struct {
 // consumers that depend on order: it keeps, per (consumer, entity), the
 // last applied version.
 //
-// AdvanceTx records Version as the last applied version of the entity,
+// Advance records Version as the last applied version of the entity,
 // inside the caller's transaction, if and only if it is newer than the
 // stored one (or none is stored). It returns applied true when it did, and
 // applied false — storing nothing — when the stored version is equal or
@@ -41,7 +41,11 @@ type AdvanceParams struct {
 // caller's transaction ends, so concurrent transactions for the same
 // entity queue behind it and then compare against what it committed
 // (or, if it rolled back, against what was there before): the business
-// writes that follow an applied AdvanceTx run in version order.
-type VersionGuard interface {
-	AdvanceTx(ctx context.Context, tx Querier, params AdvanceParams) (applied bool, err error)
+// writes that follow an applied Advance run in version order.
+//
+// TTx is the driver's transaction, as in [Driver]: postgres.NewVersionStore
+// and the MySQL and SQLite version stores take a *sql.Tx,
+// postgres.NewPgxVersionStore a pgx.Tx.
+type VersionGuard[TTx any] interface {
+	Advance(ctx context.Context, tx TTx, params AdvanceParams) (applied bool, err error)
 }

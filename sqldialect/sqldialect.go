@@ -19,7 +19,7 @@ const (
 	// PostgreSQL 10+ (the outbox's shipped schema uses CREATE OR REPLACE
 	// TRIGGER, so its Migrate needs 14+), through pgx/v5: database/sql
 	// with its stdlib driver, or natively (repository/postgres's pgx
-	// constructors, middleware/pgxinbox, outbox/pgxoutbox).
+	// NewPgxRepository, outbox/pgxoutbox).
 	PostgreSQL Dialect = "postgres"
 	// MySQL covers MySQL 8.0+ and MariaDB 10.6+ (InnoDB; FOR UPDATE SKIP
 	// LOCKED), through github.com/go-sql-driver/mysql.

@@ -5,7 +5,7 @@
 // for database/sql, package pgxexec for pgx/v5.
 //
 //	repo, _ := postgres.NewPgxRepository(pool, postgres.Config{})
-//	claim, err := repo.ClaimOn(ctx, pgxexec.Exec(tx), params) // tx: a pgx.Tx
+//	n, err := pgxexec.Exec(tx).Exec(ctx, query, args...) // tx: a pgx.Tx
 //
 // It is a leaf: it imports only the standard library.
 package sqlexec

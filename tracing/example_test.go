@@ -31,8 +31,7 @@ func Example() {
 	// counts is metrics.Metrics; here a recorder lists the spans.
 	tp := tracetest.NewRecorder()
 	counts := outcomeCounts{}
-	inbox, err := middleware.NewInbox(middleware.Config{
-		DB: db, Repository: repo, Consumer: "billing",
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "billing",
 		Observer: idempotency.Observers(counts, tracing.New(tp)),
 	})
 	if err != nil {

@@ -43,12 +43,11 @@ func deliver(mw message.HandlerMiddleware, parent context.Context, key string, w
 	return err
 }
 
-func sqliteRepo(t *testing.T) (*sql.DB, *sqlite.Repository) {
-	db := testenv.SQLite(t)
-	repo, err := sqlite.NewRepository(db, sqlite.Config{})
+func sqliteRepo(t *testing.T) *sqlite.Repository {
+	repo, err := sqlite.NewRepository(testenv.SQLite(t), sqlite.Config{})
 	require.NoError(t, err)
 	require.NoError(t, repo.Migrate(t.Context()))
-	return db, repo
+	return repo
 }
 
 var entries = map[string]struct {
@@ -58,8 +57,8 @@ var entries = map[string]struct {
 }{
 	"inbox": {span: "inbox billing", mode: "transactional", kind: trace.SpanKindConsumer,
 		run: func(t *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error {
-			db, repo := sqliteRepo(t)
-			inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing", Observer: obs})
+			repo := sqliteRepo(t)
+			inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "billing", Observer: obs})
 			require.NoError(t, err)
 			return deliver(inbox.Middleware, parent, key, work)
 		}},
@@ -82,8 +81,8 @@ var entries = map[string]struct {
 		}},
 	"once transactional": {span: "once billing", mode: "once", kind: trace.SpanKindInternal,
 		run: func(t *testing.T, obs idempotency.Observer, parent context.Context, key string, work func(context.Context) error) error {
-			db, repo := sqliteRepo(t)
-			o, err := once.NewTransactional(once.Config{DB: db, Repository: repo, Scope: "billing", Observer: obs})
+			repo := sqliteRepo(t)
+			o, err := once.NewTransactional(repo, once.Config{Scope: "billing", Observer: obs})
 			require.NoError(t, err)
 			_, err = o.Do(parent, key, func(ctx context.Context, _ *sql.Tx) ([]byte, error) { return nil, work(ctx) })
 			return err

@@ -36,6 +36,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -111,12 +112,15 @@ func run(n, c, repeat int, only string) error {
 		return nil, tx.Commit()
 	}
 	inInbox := func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := middleware.TxFromContext(msg.Context())
-		_, err := tx.ExecContext(msg.Context(), insert, msg.UUID)
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, err
+		}
+		_, err = tx.ExecContext(msg.Context(), insert, msg.UUID)
 		return nil, err
 	}
 	withInbox := func(batch middleware.BatchConfig) (message.HandlerFunc, error) {
-		i, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "cpucost", Batch: batch})
+		i, err := middleware.NewInbox(repo, middleware.Config{Consumer: "cpucost", Batch: batch})
 		if err != nil {
 			return nil, err
 		}

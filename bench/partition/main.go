@@ -3,7 +3,7 @@
 // postgres.NewRepository) against postgres.NewPartitionedRepository, whose
 // DeleteExpired detaches and drops the expired partitions. It reports
 // cleanup time, table and index size after cleanup, and the latency of
-// concurrent claims through each repository's ClaimTx (BEGIN, claim,
+// concurrent claims through each repository's Claim (BEGIN, claim,
 // COMMIT; half fresh keys, half duplicates of live loaded keys) before and
 // during cleanup.
 //
@@ -180,9 +180,9 @@ func run(ctx context.Context) error {
 }
 
 // measure runs claimers on repo for the baseline, then during cleanup:
-// each claim is BEGIN, ClaimTx, COMMIT; every other one repeats a live
+// each claim is BEGIN, Claim, COMMIT; every other one repeats a live
 // loaded key (a duplicate), the rest are fresh.
-func measure(ctx context.Context, db *sql.DB, repo repository.Transactional, cleanup func() error) (before, during samples, took time.Duration, err error) {
+func measure(ctx context.Context, db *sql.DB, repo repository.Driver[*sql.Tx], cleanup func() error) (before, during samples, took time.Duration, err error) {
 	var phase atomic.Int32 // 0 baseline, 1 cleanup, 2 stop
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -268,17 +268,17 @@ func liveKey(i int64) string {
 	return fmt.Sprintf("%x-%d", md5.Sum([]byte(strconv.Itoa(g))), g)
 }
 
-func claimOnce(ctx context.Context, db *sql.DB, repo repository.Transactional, p repository.ClaimParams) (bool, error) {
+func claimOnce(ctx context.Context, db *sql.DB, repo repository.Driver[*sql.Tx], p repository.ClaimParams) (bool, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, err
 	}
 	defer func() { _ = tx.Rollback() }()
-	c, err := repo.ClaimTx(ctx, tx, p)
+	c, err := repo.Claim(ctx, tx, []repository.ClaimParams{p})
 	if err != nil {
 		return false, err
 	}
-	return c.Claimed, tx.Commit()
+	return c[0].Claimed, tx.Commit()
 }
 
 func pct(ds []time.Duration, p int) time.Duration {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/bench/internal/proc"
 	"github.com/idemkit/watermill-idempotent/bench/internal/stats"
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
@@ -154,17 +155,17 @@ func runConsumerChild(c childArgs) error {
 	if err != nil {
 		return err
 	}
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "scaling"})
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "scaling"})
 	if err != nil {
 		return err
 	}
 	insert := `INSERT INTO ` + c.orders + ` (id, amount) VALUES ($1, $2)`
 	handler := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := middleware.TxFromContext(msg.Context())
-		if !ok {
-			return nil, errors.New("no inbox transaction in the context")
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return nil, err
 		}
-		_, err := tx.ExecContext(msg.Context(), insert, msg.UUID, len(msg.Payload))
+		_, err = tx.ExecContext(msg.Context(), insert, msg.UUID, len(msg.Payload))
 		return nil, err
 	})
 	var (

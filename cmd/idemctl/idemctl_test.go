@@ -149,7 +149,7 @@ func idemctl(t *testing.T, env []string, stdin string, args ...string) result {
 // pgInbox creates a plain PostgreSQL inbox table for t, dropped when t
 // ends, and returns the DSN idemctl takes, the database, the repository
 // and the table.
-func pgInbox(t *testing.T) (string, *sql.DB, *postgres.Repository, string) {
+func pgInbox(t *testing.T) (string, *sql.DB, *postgres.Repository[*sql.Tx], string) {
 	t.Helper()
 	dsn := pgDSN(t)
 	db := testPostgres(t)

@@ -109,7 +109,7 @@ func TestInboxThroughSASL(t *testing.T) {
 	require.Equal(t, 16, published)
 
 	outcomes := &ledger.Outcomes{}
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Observer: outcomes})
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "shop", Observer: outcomes})
 	require.NoError(t, err)
 
 	consume(ctx, t, brokers, inbox, outcomes, published)

@@ -13,6 +13,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -94,14 +95,17 @@ func run(ctx context.Context, dbPath string, out io.Writer, wrap ...message.Hand
 	if err != nil {
 		return s, err
 	}
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shipping"})
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "shipping"})
 	if err != nil {
 		return s, err
 	}
 	router.AddMiddleware(append(wrap, inbox.Middleware)...)
 	router.AddConsumerHandler("shipping", "orders.placed", pubSub, func(msg *message.Message) error {
-		tx, _ := middleware.TxFromContext(msg.Context())
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO shipments (order_id) VALUES (?)`, string(msg.Payload))
+		tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(msg.Context(), `INSERT INTO shipments (order_id) VALUES (?)`, string(msg.Payload))
 		return err
 	})
 

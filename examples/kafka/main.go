@@ -136,9 +136,7 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	// the handler's ("shop/billing"). A handler's output goes to the outbox
 	// inside the inbox transaction, not to the publisher; the relay
 	// publishes it.
-	inbox, err := middleware.NewInbox(middleware.Config{
-		DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs(payments), Logger: logger,
-	})
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "shop", Outputs: ob.Outputs(payments), Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -177,8 +175,11 @@ func bill(msg *message.Message) ([]*message.Message, error) {
 	if err := json.Unmarshal(msg.Payload, &o); err != nil {
 		return nil, err
 	}
-	tx, _ := middleware.TxFromContext(msg.Context())
-	_, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, cents) VALUES ($1, $2)`,
+	tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+	if err != nil {
+		return nil, err
+	}
+	_, err = tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, cents) VALUES ($1, $2)`,
 		o.ID, o.Cents)
 	if err != nil {
 		return nil, err // rolls back the charge and the marker: the redelivery charges again
@@ -190,8 +191,11 @@ func bill(msg *message.Message) ([]*message.Message, error) {
 
 // recordReceipt records each payment once, in its own inbox transaction.
 func recordReceipt(msg *message.Message) error {
-	tx, _ := middleware.TxFromContext(msg.Context())
-	_, err := tx.ExecContext(msg.Context(), `INSERT INTO receipts (payment_id, payment) VALUES ($1, $2)`,
+	tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(msg.Context(), `INSERT INTO receipts (payment_id, payment) VALUES ($1, $2)`,
 		msg.UUID, string(msg.Payload))
 	return err
 }

@@ -114,7 +114,7 @@ func run(ctx context.Context, dsn string, w io.Writer, legacy bool) error {
 		{"prepare  (Deduplicator: SHA-256 of the payload, in the inbox table)", func(router *message.Router) error {
 			dedup := &wmiddleware.Deduplicator{
 				KeyFactory: wmiddleware.NewMessageHasherSHA256(math.MaxInt64),
-				Repository: sharedKeys{repo: repo, db: db, scope: "shop/billing"},
+				Repository: sharedKeys{repo: repo, scope: "shop/billing"},
 				// Set it: a Deduplicator given as a struct gets 5 ms, not
 				// the one minute its comment promises (that is only for a
 				// nil *Deduplicator), too short for a database round trip.
@@ -183,9 +183,8 @@ func (s *shop) deduplicator(router *message.Router, dedup *wmiddleware.Deduplica
 // middlewares that must run in the inbox transaction, then Recoverer (a
 // panic becomes an error the inbox rolls back). Middlewares added first
 // run outermost.
-func (s *shop) inbox(router *message.Router, repo *postgres.Repository, key middleware.KeyFunc, inTx []message.HandlerMiddleware) error {
-	inbox, err := middleware.NewInbox(middleware.Config{
-		DB: s.db, Repository: repo, Consumer: "shop", Key: key,
+func (s *shop) inbox(router *message.Router, repo *postgres.Repository[*sql.Tx], key middleware.KeyFunc, inTx []message.HandlerMiddleware) error {
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "shop", Key: key,
 		Retention: retention, RedeliveryWindow: retention,
 	})
 	if err != nil {
@@ -210,18 +209,24 @@ func (s *shop) inbox(router *message.Router, repo *postgres.Repository, key midd
 // payload with. It keeps the Deduplicator's semantics, its flaw included:
 // the key is taken before the handler runs.
 type sharedKeys struct {
-	repo  repository.Transactional
-	db    *sql.DB
+	repo  repository.Driver[*sql.Tx]
 	scope string
 }
 
-// IsDuplicate implements wmiddleware.ExpiringKeyRepository.
+// IsDuplicate implements wmiddleware.ExpiringKeyRepository: it claims key
+// in a transaction of its own and commits at once.
 func (k sharedKeys) IsDuplicate(ctx context.Context, key string) (bool, error) {
 	now := time.Now()
-	claim, err := k.repo.ClaimTx(ctx, k.db, repository.ClaimParams{
+	tx, claims, err := k.repo.BeginClaim(ctx, []repository.ClaimParams{{
 		Consumer: k.scope, Key: key, PayloadHash: []byte(key), Now: now, ExpiresAt: now.Add(retention),
-	})
-	return !claim.Claimed, err
+	}})
+	if err != nil {
+		return false, err
+	}
+	if err := k.repo.Commit(ctx, tx); err != nil {
+		return false, err
+	}
+	return !claims[0].Claimed, nil
 }
 
 // legacyKey claims the key the previous deployment used (old) in the
@@ -232,28 +237,28 @@ func (k sharedKeys) IsDuplicate(ctx context.Context, key string) (bool, error) {
 // database decides a race between the two keys as it does for one (the
 // second insert waits for the first transaction). Keep it for one
 // redelivery window after the switch, then remove it.
-func legacyKey(repo repository.Transactional, old middleware.KeyFunc) message.HandlerMiddleware {
+func legacyKey(repo repository.Driver[*sql.Tx], old middleware.KeyFunc) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
-			tx, ok := middleware.TxFromContext(ctx)
-			scope, _ := idempotency.ScopeFromContext(ctx)
-			if !ok {
-				return nil, fmt.Errorf("legacyKey must run inside the inbox")
+			tx, err := idempotency.Tx[*sql.Tx](ctx)
+			if err != nil {
+				return nil, err
 			}
+			scope, _ := idempotency.ScopeFromContext(ctx)
 			key, err := old(msg)
 			if err != nil {
 				return nil, err
 			}
 			now := time.Now()
-			claim, err := repo.ClaimTx(ctx, tx, repository.ClaimParams{
+			claims, err := repo.Claim(ctx, tx, []repository.ClaimParams{{
 				Consumer: scope, Key: key, PayloadHash: repository.HashPayload(msg.Payload),
 				Now: now, ExpiresAt: now.Add(retention),
-			})
+			}})
 			if err != nil {
 				return nil, err
 			}
-			if !claim.Claimed {
+			if !claims[0].Claimed {
 				return nil, nil // processed under the old key: the inbox commits the new one
 			}
 			return h(msg)
@@ -280,7 +285,10 @@ func (s *shop) charge(msg *message.Message) error {
 	if err != nil {
 		return err
 	}
-	tx, _ := middleware.TxFromContext(msg.Context())
+	tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+	if err != nil {
+		return err
+	}
 	_, err = tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, cents) VALUES ($1, $2)`, o.ID, o.Cents)
 	return err
 }

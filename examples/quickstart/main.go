@@ -33,6 +33,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/repository/sqlite"
@@ -212,11 +213,11 @@ func (f *flow) router(db *sql.DB, repo *sqlite.Repository, ob *outbox.Outbox, pu
 	// "shop/receipts"), so other services may share the table too.
 	// Billing's outputs go to the outbox, bound for "payments", inside its
 	// inbox transaction; the router publishes nothing for it.
-	billingInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs("payments")})
+	billingInbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "shop", Outputs: ob.Outputs("payments")})
 	if err != nil {
 		return nil, err
 	}
-	receiptsInbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop"})
+	receiptsInbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "shop"})
 	if err != nil {
 		return nil, err
 	}
@@ -250,7 +251,10 @@ func (f *flow) bill(msg *message.Message) ([]*message.Message, error) {
 	f.failed[o.OrderID] = true
 	f.mu.Unlock()
 
-	tx, _ := middleware.TxFromContext(msg.Context())
+	tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+	if err != nil {
+		return nil, err
+	}
 	if _, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, customer, amount_cents) VALUES (?, ?, ?)`,
 		o.OrderID, o.Customer, o.Amount); err != nil {
 		return nil, err

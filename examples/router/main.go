@@ -70,9 +70,7 @@ func run(ctx context.Context, dsn string, pub message.Publisher, sub message.Sub
 	// One inbox for the whole router: keys are scoped by this service's
 	// name and the handler's ("shop/billing"), so neither handlers sharing
 	// a topic nor services sharing the table suppress each other.
-	inbox, err := middleware.NewInbox(middleware.Config{
-		DB:               db,
-		Repository:       repo,
+	inbox, err := middleware.NewInbox(repo, middleware.Config{
 		Consumer:         "shop",         // required: this service's name
 		RedeliveryWindow: 24 * time.Hour, // retention (default 7 days) must cover it
 		Logger:           logger,
@@ -119,9 +117,9 @@ func charge(msg *message.Message) ([]*message.Message, error) {
 	if err := json.Unmarshal(msg.Payload, &o); err != nil {
 		return nil, fmt.Errorf("%w: %w", errMalformed, err)
 	}
-	tx, ok := middleware.TxFromContext(msg.Context())
-	if !ok {
-		return nil, errors.New("charge must run inside the inbox middleware")
+	tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+	if err != nil {
+		return nil, err
 	}
 	if _, err := tx.ExecContext(msg.Context(), `INSERT INTO charges (order_id, cents) VALUES ($1, $2)`, o.ID, o.Cents); err != nil {
 		return nil, err // rolls back the charge and the marker: the retry is safe

@@ -239,7 +239,7 @@ func TestRouterWithInbox(t *testing.T) {
 	sub := subscriber(t, q, -1)
 
 	outcomes := &ledger.Outcomes{}
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Observer: outcomes})
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "shop", Observer: outcomes})
 	require.NoError(t, err)
 	poisoned := &ledger.Topic{}
 	poison, err := wmiddleware.PoisonQueueWithFilter(poisoned, "orders_poison", idempotency.IsPermanent)

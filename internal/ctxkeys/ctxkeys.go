@@ -10,7 +10,24 @@ type key int
 const (
 	dedupKey key = iota
 	scopeKey
+	txKey
 )
+
+// txBox holds a transaction, so that a nil one is still told apart from
+// none.
+type txBox struct{ tx any }
+
+// WithTx returns ctx carrying the transaction of the call being handled
+// (an inbox delivery, a once call), of whatever driver.
+func WithTx(ctx context.Context, tx any) context.Context {
+	return context.WithValue(ctx, txKey, txBox{tx})
+}
+
+// Tx returns the transaction WithTx put in ctx; ok is false for none.
+func Tx(ctx context.Context) (tx any, ok bool) {
+	b, ok := ctx.Value(txKey).(txBox)
+	return b.tx, ok
+}
 
 // WithKey returns ctx carrying the deduplication key being handled.
 func WithKey(ctx context.Context, k string) context.Context {

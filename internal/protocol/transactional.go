@@ -2,15 +2,14 @@ package protocol
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// Tx is a transaction that claims keys and stores results: the inbox's
-// InboxTx, or SQLTx.
+// Tx is a transaction that claims keys and stores results: a DriverTx,
+// or the inbox's transaction around one.
 type Tx interface {
 	Claim(ctx context.Context, p repository.ClaimParams) (repository.Claim, error)
 	SaveResult(ctx context.Context, p repository.SaveResultParams) error
@@ -18,43 +17,40 @@ type Tx interface {
 	Rollback(ctx context.Context) error
 }
 
-// SQLTx is a Tx on database/sql.
-type SQLTx struct {
-	Tx   *sql.Tx
-	Repo repository.Transactional
+// DriverTx is a transaction Tx of driver D.
+type DriverTx[TTx any] struct {
+	D  repository.Driver[TTx]
+	Tx TTx
 }
 
 // Claim claims p in the transaction.
-func (t SQLTx) Claim(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
-	return t.Repo.ClaimTx(ctx, t.Tx, p)
+func (t DriverTx[TTx]) Claim(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
+	claims, err := t.D.Claim(ctx, t.Tx, []repository.ClaimParams{p})
+	if err != nil {
+		return repository.Claim{}, err
+	}
+	return claims[0], nil
 }
 
 // SaveResult stores p's result in the transaction.
-func (t SQLTx) SaveResult(ctx context.Context, p repository.SaveResultParams) error {
-	return t.Repo.SaveResultTx(ctx, t.Tx, p)
+func (t DriverTx[TTx]) SaveResult(ctx context.Context, p repository.SaveResultParams) error {
+	return t.D.SaveResult(ctx, t.Tx, p)
 }
 
 // Commit commits.
-func (t SQLTx) Commit(context.Context) error { return t.Tx.Commit() }
+func (t DriverTx[TTx]) Commit(ctx context.Context) error { return t.D.Commit(ctx, t.Tx) }
 
-// Rollback rolls back.
-func (t SQLTx) Rollback(context.Context) error { return t.Tx.Rollback() }
+// Rollback rolls back; nil once the transaction has ended.
+func (t DriverTx[TTx]) Rollback(ctx context.Context) error { return t.D.Rollback(ctx, t.Tx) }
 
-// TxBeginner begins database/sql transactions: a *sql.DB, or one of its
-// connections (*sql.Conn).
-type TxBeginner interface {
-	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
-}
-
-// BeginSQL begins transactions on db.
-func BeginSQL(db TxBeginner, opts *sql.TxOptions, repo repository.Transactional) func(context.Context) (SQLTx, error) {
-	return func(ctx context.Context) (SQLTx, error) {
-		tx, err := db.BeginTx(ctx, opts)
-		if err != nil {
-			return SQLTx{}, err
-		}
-		return SQLTx{tx, repo}, nil
+// BeginClaim begins a transaction on d and claims p in it, in one round
+// trip where d can.
+func BeginClaim[TTx any](ctx context.Context, d repository.Driver[TTx], p repository.ClaimParams) (DriverTx[TTx], repository.Claim, error) {
+	tx, claims, err := d.BeginClaim(ctx, []repository.ClaimParams{p})
+	if err != nil {
+		return DriverTx[TTx]{D: d}, repository.Claim{}, err
 	}
+	return DriverTx[TTx]{d, tx}, claims[0], nil
 }
 
 // Transactional runs the protocol in one transaction per call: the
@@ -71,9 +67,8 @@ type Transactional[T Tx] struct {
 	Prefix string
 	// Begin begins a transaction.
 	Begin func(ctx context.Context) (T, error)
-	// BeginClaim, if set, begins the transaction and claims the key in
-	// one round trip. On a duplicate the transaction may have ended (a
-	// nil T); on an error it has.
+	// BeginClaim, if set, begins the transaction and claims the key
+	// (see repository.Driver's BeginClaim); on an error it has ended.
 	BeginClaim func(ctx context.Context, p repository.ClaimParams) (T, repository.Claim, error)
 }
 

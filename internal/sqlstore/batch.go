@@ -16,11 +16,6 @@ import (
 // and MySQL 65,535, SQLite 32,766).
 const maxBatchRows = 1000
 
-// ClaimBatchTx implements repository.BatchTransactional.
-func (s *Inbox) ClaimBatchTx(ctx context.Context, tx repository.Querier, params []repository.ClaimParams) ([]repository.Claim, error) {
-	return s.ClaimBatchOn(ctx, StdQuerier(tx), params)
-}
-
 // ClaimBatchOn is ClaimBatchTx on any driver's transaction.
 //
 // Where the dialect ignores conflicts (PostgreSQL, SQLite) it is one
@@ -96,31 +91,6 @@ func (s *Inbox) batchRows(params []repository.ClaimParams) ([]batchRowArgs, erro
 	return rows, nil
 }
 
-// ClaimStatement returns the claim of every key of params as one plain
-// multi-row INSERT without the conflict clause, in the lock order
-// ClaimBatchOn uses, and its bound arguments, for a driver to send in the
-// round trip of BEGIN (middleware/pgxinbox queues both in one pgx.Batch).
-// One key already taken fails the whole statement with a unique
-// violation, after waiting for a transaction that holds it, and aborts
-// the transaction: the caller then rolls back and claims with ClaimOn or
-// ClaimBatchOn, which tell the taken keys apart. Only PostgreSQL (Dollar)
-// dialects have it; 1 to 1,000 keys.
-func (s *Inbox) ClaimStatement(params []repository.ClaimParams) (string, []any, error) {
-	if s.d.Bind != Dollar || len(params) == 0 || len(params) > maxBatchRows {
-		return "", nil, fmt.Errorf("%s: claim statement: %w: PostgreSQL and 1 to %d keys only", s.d.Name, repository.ErrInvalidParams, maxBatchRows)
-	}
-	rows, err := s.batchRows(params)
-	if err != nil {
-		return "", nil, err
-	}
-	args := make([]any, 0, 5*len(rows))
-	for _, r := range rows {
-		args = append(args, r.args...)
-	}
-	st := s.batchInsert(len(rows), true)
-	return st.text, st.Args(args...), nil
-}
-
 // batchRow validates row i of a batch and returns its stored key. seen
 // holds the (consumer, stored key) pairs of the rows before it: a pair
 // given twice is refused with repository.ErrInvalidParams.
@@ -140,7 +110,7 @@ func batchRow(d *Dialect, seen map[[2]string]bool, i int, p repository.ClaimPara
 // (consumer, stored key) pairs it inserted; nil when the dialect cannot
 // tell and a key was taken (MySQL: nothing of the statement stays).
 func (s *Inbox) insertBatch(ctx context.Context, ex Executor, n int, args []any) (map[[2]string]bool, error) {
-	st := s.batchInsert(n, false)
+	st := s.batchInsert(n)
 	claimed := make(map[[2]string]bool, n)
 	if !strings.Contains(st.text, "RETURNING") {
 		_, err := st.exec(ctx, ex, args...)
@@ -164,28 +134,21 @@ func (s *Inbox) insertBatch(ctx context.Context, ex Executor, n int, args []any)
 
 // batchStmtKey is a multi-row claim in Inbox.batches: binding one costs
 // more than the claim's own work in Go.
-type batchStmtKey struct {
-	rows  int
-	plain bool
-}
+type batchStmtKey struct{ rows int }
 
-// batchInsert is the claim of n rows: the dialect's ClaimBatch, or
-// if plain its ClaimWithBegin (PostgreSQL), with the VALUES row repeated.
-func (s *Inbox) batchInsert(n int, plain bool) Stmt {
-	k := batchStmtKey{n, plain}
+// batchInsert is the dialect's ClaimBatch for n rows, its VALUES row
+// repeated.
+func (s *Inbox) batchInsert(n int) Stmt {
+	k := batchStmtKey{n}
 	if st, ok := s.batches.Load(k); ok {
 		return st.(Stmt)
 	}
-	one := s.d.Inbox.ClaimBatch
-	if plain && s.d.Inbox.ClaimWithBegin.Text != "" {
-		one = s.d.Inbox.ClaimWithBegin
-	}
-	st := s.d.Bound(s.t.quoted, s.d.Repeat(one, n, 5))
+	st := s.d.Bound(s.t.quoted, s.d.Repeat(s.d.Inbox.ClaimBatch, n, 5))
 	s.batches.Store(k, st)
 	return st
 }
 
-// RetryableTx implements repository.BatchTransactional: the dialect's
+// RetryableTx is repository.Driver's Retryable: the dialect's
 // deadlock victim, or a serialization failure (SQLSTATE 40001).
 func (s *Inbox) RetryableTx(err error) bool {
 	if err == nil {

@@ -1,5 +1,5 @@
 // Package sqlstore is the one SQL implementation of the storage contracts
-// (repository.Transactional, TwoPhase, Reader, Cleaner, Operator, Stats,
+// (repository.Driver's claims, TwoPhase, Reader, Cleaner, Operator, Stats,
 // VersionGuard), of the outbox's statements and of versioned migrations.
 //
 // Each database's SQL is on one page: postgres.go, mysql.go and sqlite.go
@@ -116,13 +116,10 @@ type InboxSQL struct {
 	// ClaimBatch is Claim for many rows: its one VALUES row is repeated,
 	// five arguments a row; with RETURNING where conflicts are ignored.
 	ClaimBatch SQL
-	// ClaimWithBegin is the claim PostgreSQL sends in the round trip of
-	// BEGIN: a taken key fails it with a unique violation.
-	ClaimWithBegin SQL
-	Get            SQL // the record
-	LockedGet      SQL // the record, latest committed
-	Save           SQL // $3 result
-	Exists         SQL // COUNT of the key, latest committed
+	Get        SQL // the record
+	LockedGet  SQL // the record, latest committed
+	Save       SQL // $3 result
+	Exists     SQL // COUNT of the key, latest committed
 	// Acquire inserts an in-progress record ($3 payload hash, $4 owner,
 	// $5 lease until, $6 now, $7 expiry) unless the key is taken.
 	Acquire SQL

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/idemkit/watermill-idempotent/repository"
 	"github.com/idemkit/watermill-idempotent/sqlexec"
 )
 
@@ -23,8 +22,8 @@ type (
 // StdDB adapts a database/sql pool; nil stays nil.
 func StdDB(db *sql.DB) DB { return sqlexec.Std(db) }
 
-// StdQuerier adapts a caller's transaction (*sql.Tx, *sql.Conn).
-func StdQuerier(q repository.Querier) Executor { return sqlexec.StdTx(q) }
+// StdQuerier adapts a transaction (*sql.Tx, *sql.Conn).
+func StdQuerier(q sqlexec.Querier) Executor { return sqlexec.StdTx(q) }
 
 // OrNil returns v, or nil when err is not nil, and err: a backend's
 // constructor wrapping a store it failed to make returns no wrapper.

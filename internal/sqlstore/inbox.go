@@ -17,7 +17,7 @@ import (
 const attempts = 32
 
 // Inbox stores inbox records in one SQL table. It implements
-// repository.Transactional, BatchTransactional, TwoPhase, Reader, Cleaner,
+// the claims of repository.Driver (see Driver), TwoPhase, Reader, Cleaner,
 // Operator and Stats and is safe for concurrent use.
 type Inbox struct {
 	migrator
@@ -51,17 +51,12 @@ func NewInbox(d *Dialect, db DB, config Config) (*Inbox, error) {
 	return s, nil
 }
 
-// ClaimTx implements repository.Transactional with one conditional insert
-// in the caller's transaction (ON CONFLICT DO NOTHING, or on MySQL a plain
+// ClaimOn claims p with one conditional insert in the transaction ex
+// runs in, on any driver (ON CONFLICT DO NOTHING, or on MySQL a plain
 // INSERT whose duplicate-key error, recognised by code, means "taken").
-// On a duplicate it reads the stored record in the same transaction, with
-// a locking read where a snapshot could hide it. A concurrent claim of
-// the same key waits on the first one's row lock.
-func (s *Inbox) ClaimTx(ctx context.Context, tx repository.Querier, p repository.ClaimParams) (repository.Claim, error) {
-	return s.ClaimOn(ctx, StdQuerier(tx), p)
-}
-
-// ClaimOn is ClaimTx on any driver's transaction (see pgxexec.Exec).
+// On a duplicate it reads the stored record in the same transaction,
+// with a locking read where a snapshot could hide it. A concurrent claim
+// of the same key waits on the first one's row lock.
 func (s *Inbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimParams) (repository.Claim, error) {
 	if err := storekit.ValidateClaim(p); err != nil {
 		return repository.Claim{}, err
@@ -97,13 +92,8 @@ func (s *Inbox) insert(ctx context.Context, ex Executor, insert, read Stmt, args
 	return false, rec, err
 }
 
-// SaveResultTx implements repository.Transactional with one UPDATE; it
-// returns repository.ErrNotFound if there is no such record.
-func (s *Inbox) SaveResultTx(ctx context.Context, tx repository.Querier, p repository.SaveResultParams) error {
-	return s.SaveResultOn(ctx, StdQuerier(tx), p)
-}
-
-// SaveResultOn is SaveResultTx on any driver's transaction.
+// SaveResultOn stores p's result with one UPDATE in the transaction ex
+// runs in; repository.ErrNotFound if there is no such record.
 func (s *Inbox) SaveResultOn(ctx context.Context, ex Executor, p repository.SaveResultParams) error {
 	if err := storekit.ValidateSaveResult(p); err != nil {
 		return err
@@ -289,8 +279,7 @@ func collect[T any](ctx context.Context, ex Executor, st Stmt, scan func(Row) (T
 // contracts are the storage contracts both inbox stores implement, the
 // plain table and the partitioned one.
 type contracts interface {
-	repository.Transactional
-	repository.BatchTransactional
+	ClaimStore
 	repository.TwoPhase
 	repository.Reader
 	repository.Cleaner

@@ -173,11 +173,6 @@ func (s *PartitionedInbox) Migrations(ctx context.Context) ([]Migration, error) 
 	return applied, s.in.wrap("create partitions", s.ensureRange(ctx, time.Now()))
 }
 
-// ClaimTx implements repository.Transactional: see ClaimOn.
-func (s *PartitionedInbox) ClaimTx(ctx context.Context, tx repository.Querier, p repository.ClaimParams) (repository.Claim, error) {
-	return s.ClaimOn(ctx, StdQuerier(tx), p)
-}
-
 // ClaimOn claims the key in the caller's transaction, which must run at
 // READ COMMITTED (PostgreSQL's default; anything else is refused with
 // repository.ErrInvalidParams, because a snapshot taken before the lock
@@ -483,12 +478,6 @@ func (s *PartitionedInbox) forgetMissing(err error) error {
 	return err
 }
 
-// ClaimBatchTx implements repository.BatchTransactional (group commit):
-// see ClaimBatchOn.
-func (s *PartitionedInbox) ClaimBatchTx(ctx context.Context, tx repository.Querier, params []repository.ClaimParams) ([]repository.Claim, error) {
-	return s.ClaimBatchOn(ctx, StdQuerier(tx), params)
-}
-
 // ClaimBatchOn claims every key of params in ex's transaction with
 // ClaimOn, taking the keys' locks in one global order (by lock key), so
 // two batches sharing keys cannot deadlock on them. A (consumer, key)
@@ -516,19 +505,14 @@ func (s *PartitionedInbox) ClaimBatchOn(ctx context.Context, ex Executor, params
 	return claims, nil
 }
 
-// RetryableTx implements repository.BatchTransactional: a deadlock victim
+// RetryableTx is the Retryable of repository.Driver: a deadlock victim
 // or a serialization failure.
 func (s *PartitionedInbox) RetryableTx(err error) bool { return s.in.RetryableTx(err) }
 
 // The operations below neither insert a key nor change expires_at: they
 // are the plain store's.
 
-// SaveResultTx implements repository.Transactional (one UPDATE).
-func (s *PartitionedInbox) SaveResultTx(ctx context.Context, tx repository.Querier, p repository.SaveResultParams) error {
-	return s.in.SaveResultTx(ctx, tx, p)
-}
-
-// SaveResultOn is SaveResultTx on any driver's transaction.
+// SaveResultOn stores p's result in the transaction ex runs in.
 func (s *PartitionedInbox) SaveResultOn(ctx context.Context, ex Executor, p repository.SaveResultParams) error {
 	return s.in.SaveResultOn(ctx, ex, p)
 }

@@ -23,8 +23,6 @@ var Postgres = &Dialect{
 VALUES ($1, $2, 'completed', $3, 1, $4, $4, $5) ON CONFLICT (consumer, dedup_key) DO NOTHING`),
 		ClaimBatch: q(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
 VALUES ($1, $2, 'completed', $3, 1, $4, $4, $5) ON CONFLICT (consumer, dedup_key) DO NOTHING RETURNING consumer, dedup_key`),
-		ClaimWithBegin: q(`INSERT INTO {T} (consumer, dedup_key, state, payload_hash, attempts, created_at, completed_at, expires_at)
-VALUES ($1, $2, 'completed', $3, 1, $4, $4, $5)`),
 		Get: q(`SELECT consumer, dedup_key, state, payload_hash, result, attempts, lease_owner, lease_until, created_at, completed_at, expires_at
 FROM {T} WHERE consumer = $1 AND dedup_key = $2`),
 		// READ COMMITTED reads the latest committed row anyway.

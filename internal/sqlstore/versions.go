@@ -35,18 +35,8 @@ func NewVersions(d *Dialect, db DB, config Config) (*Versions, error) {
 	return s, nil
 }
 
-// AdvanceTx implements repository.VersionGuard in the caller's transaction
-// with the dialect's atomic conditional upsert: one row affected means
-// applied, none means stale. A concurrent transaction on the same entity
-// waits for the row lock, then compares against what the first committed.
-// Under PostgreSQL's REPEATABLE READ or SERIALIZABLE it fails with SQLSTATE
-// 40001 instead, and a MySQL deadlock victim (1213) has had its whole
-// transaction rolled back: roll back and retry in both cases.
-func (s *Versions) AdvanceTx(ctx context.Context, tx repository.Querier, p repository.AdvanceParams) (bool, error) {
-	return s.AdvanceOn(ctx, StdQuerier(tx), p)
-}
-
-// AdvanceOn is AdvanceTx on any driver's transaction (see pgxexec.Exec).
+// AdvanceOn implements repository.VersionGuard's Advance in the transaction ex
+// runs in, on any driver.
 func (s *Versions) AdvanceOn(ctx context.Context, ex Executor, p repository.AdvanceParams) (bool, error) {
 	stored, err := storekit.PrepareAdvance(p)
 	if err != nil {
@@ -62,7 +52,7 @@ func (s *Versions) AdvanceOn(ctx context.Context, ex Executor, p repository.Adva
 }
 
 // LastVersion returns the last applied version of (consumer, entity), or
-// repository.ErrNotFound if none was; entity is as given to AdvanceTx.
+// repository.ErrNotFound if none was; entity is as given to Advance.
 func (s *Versions) LastVersion(ctx context.Context, consumer, entity string) (int64, error) {
 	var v int64
 	err := s.last.row(ctx, s.db, consumer, repository.StorageKey(entity)).Scan(&v)
@@ -71,5 +61,3 @@ func (s *Versions) LastVersion(ctx context.Context, consumer, entity string) (in
 	}
 	return v, s.wrap(fmt.Sprintf("last version of %q", entity), err)
 }
-
-var _ repository.VersionGuard = (*Versions)(nil)

@@ -68,7 +68,7 @@ func validateConsumerKey(consumer, key string) error {
 	return nil
 }
 
-// ValidateSaveResult checks the fields SaveResultTx needs.
+// ValidateSaveResult checks the fields SaveResult needs.
 func ValidateSaveResult(p repository.SaveResultParams) error {
 	return validateConsumerKey(p.Consumer, p.Key)
 }
@@ -243,10 +243,10 @@ func ValidateCountRecords(now time.Time) error {
 	return nil
 }
 
-// PrepareAdvance checks the arguments of [repository.VersionGuard.AdvanceTx] and
+// PrepareAdvance checks the arguments of [repository.VersionGuard]'s Advance and
 // returns them as the backend stores them: Entity in its stored form,
 // repository.StorageKey(Entity), so an entity of any length or content is stored the
-// same way on every backend. Every backend's AdvanceTx calls it, and
+// same way on every backend. Every backend's Advance calls it, and
 // reads by entity (LastVersion) look up repository.StorageKey(entity). A refused
 // argument wraps repository.ErrInvalidParams and names the problem.
 func PrepareAdvance(p repository.AdvanceParams) (repository.AdvanceParams, error) {

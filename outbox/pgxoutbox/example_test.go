@@ -4,13 +4,14 @@ import (
 	"context"
 	"log"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -43,8 +44,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	inbox, err := middleware.NewInbox(middleware.Config{
-		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
+	inbox, err := middleware.NewInbox(repo, middleware.Config{
 		Consumer: "shipping",
 		Outputs:  pgxoutbox.Outputs(ob, "orders.shipped"),
 	})
@@ -52,7 +52,10 @@ func Example() {
 		log.Fatal(err)
 	}
 	_ = inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := pgxinbox.TxFromContext(msg.Context())
+		tx, err := idempotency.Tx[pgx.Tx](msg.Context())
+		if err != nil {
+			return nil, err
+		}
 		if _, err := tx.Exec(msg.Context(), `UPDATE orders SET shipped = true WHERE id = $1`, string(msg.Payload)); err != nil {
 			return nil, err
 		}

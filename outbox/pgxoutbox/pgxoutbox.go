@@ -5,7 +5,7 @@
 //
 //	ob, _ := outbox.New(outbox.Config{Dialect: postgres.Dialect})
 //	_ = pgxoutbox.Migrate(ctx, ob, pool)
-//	// in a transaction of yours, or an inbox handler's (pgxinbox):
+//	// in a transaction of yours, or an inbox handler's (idempotency.Tx[pgx.Tx]):
 //	_ = pgxoutbox.WriteTx(ctx, ob, tx, outbox.Outgoing{Topic: "orders", Message: msg})
 //	relay, _ := pgxoutbox.NewRelay(pool, publisher, outbox.RelayConfig{Dialect: postgres.Dialect, Logger: logger})
 //
@@ -26,13 +26,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/sqlexec/pgxexec"
 )
 
 // WriteTx is outbox.Outbox.WriteTx in a pgx transaction: msgs are
 // published by the relay if and only if tx commits. tx may be the pgx.Tx
-// of a pgx inbox handler (pgxinbox.TxFromContext).
+// of a pgx inbox handler (idempotency.Tx[pgx.Tx]).
 func WriteTx(ctx context.Context, ob *outbox.Outbox, tx pgx.Tx, msgs ...outbox.Outgoing) error {
 	if tx == nil {
 		return errors.New("outbox: tx is nil")
@@ -41,7 +42,7 @@ func WriteTx(ctx context.Context, ob *outbox.Outbox, tx pgx.Tx, msgs ...outbox.O
 }
 
 // Outputs is outbox.Outbox.Outputs for an inbox on pgx
-// (middleware.Config.Beginner: pgxinbox.Beginner): the handler's outputs
+// (postgres.NewPgxRepository): the handler's outputs
 // are written, bound for topic, in the delivery's pgx.Tx, so they commit
 // or roll back with the marker and the handler's writes.
 func Outputs(ob *outbox.Outbox, topic string) OutputWriter {
@@ -49,19 +50,17 @@ func Outputs(ob *outbox.Outbox, topic string) OutputWriter {
 }
 
 // OutputWriter writes a pgx inbox handler's outputs into an outbox, in
-// the delivery's pgx.Tx (pgxexec.TxFromContext, where pgxinbox puts it);
-// Outputs makes one. It satisfies middleware.OutputWriter.
+// the delivery's pgx.Tx (idempotency.Tx); Outputs makes one. It satisfies middleware.OutputWriter.
 type OutputWriter struct {
 	ob    *outbox.Outbox
 	topic string
 }
 
-// WriteOutputs writes msgs in the pgx transaction of ctx; the *sql.Tx is
-// nil on a pgx inbox.
-func (w OutputWriter) WriteOutputs(ctx context.Context, _ *sql.Tx, msgs []*message.Message) error {
-	tx, ok := pgxexec.TxFromContext(ctx)
-	if !ok {
-		return errors.New("pgxoutbox: no pgx inbox transaction in the context: Outputs needs Config.Beginner = pgxinbox.Beginner")
+// WriteOutputs writes msgs in the pgx transaction of ctx.
+func (w OutputWriter) WriteOutputs(ctx context.Context, msgs []*message.Message) error {
+	tx, err := idempotency.Tx[pgx.Tx](ctx)
+	if err != nil {
+		return fmt.Errorf("pgxoutbox: write outputs: %w (on database/sql, use outbox.Outbox.Outputs)", err)
 	}
 	out := make([]outbox.Outgoing, len(msgs))
 	for i, m := range msgs {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/idempotency"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
@@ -17,7 +19,6 @@ import (
 
 	"github.com/idemkit/watermill-idempotent/internal/testsupport/testenv"
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -30,7 +31,7 @@ func TestMain(m *testing.M) {
 
 // setup returns a pool on a schema of the test's own holding a migrated
 // inbox (default names) and outbox.
-func setup(t *testing.T) (*pgxpool.Pool, *postgres.Repository, *outbox.Outbox) {
+func setup(t *testing.T) (*pgxpool.Pool, *postgres.Repository[pgx.Tx], *outbox.Outbox) {
 	t.Helper()
 	pool := testenv.PgxSchemaPool(t, "pgxoutbox_")
 	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
@@ -102,7 +103,7 @@ func count(t *testing.T, pool *pgxpool.Pool, table string) int {
 	return n
 }
 
-// TestPgxInboxOutboxRelay: an inbox on pgx (pgxinbox.Beginner) hands the
+// TestPgxInboxOutboxRelay: an inbox on pgx (postgres.NewPgxRepository) hands the
 // handler a pgx.Tx; the handler's own outbox write (WriteTx) and its
 // returned outputs (Outputs) commit with the marker, roll back with a
 // failed handler, and are not written again for a duplicate. A relay on
@@ -111,8 +112,7 @@ func count(t *testing.T, pool *pgxpool.Pool, table string) int {
 func TestPgxInboxOutboxRelay(t *testing.T) {
 	pool, repo, ob := setup(t)
 
-	inbox, err := middleware.NewInbox(middleware.Config{
-		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
+	inbox, err := middleware.NewInbox(repo, middleware.Config{
 		Consumer: "shipping",
 		Outputs:  pgxoutbox.Outputs(ob, "shipments"),
 	})
@@ -120,8 +120,8 @@ func TestPgxInboxOutboxRelay(t *testing.T) {
 	runs := 0
 	handler := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		runs++
-		tx, ok := pgxinbox.TxFromContext(msg.Context())
-		require.True(t, ok)
+		tx, txErr := idempotency.Tx[pgx.Tx](msg.Context())
+		require.NoError(t, txErr)
 		audit := message.NewMessage("audit-"+msg.UUID, msg.Payload)
 		if err := pgxoutbox.WriteTx(msg.Context(), ob, tx, outbox.Outgoing{Topic: "audit", Message: audit}); err != nil {
 			return nil, err
@@ -167,15 +167,15 @@ func TestPgxInboxOutboxRelay(t *testing.T) {
 	require.Eventually(t, func() bool { return count(t, pool, outbox.DefaultTableName) == 0 }, 10*time.Second, 5*time.Millisecond)
 }
 
-// TestOutputsNeedPgxInbox: pgxoutbox.Outputs on an inbox on database/sql
-// (no pgx.Tx in the context) fails the delivery and writes nothing; so
-// does outbox.Outputs on a pgx inbox.
+// TestOutputsNeedPgxInbox: outbox.Outputs (database/sql) on an inbox on
+// pgx (a pgx.Tx in the context, no *sql.Tx) fails the delivery and
+// writes nothing; pgxoutbox.Outputs outside an inbox (no transaction in
+// the context) fails with idempotency.ErrNoTransaction.
 func TestOutputsNeedPgxInbox(t *testing.T) {
 	ctx := t.Context()
 	pool, repo, ob := setup(t)
 
-	inbox, err := middleware.NewInbox(middleware.Config{
-		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
+	inbox, err := middleware.NewInbox(repo, middleware.Config{
 		Consumer: "c",
 		Outputs:  ob.Outputs("out"),
 	})
@@ -183,9 +183,12 @@ func TestOutputsNeedPgxInbox(t *testing.T) {
 	_, err = inbox.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("x", nil)}, nil
 	})(message.NewMessage("m", nil))
+	require.ErrorIs(t, err, idempotency.ErrNoTransaction)
 	require.ErrorContains(t, err, "pgxoutbox.Outputs")
 	require.Zero(t, count(t, pool, outbox.DefaultTableName))
 
-	err = pgxoutbox.Outputs(ob, "out").WriteOutputs(ctx, nil, []*message.Message{message.NewMessage("x", nil)})
-	require.ErrorContains(t, err, "pgxinbox.Beginner")
+	err = pgxoutbox.Outputs(ob, "out").WriteOutputs(ctx, []*message.Message{message.NewMessage("x", nil)})
+	require.ErrorIs(t, err, idempotency.ErrNoTransaction)
+	require.ErrorContains(t, err, "outbox.Outbox.Outputs")
+	require.Zero(t, count(t, pool, outbox.DefaultTableName))
 }

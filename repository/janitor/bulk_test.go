@@ -24,7 +24,7 @@ import (
 
 // bulkRepo is what the test needs from a backend's repository.
 type bulkRepo interface {
-	repository.Transactional
+	repository.Driver[*sql.Tx]
 	repository.Cleaner
 }
 
@@ -65,7 +65,9 @@ func openBulk(t *testing.T, b sqlstoretest.Backend) (*sql.DB, string, bulkRepo) 
 		require.NoError(t, err)
 	})
 	require.NoError(t, repo.Migrate(t.Context()))
-	return b.DB, table, repo
+	bulk, ok := repo.(bulkRepo)
+	require.True(t, ok, "the %s repository is no repository.Driver[*sql.Tx]", b.Name)
+	return b.DB, table, bulk
 }
 
 func TestJanitor100kPostgres(t *testing.T) {
@@ -242,7 +244,7 @@ func claimFresh(ctx context.Context, b bulkTarget, key string, now time.Time) er
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	c, err := b.repo.ClaimTx(ctx, tx, repository.ClaimParams{
+	c, err := claimTx(ctx, b.repo, tx, repository.ClaimParams{
 		Consumer: "claims", Key: key, PayloadHash: repository.HashPayload([]byte(key)),
 		Now: now, ExpiresAt: now.Add(24 * time.Hour),
 	})

@@ -107,10 +107,10 @@ func claim(ctx context.Context, repo *sqlite.Repository, db *sql.DB, key string,
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
-	if _, err := repo.ClaimTx(ctx, tx, repository.ClaimParams{
+	if _, err := repo.Claim(ctx, tx, []repository.ClaimParams{{
 		Consumer: "billing", Key: key, PayloadHash: repository.HashPayload([]byte(key)),
 		Now: now, ExpiresAt: expiresAt,
-	}); err != nil {
+	}}); err != nil {
 		return err
 	}
 	return tx.Commit()

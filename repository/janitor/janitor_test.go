@@ -48,7 +48,7 @@ func (in inbox) seed(t *testing.T, consumer, prefix string, n int, expiresAt tim
 	defer func() { _ = tx.Rollback() }()
 	for i := range n {
 		key := fmt.Sprintf("%s-%d", prefix, i)
-		c, err := in.repo.ClaimTx(ctx, tx, repository.ClaimParams{
+		c, err := claimTx(ctx, in.repo, tx, repository.ClaimParams{
 			Consumer: consumer, Key: key, PayloadHash: repository.HashPayload([]byte(key)),
 			Now: expiresAt.Add(-time.Hour), ExpiresAt: expiresAt,
 		})
@@ -342,4 +342,14 @@ func TestRouterPluginRefusesClosedJanitor(t *testing.T) {
 	require.NoError(t, err)
 	router.AddPlugin(j.RouterPlugin())
 	require.ErrorIs(t, router.Run(t.Context()), janitor.ErrClosed)
+}
+
+// claimTx claims p alone in tx through d, as the inbox does for one
+// delivery.
+func claimTx(ctx context.Context, d repository.Driver[*sql.Tx], tx *sql.Tx, p repository.ClaimParams) (repository.Claim, error) {
+	claims, err := d.Claim(ctx, tx, []repository.ClaimParams{p})
+	if err != nil {
+		return repository.Claim{}, err
+	}
+	return claims[0], nil
 }

@@ -5,7 +5,7 @@
 // process's memory: they are lost on exit and not shared between
 // processes, so it cannot deduplicate deliveries across replicas or
 // restarts. It cannot join a SQL transaction, so it does not implement
-// repository.Transactional.
+// repository.Driver.
 //
 //	repo := memory.NewRepository()
 //	a, err := repo.Acquire(ctx, repository.AcquireParams{

@@ -18,7 +18,7 @@
 // waits on the first one's row lock, then reads the record with a locking
 // read that an earlier REPEATABLE READ snapshot cannot hide. When a claim
 // rolls back while several transactions wait on its key, InnoDB lets one
-// claim and rolls the others back as deadlock victims (1213): ClaimTx
+// claim and rolls the others back as deadlock victims (1213): Claim
 // returns that error, and the redelivery sees the committed record.
 //
 // Keys, consumers and owners are VARBINARY (byte-exact); timestamps are

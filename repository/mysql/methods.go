@@ -5,8 +5,10 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
 	"time"
 
+	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
@@ -21,40 +23,6 @@ func (r *Repository) Migrate(ctx context.Context) error { return r.s.Migrate(ctx
 // crash) counts as applied.
 func (r *Repository) Migrations(ctx context.Context) ([]repository.Migration, error) {
 	return r.s.Migrations(ctx)
-}
-
-// ClaimTx implements repository.Transactional with one INSERT whose
-// duplicate-key error, recognised by code, means the key is taken in the
-// caller's transaction. On a duplicate it reads the stored record in the
-// same transaction; a concurrent claim of the key waits on the first one's
-// row lock.
-func (r *Repository) ClaimTx(ctx context.Context, tx repository.Querier, p repository.ClaimParams) (repository.Claim, error) {
-	return r.s.ClaimTx(ctx, tx, p)
-}
-
-// SaveResultTx implements repository.Transactional with one UPDATE in the
-// caller's transaction; repository.ErrNotFound if there is no such record.
-func (r *Repository) SaveResultTx(ctx context.Context, tx repository.Querier, p repository.SaveResultParams) error {
-	return r.s.SaveResultTx(ctx, tx, p)
-}
-
-// ClaimBatchTx implements repository.BatchTransactional (group commit):
-// one multi-row INSERT of every key in one lock order; if a key is taken
-// InnoDB rolls back just that statement and the keys are claimed one by
-// one in the same transaction.
-func (r *Repository) ClaimBatchTx(ctx context.Context, tx repository.Querier, params []repository.ClaimParams) ([]repository.Claim, error) {
-	return r.s.ClaimBatchTx(ctx, tx, params)
-}
-
-// RetryableTx implements repository.BatchTransactional: err is a deadlock
-// victim (1213), whose transaction InnoDB rolled back whole, or a
-// serialization failure, and the whole transaction runs again.
-func (r *Repository) RetryableTx(err error) bool { return r.s.RetryableTx(err) }
-
-// Get implements repository.Reader; repository.ErrNotFound if there is no
-// record.
-func (r *Repository) Get(ctx context.Context, consumer, key string) (repository.Record, error) {
-	return r.s.Get(ctx, consumer, key)
 }
 
 // DeleteExpired implements repository.Cleaner: one READ COMMITTED
@@ -125,16 +93,15 @@ func (v *VersionStore) Migrations(ctx context.Context) ([]repository.Migration, 
 	return v.s.Migrations(ctx)
 }
 
-// AdvanceTx implements repository.VersionGuard in the caller's
-// transaction: two statements lock the entity's row, then store p.Version
+// Advance implements repository.VersionGuard in tx: two statements lock the entity's row, then store p.Version
 // if it is newer, reporting whether it did. A deadlock victim (1213) has
 // had its whole transaction rolled back: retry.
-func (v *VersionStore) AdvanceTx(ctx context.Context, tx repository.Querier, p repository.AdvanceParams) (bool, error) {
-	return v.s.AdvanceTx(ctx, tx, p)
+func (v *VersionStore) Advance(ctx context.Context, tx *sql.Tx, p repository.AdvanceParams) (bool, error) {
+	return v.s.AdvanceOn(ctx, sqlstore.StdQuerier(tx), p)
 }
 
 // LastVersion returns the last applied version of (consumer, entity), or
-// repository.ErrNotFound if none was; entity is as given to AdvanceTx.
+// repository.ErrNotFound if none was; entity is as given to Advance.
 func (v *VersionStore) LastVersion(ctx context.Context, consumer, entity string) (int64, error) {
 	return v.s.LastVersion(ctx, consumer, entity)
 }

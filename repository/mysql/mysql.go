@@ -52,27 +52,37 @@ func (c Config) Validate() error { return sqlstore.Config(c).Validate() }
 // repository.DefaultVersionsTableName.
 type VersionConfig = Config
 
-// Repository stores inbox records in MySQL or MariaDB (InnoDB). It
-// implements repository.Transactional, BatchTransactional, TwoPhase,
+// Repository stores inbox records in MySQL or MariaDB (InnoDB). It is
+// the repository.Driver[*sql.Tx] the transactional inbox takes (its
+// Driver methods are documented there), implements repository.TwoPhase,
 // Reader, Cleaner, Operator and Stats and is safe for concurrent use.
 // Every value is checked to fit its column before it is sent (keys and
 // consumers of at most 255 bytes, payload hashes of at most
 // MaxPayloadHashLength, times in years 1000 to 9999), so none is ever
 // truncated, even under a non-strict sql_mode.
-type Repository struct{ s *sqlstore.Inbox }
+type Repository struct {
+	driver
+	s *sqlstore.Inbox
+}
+
+// driver is the repository.Driver half of a repository: the claim, the
+// result and the transactions (see internal/sqlstore.Driver).
+type driver = sqlstore.Driver[*sql.Tx]
 
 // VersionStore keeps the last applied version per (consumer, entity) in
 // MySQL or MariaDB (InnoDB). It implements repository.VersionGuard and is
 // safe for concurrent use. Rows never expire (an old version could apply
 // again): delete one when the entity itself is deleted.
-type VersionStore struct{ s *sqlstore.Versions }
+type VersionStore struct {
+	s *sqlstore.Versions
+}
 
 // NewRepository returns a Repository over db; any DSN works. It does not
 // create the schema: call Migrate, or apply Migrations with your
 // migration tool.
 func NewRepository(db *sql.DB, config Config) (*Repository, error) {
 	s, err := sqlstore.NewInbox(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
-	return sqlstore.OrNil(&Repository{s}, err)
+	return sqlstore.OrNil(&Repository{driver: sqlstore.NewDriver[*sql.Tx](s, sqlstore.StdTxs{DB: db}), s: s}, err)
 }
 
 // NewVersionStore returns a VersionStore over db; like NewRepository, it

@@ -80,7 +80,7 @@ func TestClaimReportsNonDuplicateErrors(t *testing.T) {
 				)
 			} else {
 				// Without strict mode the server cuts the key to "abcdefgh" and
-				// reports the collision as 1062. ClaimTx then finds no record
+				// reports the collision as 1062. Claim then finds no record
 				// with the key it was given and reports an error instead of a
 				// duplicate. (Against the schema Migrate creates, every value
 				// is checked to fit before it is sent, so this needs a
@@ -93,7 +93,7 @@ func TestClaimReportsNonDuplicateErrors(t *testing.T) {
 					tx, err := db.BeginTx(ctx, nil)
 					require.NoError(t, err)
 					defer func() { _ = tx.Rollback() }()
-					c, err := repo.ClaimTx(ctx, tx, tc.params)
+					c, err := claimTx(ctx, repo, tx, tc.params)
 					require.Error(t, err, "a non-duplicate failure must be an error")
 					require.False(t, c.Claimed)
 					require.Zero(t, c.Existing, "a failed claim must not be reported as a duplicate")
@@ -108,7 +108,7 @@ func TestClaimReportsNonDuplicateErrors(t *testing.T) {
 
 					// The transaction survives a failed statement: a valid
 					// claim still works in it.
-					c, err = repo.ClaimTx(ctx, tx, repotest.ClaimParams("billing", fmt.Sprintf("ok-%d", i))) // fits the narrowed key
+					c, err = claimTx(ctx, repo, tx, repotest.ClaimParams("billing", fmt.Sprintf("ok-%d", i))) // fits the narrowed key
 					require.NoError(t, err)
 					require.True(t, c.Claimed)
 				})
@@ -155,7 +155,7 @@ func TestDuplicateSeenThroughEarlierSnapshot(t *testing.T) {
 	require.NoError(t, tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+table+"`").Scan(&n))
 	require.Zero(t, n, "the snapshot must predate the record for this test to mean anything")
 
-	c, err := repo.ClaimTx(ctx, tx, repotest.ClaimParams("billing", "order-1"))
+	c, err := claimTx(ctx, repo, tx, repotest.ClaimParams("billing", "order-1"))
 	require.NoError(t, err)
 	require.False(t, c.Claimed)
 	require.Equal(t, []byte("first"), c.Existing.Result)
@@ -170,14 +170,14 @@ func TestSaveAndExtendWithUnchangedValues(t *testing.T) {
 	ctx := t.Context()
 
 	tx := beginTx(t, db, nil)
-	c, err := repo.ClaimTx(ctx, tx, repotest.ClaimParams("billing", "order-1"))
+	c, err := claimTx(ctx, repo, tx, repotest.ClaimParams("billing", "order-1"))
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
 	save := repository.SaveResultParams{Consumer: "billing", Key: "order-1"} // nil over NULL
-	require.NoError(t, repo.SaveResultTx(ctx, tx, save))
+	require.NoError(t, repo.SaveResult(ctx, tx, save))
 	save.Result = []byte("r")
-	require.NoError(t, repo.SaveResultTx(ctx, tx, save))
-	require.NoError(t, repo.SaveResultTx(ctx, tx, save), "saving the same result twice")
+	require.NoError(t, repo.SaveResult(ctx, tx, save))
+	require.NoError(t, repo.SaveResult(ctx, tx, save), "saving the same result twice")
 	require.NoError(t, tx.Commit())
 
 	now := time.Now().UTC().Truncate(time.Microsecond)
@@ -208,7 +208,7 @@ func TestValuesThatDoNotFitAreRefused(t *testing.T) {
 	} {
 		p := repotest.ClaimParams("billing", "k")
 		mutate(&p)
-		_, err := repo.ClaimTx(ctx, tx, p)
+		_, err := claimTx(ctx, repo, tx, p)
 		require.ErrorIs(t, err, repository.ErrInvalidParams, name)
 	}
 	_, err := repo.DeleteExpired(ctx, time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), 10)
@@ -298,7 +298,7 @@ func TestCleanupSkipsRowsHeldByClaims(t *testing.T) {
 
 	// A redelivery of an expired key: the duplicate claim holds the row.
 	tx := beginTx(t, db, nil)
-	c, err := repo.ClaimTx(t.Context(), tx, repotest.ClaimParams("billing", "expired-3"))
+	c, err := claimTx(t.Context(), repo, tx, repotest.ClaimParams("billing", "expired-3"))
 	require.NoError(t, err)
 	require.False(t, c.Claimed)
 
@@ -329,7 +329,7 @@ func TestRolledBackClaimWithManyWaiters(t *testing.T) {
 
 	first, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	c, err := repo.ClaimTx(ctx, first, p)
+	c, err := claimTx(ctx, repo, first, p)
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
 
@@ -350,13 +350,13 @@ func TestRolledBackClaimWithManyWaiters(t *testing.T) {
 					return err
 				}
 				defer func() { _ = tx.Rollback() }()
-				c, err := repo.ClaimTx(ctx, tx, p)
+				c, err := claimTx(ctx, repo, tx, p)
 				if err != nil {
 					return err
 				}
 				outcomes[i].claim = c
 				if c.Claimed {
-					if err := repo.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: p.Consumer, Key: p.Key, Result: []byte("winner")}); err != nil {
+					if err := repo.SaveResult(ctx, tx, repository.SaveResultParams{Consumer: p.Consumer, Key: p.Key, Result: []byte("winner")}); err != nil {
 						return err
 					}
 				}
@@ -436,10 +436,10 @@ func claim(t *testing.T, db *sql.DB, repo *mysql.Repository, p repository.ClaimP
 	t.Helper()
 	ctx := context.Background()
 	tx := beginTx(t, db, nil)
-	c, err := repo.ClaimTx(ctx, tx, p)
+	c, err := claimTx(ctx, repo, tx, p)
 	require.NoError(t, err)
 	if c.Claimed && result != nil {
-		require.NoError(t, repo.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: p.Consumer, Key: p.Key, Result: result}))
+		require.NoError(t, repo.SaveResult(ctx, tx, repository.SaveResultParams{Consumer: p.Consumer, Key: p.Key, Result: result}))
 	}
 	require.NoError(t, tx.Commit())
 	return c
@@ -452,4 +452,14 @@ func beginTx(t *testing.T, db *sql.DB, opts *sql.TxOptions) *sql.Tx {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback() })
 	return tx
+}
+
+// claimTx claims p alone in tx through d, as the inbox does for one
+// delivery.
+func claimTx(ctx context.Context, d repository.Driver[*sql.Tx], tx *sql.Tx, p repository.ClaimParams) (repository.Claim, error) {
+	claims, err := d.Claim(ctx, tx, []repository.ClaimParams{p})
+	if err != nil {
+		return repository.Claim{}, err
+	}
+	return claims[0], nil
 }

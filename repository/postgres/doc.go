@@ -6,13 +6,16 @@
 //	if err := repo.Migrate(ctx); err != nil { … }
 //
 //	repo, err := postgres.NewPgxRepository(pool, postgres.Config{})
-//	inbox, err := middleware.NewInbox(middleware.Config{
-//		Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}),
-//		Consumer: "shop",
-//	})
+//	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "shop"})
 //	// in the handler, hand the pgx.Tx to sqlc's pgx-mode queries:
-//	tx, _ := pgxinbox.TxFromContext(msg.Context())
-//	err := queries.WithTx(tx).InsertCharge(msg.Context(), params)
+//	tx, err := idempotency.Tx[pgx.Tx](msg.Context())
+//	if err != nil {
+//		return nil, err
+//	}
+//	err = queries.WithTx(tx).InsertCharge(msg.Context(), params)
+//
+// Both are a repository.Driver, for *sql.Tx and pgx.Tx transactions, and
+// send the same statements.
 //
 // Claims and Acquire are INSERT … ON CONFLICT DO NOTHING on the primary key
 // (consumer, dedup_key): a second transaction claiming the key waits on the

@@ -46,10 +46,13 @@ func (c PartitionedConfig) Validate() error { return sqlstore.PartitionConfig(c)
 // are refused with repository.ErrInvalidParams. Only claims made through
 // this type take the lock: never write the table by other means.
 //
-// It implements repository.Transactional, BatchTransactional, TwoPhase,
+// It is a repository.Driver[*sql.Tx], implements repository.TwoPhase,
 // Reader, Cleaner, Operator and Stats and is safe for concurrent use. See
 // docs/partitioning.md for the measurements and for pg_partman.
-type PartitionedRepository struct{ s *sqlstore.PartitionedInbox }
+type PartitionedRepository struct {
+	driver[*sql.Tx]
+	s *sqlstore.PartitionedInbox
+}
 
 // NewPartitionedRepository returns a PartitionedRepository over db. Call
 // Migrate to create the partitioned table (migration line
@@ -57,5 +60,5 @@ type PartitionedRepository struct{ s *sqlstore.PartitionedInbox }
 // not be one NewRepository created.
 func NewPartitionedRepository(db *sql.DB, config PartitionedConfig) (*PartitionedRepository, error) {
 	s, err := sqlstore.NewPartitionedInbox(dialect, sqlstore.StdDB(db), sqlstore.PartitionConfig(config))
-	return sqlstore.OrNil(&PartitionedRepository{s}, err)
+	return sqlstore.OrNil(&PartitionedRepository{driver: sqlstore.NewDriver[*sql.Tx](s, sqlstore.StdTxs{DB: db}), s: s}, err)
 }

@@ -71,7 +71,7 @@ func TestPartitionedMaintenanceLocksTheTableNotItsSpelling(t *testing.T) {
 			wg.Go(func() {
 				tx, err := db.BeginTx(ctx, nil)
 				if err == nil {
-					_, err = repo.ClaimTx(ctx, tx, repository.ClaimParams{Consumer: "billing", Key: fmt.Sprintf("order-%d-%d", h, i),
+					_, err = claimTx(ctx, repo, tx, repository.ClaimParams{Consumer: "billing", Key: fmt.Sprintf("order-%d-%d", h, i),
 						PayloadHash: []byte{1}, Now: now, ExpiresAt: far.Add(time.Duration(h) * time.Hour)})
 				}
 				if err == nil {
@@ -123,7 +123,7 @@ func TestPartitionedPartitionsLiveWithTheirTable(t *testing.T) {
 	}{{first, bare}, {db, qualified}, {first, bare}} {
 		tx, err := side.db.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		c, err := side.repo.ClaimTx(ctx, tx, repository.ClaimParams{Consumer: "billing", Key: fmt.Sprintf("order-%d", i),
+		c, err := claimTx(ctx, side.repo, tx, repository.ClaimParams{Consumer: "billing", Key: fmt.Sprintf("order-%d", i),
 			PayloadHash: []byte{1}, Now: now, ExpiresAt: far.Add(time.Duration(i) * time.Minute)})
 		require.NoError(t, err, "claim %d", i)
 		require.True(t, c.Claimed)
@@ -158,7 +158,7 @@ func raceSpellings(t *testing.T, dbA *sql.DB, a *postgres.PartitionedRepository,
 			return false, err
 		}
 		defer func() { _ = tx.Rollback() }()
-		c, err := repo.ClaimTx(ctx, tx, repository.ClaimParams{
+		c, err := claimTx(ctx, repo, tx, repository.ClaimParams{
 			Consumer: "billing", Key: key, PayloadHash: []byte{1}, Now: now, ExpiresAt: expires,
 		})
 		if err != nil {
@@ -224,6 +224,21 @@ func quoted(table string) string {
 	return `"` + strings.ReplaceAll(table, ".", `"."`) + `"`
 }
 
+// partitionedStore returns a store like the one behind the repository
+// newPartitioned made on table, for the tests that count or interleave a
+// claim's statements: the repository's Claim runs the same ClaimOn, in an
+// executor of the caller's transaction. Migrate (a no-op on the table)
+// makes it know the partitions the repository's Migrate created, as the
+// repository's store does.
+func partitionedStore(t *testing.T, db *sql.DB, table string) *sqlstore.PartitionedInbox {
+	t.Helper()
+	s, err := sqlstore.NewPartitionedInbox(sqlstore.Postgres.With(postgres.Migrations, nil), sqlstore.StdDB(db),
+		sqlstore.PartitionConfig{Table: table, Interval: time.Hour, Ahead: 2 * time.Hour})
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(t.Context()))
+	return s
+}
+
 // statements counts the statements a claim sends.
 type statements struct {
 	sqlstore.Executor
@@ -251,13 +266,14 @@ func (e *statements) Query(ctx context.Context, query string, args ...any) (sqls
 // record it found instead.
 func TestPartitionedClaimStatements(t *testing.T) {
 	db := testenv.Postgres(t)
-	repo, _ := newPartitioned(t, db)
+	_, table := newPartitioned(t, db)
+	store := partitionedStore(t, db, table)
 	now := time.Now()
 	for _, claimed := range []bool{true, false} {
 		tx, err := db.BeginTx(t.Context(), nil)
 		require.NoError(t, err)
 		ex := &statements{Executor: sqlstore.StdQuerier(tx)}
-		c, err := repo.ClaimOn(t.Context(), ex, repository.ClaimParams{
+		c, err := store.ClaimOn(t.Context(), ex, repository.ClaimParams{
 			Consumer: "billing", Key: "order-1", PayloadHash: []byte{1}, Now: now, ExpiresAt: now.Add(time.Hour),
 		})
 		require.NoError(t, err)
@@ -308,7 +324,7 @@ func seedOld(t *testing.T, db *sql.DB, repo *postgres.PartitionedRepository, now
 		params[i] = repository.ClaimParams{Consumer: "billing", Key: key, PayloadHash: []byte{1},
 			Now: now.Add(-3 * time.Hour), ExpiresAt: now.Add(-150 * time.Minute)}
 	}
-	claims, err := repo.ClaimBatchTx(t.Context(), tx, params)
+	claims, err := repo.Claim(t.Context(), tx, params)
 	require.NoError(t, err)
 	for _, c := range claims {
 		require.True(t, c.Claimed)
@@ -339,6 +355,7 @@ func TestPartitionedClaimDuringDetach(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			db := testenv.Postgres(t)
 			repo, table := newPartitioned(t, db)
+			store := partitionedStore(t, db, table)
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
 			now := time.Now()
@@ -378,7 +395,7 @@ func TestPartitionedClaimDuringDetach(t *testing.T) {
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback() }()
 			ex.Executor = sqlstore.StdQuerier(tx)
-			c, err := repo.ClaimOn(ctx, ex, repository.ClaimParams{
+			c, err := store.ClaimOn(ctx, ex, repository.ClaimParams{
 				Consumer: "billing", Key: "order-1", PayloadHash: []byte{1}, Now: now, ExpiresAt: now.Add(time.Hour),
 			})
 			require.NoError(t, err)
@@ -436,7 +453,7 @@ func TestPartitionedClaimsSurviveCleanup(t *testing.T) {
 						return
 					}
 					defer func() { _ = tx.Rollback() }()
-					c, err := repo.ClaimTx(ctx, tx, repository.ClaimParams{
+					c, err := claimTx(ctx, repo, tx, repository.ClaimParams{
 						Consumer: "billing", Key: key, PayloadHash: []byte{1}, Now: now, ExpiresAt: now.Add(time.Hour),
 					})
 					if err == nil {

@@ -3,12 +3,13 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemkit/watermill-idempotent/idempotency"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
@@ -86,13 +87,13 @@ func runPartitionedInbox(t *testing.T, batch int) {
 	_, err = db.ExecContext(ctx, `CREATE TABLE "`+effects+`" (message_uuid TEXT NOT NULL)`)
 	require.NoError(t, err)
 
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "billing",
+	inbox, err := middleware.NewInbox(repo, middleware.Config{Consumer: "billing",
 		Batch: middleware.BatchConfig{MaxMessages: batch}})
 	require.NoError(t, err)
 	handler := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := middleware.TxFromContext(msg.Context())
-		if !ok {
-			return nil, errors.New("no inbox transaction")
+		tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+		if txErr != nil {
+			return nil, txErr
 		}
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO "`+effects+`" (message_uuid) VALUES ($1)`, msg.UUID)
 		return nil, err
@@ -183,7 +184,7 @@ func TestPartitionedClaimRefusesRepeatableRead(t *testing.T) {
 	tx, err := db.BeginTx(t.Context(), &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
-	_, err = repo.ClaimTx(t.Context(), tx, repository.ClaimParams{
+	_, err = claimTx(t.Context(), repo, tx, repository.ClaimParams{
 		Consumer: "billing", Key: "order-1", PayloadHash: []byte{1}, Now: now, ExpiresAt: now.Add(time.Hour),
 	})
 	require.ErrorIs(t, err, repository.ErrInvalidParams)
@@ -207,7 +208,7 @@ func TestPartitionedClaimCreatesItsPartitionOnOneConnection(t *testing.T) {
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
-	c, err := repo.ClaimTx(ctx, tx, repository.ClaimParams{
+	c, err := claimTx(ctx, repo, tx, repository.ClaimParams{
 		Consumer: "billing", Key: "order-1", PayloadHash: []byte{1}, Now: now, ExpiresAt: far,
 	})
 	require.NoError(t, err)
@@ -217,4 +218,14 @@ func TestPartitionedClaimCreatesItsPartitionOnOneConnection(t *testing.T) {
 	var partition string
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT tableoid::regclass::text FROM "`+table+`" WHERE dedup_key = 'order-1'`).Scan(&partition))
 	require.Contains(t, partition, far.UTC().Truncate(time.Hour).Format("20060102t1504"))
+}
+
+// claimTx claims p alone in tx through d, as the inbox does for one
+// delivery.
+func claimTx(ctx context.Context, d repository.Driver[*sql.Tx], tx *sql.Tx, p repository.ClaimParams) (repository.Claim, error) {
+	claims, err := d.Claim(ctx, tx, []repository.ClaimParams{p})
+	if err != nil {
+		return repository.Claim{}, err
+	}
+	return claims[0], nil
 }

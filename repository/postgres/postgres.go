@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"embed"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/watermill-idempotent/internal/sqlstore"
@@ -38,51 +39,70 @@ func (c Config) Validate() error { return sqlstore.Config(c).Validate() }
 // repository.DefaultVersionsTableName.
 type VersionConfig = Config
 
-// Repository stores inbox records in PostgreSQL. It implements
-// repository.Transactional, BatchTransactional, TwoPhase, Reader,
-// Cleaner, Operator and Stats and is safe for concurrent use.
-type Repository struct{ s *sqlstore.Inbox }
+// Repository stores inbox records in PostgreSQL, for transactions of
+// type TTx: *sql.Tx (NewRepository, database/sql) or pgx.Tx
+// (NewPgxRepository, pgx/v5). It is the repository.Driver the
+// transactional inbox, once.NewTransactional and the version guard take,
+// and implements repository.TwoPhase, Reader, Cleaner, Operator and Stats
+// for every other entry point. Its repository.Driver methods (Begin,
+// BeginClaim, Claim, SaveResult, Commit, Rollback, Retryable, Reserve,
+// Get) are documented there. Both drivers send the same statements. It
+// is safe for concurrent use.
+type Repository[TTx any] struct {
+	driver[TTx]
+	s *sqlstore.Inbox
+}
+
+// driver is the repository.Driver half of a repository: the claim, the
+// result and the transactions (see internal/sqlstore.Driver).
+type driver[TTx any] = sqlstore.Driver[TTx]
 
 // VersionStore keeps the last applied version per (consumer, entity) in
-// PostgreSQL. It implements repository.VersionGuard and is safe for
-// concurrent use. Rows never expire (an old version could apply again):
-// delete one when the entity itself is deleted.
-type VersionStore struct{ s *sqlstore.Versions }
+// PostgreSQL, in transactions of type TTx as Repository does. It
+// implements repository.VersionGuard and is safe for concurrent use.
+// Rows never expire (an old version could apply again): delete one when
+// the entity itself is deleted.
+type VersionStore[TTx any] struct {
+	s   *sqlstore.Versions
+	txs sqlstore.Txs[TTx]
+}
 
 // NewRepository returns a Repository over db (database/sql, pgx stdlib
-// driver). It does not create the schema: call Migrate, or apply
+// driver): its transactions are *sql.Tx, begun with the driver's default
+// options. It does not create the schema: call Migrate, or apply
 // Migrations with your migration tool.
-func NewRepository(db *sql.DB, config Config) (*Repository, error) {
-	return newRepository(sqlstore.StdDB(db), config)
+func NewRepository(db *sql.DB, config Config) (*Repository[*sql.Tx], error) {
+	return newRepository(sqlstore.StdDB(db), sqlstore.Txs[*sql.Tx](sqlstore.StdTxs{DB: db}), config)
 }
 
 // NewVersionStore returns a VersionStore over db; like NewRepository, it
 // does not create the table.
-func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore, error) {
-	return newVersionStore(sqlstore.StdDB(db), config)
+func NewVersionStore(db *sql.DB, config VersionConfig) (*VersionStore[*sql.Tx], error) {
+	return newVersionStore(sqlstore.StdDB(db), sqlstore.Txs[*sql.Tx](sqlstore.StdTxs{DB: db}), config)
 }
 
-// NewPgxRepository returns a Repository that runs its own statements
-// natively on a pgx/v5 pool. For the transactional inbox on pgx
-// transactions use middleware/pgxinbox; ClaimTx and SaveResultTx still
-// take a database/sql transaction.
-func NewPgxRepository(pool *pgxpool.Pool, config Config) (*Repository, error) {
-	return newRepository(pgxexec.Pool(pool), config)
+// NewPgxRepository returns a Repository over a pgx/v5 pool: its
+// statements run natively on pgx and its transactions are pgx.Tx, so a
+// handler's pgx code (sqlc's pgx mode included) writes in the inbox's
+// transaction (idempotency.Tx[pgx.Tx]). A first delivery costs the round
+// trips of the handler's own transaction: BEGIN and the claim go out
+// together in one pgx.Batch, then the handler's statements, then COMMIT.
+func NewPgxRepository(pool *pgxpool.Pool, config Config) (*Repository[pgx.Tx], error) {
+	return newRepository(pgxexec.Pool(pool), sqlstore.Txs[pgx.Tx](pgxTxs{pool: pool}), config)
 }
 
 // NewPgxVersionStore returns a VersionStore over a pgx/v5 pool.
-func NewPgxVersionStore(pool *pgxpool.Pool, config VersionConfig) (*VersionStore, error) {
-	return newVersionStore(pgxexec.Pool(pool), config)
+func NewPgxVersionStore(pool *pgxpool.Pool, config VersionConfig) (*VersionStore[pgx.Tx], error) {
+	return newVersionStore(pgxexec.Pool(pool), sqlstore.Txs[pgx.Tx](pgxTxs{pool: pool}), config)
 }
 
-// newRepository and newVersionStore make the stores on either driver's
-// pool.
-func newRepository(db sqlstore.DB, config Config) (*Repository, error) {
+// newRepository and newVersionStore make the stores on either driver.
+func newRepository[TTx any](db sqlstore.DB, txs sqlstore.Txs[TTx], config Config) (*Repository[TTx], error) {
 	s, err := sqlstore.NewInbox(dialect, db, sqlstore.Config(config))
-	return sqlstore.OrNil(&Repository{s}, err)
+	return sqlstore.OrNil(&Repository[TTx]{driver: sqlstore.NewDriver[TTx](s, txs), s: s}, err)
 }
 
-func newVersionStore(db sqlstore.DB, config VersionConfig) (*VersionStore, error) {
+func newVersionStore[TTx any](db sqlstore.DB, txs sqlstore.Txs[TTx], config VersionConfig) (*VersionStore[TTx], error) {
 	s, err := sqlstore.NewVersions(dialect, db, sqlstore.Config(config))
-	return sqlstore.OrNil(&VersionStore{s}, err)
+	return sqlstore.OrNil(&VersionStore[TTx]{s: s, txs: txs}, err)
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/idemkit/watermill-idempotent/repository"
 )
 
-// runBatch checks repository.BatchTransactional: multi-row claims in one
-// transaction, racing batches with overlapping keys.
+// runBatch checks repository.Driver's Claim of several params: multi-row
+// claims in one transaction, racing batches with overlapping keys.
 func runBatch(t *testing.T, b Backend) {
 	runCase(t, b, "FreshAndDuplicatesInOrder", func(t *testing.T, f *fixture) {
 		f.claim(t, ClaimParams("billing", "k-2"), []byte("stored-2"))
@@ -46,7 +46,7 @@ func runBatch(t *testing.T, b Backend) {
 
 	runCase(t, b, "RollbackLeavesNothing", func(t *testing.T, f *fixture) {
 		tx := f.beginTx(t)
-		claims, err := f.batch.ClaimBatchTx(t.Context(), tx, []repository.ClaimParams{ClaimParams("billing", "a"), ClaimParams("billing", "b")})
+		claims, err := f.batch.Claim(t.Context(), tx, []repository.ClaimParams{ClaimParams("billing", "a"), ClaimParams("billing", "b")})
 		require.NoError(t, err)
 		require.True(t, claims[0].Claimed && claims[1].Claimed)
 		require.NoError(t, tx.Rollback())
@@ -60,11 +60,11 @@ func runBatch(t *testing.T, b Backend) {
 		tx := f.beginTx(t)
 		long := strings.Repeat("x", 300)
 		for _, pair := range [][2]string{{"a", "a"}, {long, long}} {
-			_, err := f.batch.ClaimBatchTx(context.Background(), tx, []repository.ClaimParams{
+			_, err := f.batch.Claim(context.Background(), tx, []repository.ClaimParams{
 				ClaimParams("billing", pair[0]), ClaimParams("billing", "other"), ClaimParams("billing", pair[1])})
 			require.ErrorIs(t, err, repository.ErrInvalidParams)
 		}
-		_, err := f.batch.ClaimBatchTx(context.Background(), tx, []repository.ClaimParams{{Consumer: "billing"}})
+		_, err := f.batch.Claim(context.Background(), tx, []repository.ClaimParams{{Consumer: "billing"}})
 		require.ErrorIs(t, err, repository.ErrInvalidParams)
 	})
 
@@ -84,7 +84,7 @@ func runBatch(t *testing.T, b Backend) {
 			}
 			for range 20 {
 				claims, err := claimOnce(f, params)
-				if f.batch.RetryableTx(err) {
+				if f.batch.Retryable(err) {
 					retries.Add(1)
 					continue
 				}
@@ -128,7 +128,7 @@ func claimBatch(t *testing.T, f *fixture, params []repository.ClaimParams) []rep
 func claimOnce(f *fixture, params []repository.ClaimParams) (claims []repository.Claim, err error) {
 	ctx := context.Background()
 	err = inTx(ctx, f.b.DB, func(tx *sql.Tx) error {
-		claims, err = f.batch.ClaimBatchTx(ctx, tx, params)
+		claims, err = f.batch.Claim(ctx, tx, params)
 		return err
 	})
 	return claims, err

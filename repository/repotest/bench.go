@@ -37,9 +37,9 @@ const CleanupBatch = 1000
 // b, one operation per iteration on one goroutine, each on a table of its
 // own, and reports msgs/s (rows/s for Cleanup) besides ns/op:
 //
-//   - Claim: begin, ClaimTx of a fresh key, commit — the marker a first
+//   - Claim: begin, Claim of a fresh key, commit — the marker a first
 //     delivery costs in transactional mode;
-//   - DuplicateClaim: begin, ClaimTx of a stored key (the conflicting
+//   - DuplicateClaim: begin, Claim of a stored key (the conflicting
 //     insert and the read of the stored record), rollback — a duplicate;
 //   - Acquire, DuplicateAcquire: the same for two-phase mode;
 //   - Complete: marking an acquired record completed with a result;
@@ -91,7 +91,7 @@ func (f *fixture) claimTx(ctx context.Context, p repository.ClaimParams) (reposi
 	if err != nil {
 		return repository.Claim{}, err
 	}
-	c, err := f.tx.ClaimTx(ctx, tx, p)
+	c, err := claimOne(ctx, f.tx, tx, p)
 	if err != nil || !c.Claimed {
 		return c, errors.Join(err, tx.Rollback())
 	}
@@ -266,7 +266,7 @@ func (f *fixture) seed(ctx context.Context, prefix string, n int, createdAt time
 	}
 	for i := range n {
 		key := fmt.Sprintf("%s-%d", prefix, i)
-		if _, err := f.tx.ClaimTx(ctx, tx, repository.ClaimParams{
+		if _, err := claimOne(ctx, f.tx, tx, repository.ClaimParams{
 			Consumer: "bench", Key: key, PayloadHash: repository.HashPayload([]byte(key)),
 			Now: createdAt, ExpiresAt: createdAt.Add(ttl),
 		}); err != nil {

@@ -62,7 +62,7 @@ func runClaim(t *testing.T, b Backend) {
 		p := ClaimParams("billing", "order-1")
 
 		tx := f.claimOpen(t, p)
-		require.NoError(t, f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: "billing", Key: "order-1", Result: []byte("x")}))
+		require.NoError(t, f.tx.SaveResult(ctx, tx, repository.SaveResultParams{Consumer: "billing", Key: "order-1", Result: []byte("x")}))
 		require.NoError(t, tx.Rollback())
 
 		_, err := f.repo.Get(ctx, "billing", "order-1")
@@ -159,7 +159,7 @@ func runClaim(t *testing.T, b Backend) {
 	runCase(t, b, "SaveResultWithoutClaimIsNotFound", func(t *testing.T, f *fixture) {
 		ctx := context.Background()
 		tx := f.beginTx(t)
-		err := f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: "billing", Key: "never-claimed", Result: []byte("x")})
+		err := f.tx.SaveResult(ctx, tx, repository.SaveResultParams{Consumer: "billing", Key: "never-claimed", Result: []byte("x")})
 		require.ErrorIs(t, err, repository.ErrNotFound)
 	})
 
@@ -177,15 +177,15 @@ func runClaim(t *testing.T, b Backend) {
 		} {
 			p := valid
 			mutate(&p)
-			_, err := f.tx.ClaimTx(ctx, tx, p)
+			_, err := claimOne(ctx, f.tx, tx, p)
 			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
 		}
 		for name, consumer := range invalidConsumers {
 			p := valid
 			p.Consumer = consumer
-			_, err := f.tx.ClaimTx(ctx, tx, p)
+			_, err := claimOne(ctx, f.tx, tx, p)
 			require.ErrorIs(t, err, repository.ErrInvalidParams, "claim: %s", name)
-			err = f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: consumer, Key: "k"})
+			err = f.tx.SaveResult(ctx, tx, repository.SaveResultParams{Consumer: consumer, Key: "k"})
 			require.ErrorIs(t, err, repository.ErrInvalidParams, "save result: %s", name)
 			_, err = f.repo.Get(ctx, consumer, "k")
 			require.ErrorIs(t, err, repository.ErrInvalidParams, "get: %s", name)

@@ -33,13 +33,13 @@ func runConcurrency(t *testing.T, b Backend) {
 			// On backends that lock at BEGIN (SQLite), the wait happens
 			// here; elsewhere it happens in the claim.
 			return inTx(ctx, b.DB, func(tx *sql.Tx) error {
-				c, err := f.tx.ClaimTx(ctx, tx, p)
+				c, err := claimOne(ctx, f.tx, tx, p)
 				results[i] = c
 				if err != nil || !c.Claimed {
 					return err
 				}
 				winners.Add(1)
-				if err := f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{
+				if err := f.tx.SaveResult(ctx, tx, repository.SaveResultParams{
 					Consumer: p.Consumer, Key: p.Key, Result: fmt.Appendf(nil, "winner-%d", i),
 				}); err != nil {
 					return err
@@ -88,7 +88,7 @@ func runConcurrency(t *testing.T, b Backend) {
 			p.Now = now
 			p.ExpiresAt = now.Add(time.Hour + time.Duration(i%4)*25*time.Hour)
 			return inTx(ctx, b.DB, func(tx *sql.Tx) error {
-				c, err := f.tx.ClaimTx(ctx, tx, p)
+				c, err := claimOne(ctx, f.tx, tx, p)
 				if err != nil {
 					return err
 				}
@@ -97,7 +97,7 @@ func runConcurrency(t *testing.T, b Backend) {
 					return nil
 				}
 				winners[k].Add(1)
-				return f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{
+				return f.tx.SaveResult(ctx, tx, repository.SaveResultParams{
 					Consumer: p.Consumer, Key: p.Key, Result: fmt.Appendf(nil, "winner-%d", i),
 				})
 			})
@@ -131,7 +131,7 @@ func runConcurrency(t *testing.T, b Backend) {
 		go func() {
 			var o outcome
 			o.err = inTx(ctx, b.DB, func(tx *sql.Tx) (err error) {
-				o.claim, err = f.tx.ClaimTx(ctx, tx, p)
+				o.claim, err = claimOne(ctx, f.tx, tx, p)
 				return err
 			})
 			done <- o

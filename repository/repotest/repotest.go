@@ -43,7 +43,7 @@ import (
 )
 
 // Repository is what every backend provides to the suite. Backends with
-// Features.Transactional also implement repository.Transactional, those
+// Features.Transactional also implement repository.Driver[*sql.Tx], those
 // with Features.TwoPhase also implement repository.TwoPhase.
 type Repository interface {
 	repository.Reader
@@ -54,7 +54,7 @@ type Repository interface {
 // the cases of each declared contract and fails if the backend does not
 // implement the matching interface.
 type Features struct {
-	// Transactional: the backend implements repository.Transactional and
+	// Transactional: the backend is a repository.Driver[*sql.Tx] and
 	// Backend.DB is the database its transactions run on.
 	Transactional bool
 	// TwoPhase: the backend implements repository.TwoPhase (lease-based
@@ -84,8 +84,9 @@ type Features struct {
 	// by consumer and state); requires TwoPhase, whose calls seed the
 	// records.
 	Stats bool
-	// Batch: the backend implements repository.BatchTransactional
-	// (multi-row claims for group commit); requires Transactional.
+	// Batch: the backend's Driver.Claim claims several params in one
+	// call (group commit's multi-row claims: duplicates in place, racing
+	// batches with overlapping keys); requires Transactional.
 	Batch bool
 }
 
@@ -136,11 +137,11 @@ type fixture struct {
 	b     Backend
 	table string
 	repo  Repository
-	tx    repository.Transactional
+	tx    repository.Driver[*sql.Tx]
 	tp    repository.TwoPhase
 	op    repository.Operator
 	st    repository.Stats
-	batch repository.BatchTransactional
+	batch repository.Driver[*sql.Tx]
 }
 
 // runCase runs body as a parallel subtest of t named name, on a fixture
@@ -176,11 +177,11 @@ func openFixture(b Backend, prefix string, newRepo func(table string) (Repositor
 func (f *fixture) capabilities() error {
 	feat := f.b.Features
 	var errs [5]error
-	f.tx, errs[0] = contract[repository.Transactional](f, "Transactional", feat.Transactional)
+	f.tx, errs[0] = contract[repository.Driver[*sql.Tx]](f, "Transactional", feat.Transactional)
 	f.tp, errs[1] = contract[repository.TwoPhase](f, "TwoPhase", feat.TwoPhase)
 	f.op, errs[2] = contract[repository.Operator](f, "Operator", feat.Operator)
 	f.st, errs[3] = contract[repository.Stats](f, "Stats", feat.Stats)
-	f.batch, errs[4] = contract[repository.BatchTransactional](f, "Batch", feat.Batch)
+	f.batch, errs[4] = contract[repository.Driver[*sql.Tx]](f, "Batch", feat.Batch)
 	return errors.Join(errs[:]...)
 }
 
@@ -209,10 +210,10 @@ func (f *fixture) claim(t *testing.T, p repository.ClaimParams, result []byte) r
 	t.Helper()
 	ctx := context.Background()
 	tx := f.beginTx(t)
-	c, err := f.tx.ClaimTx(ctx, tx, p)
+	c, err := claimOne(ctx, f.tx, tx, p)
 	require.NoError(t, err)
 	if c.Claimed && result != nil {
-		require.NoError(t, f.tx.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: p.Consumer, Key: p.Key, Result: result}))
+		require.NoError(t, f.tx.SaveResult(ctx, tx, repository.SaveResultParams{Consumer: p.Consumer, Key: p.Key, Result: result}))
 	}
 	require.NoError(t, tx.Commit())
 	return c
@@ -223,7 +224,7 @@ func (f *fixture) claim(t *testing.T, p repository.ClaimParams, result []byte) r
 func (f *fixture) claimOpen(t *testing.T, p repository.ClaimParams) *sql.Tx {
 	t.Helper()
 	tx := f.beginTx(t)
-	c, err := f.tx.ClaimTx(t.Context(), tx, p)
+	c, err := claimOne(t.Context(), f.tx, tx, p)
 	require.NoError(t, err)
 	require.True(t, c.Claimed, "%s: claim %q/%q must be fresh", f.b.Name, p.Consumer, p.Key)
 	return tx
@@ -317,4 +318,14 @@ func requireStoredForm(t *testing.T, key, stored string) {
 	require.LessOrEqual(t, len(stored), repository.MaxKeyLength)
 	require.True(t, utf8.ValidString(stored), "stored key %q is not valid UTF-8", stored)
 	require.NotContains(t, stored, "\x00")
+}
+
+// claimOne claims p alone in tx with d, as the inbox does for one
+// delivery.
+func claimOne(ctx context.Context, d repository.Driver[*sql.Tx], tx *sql.Tx, p repository.ClaimParams) (repository.Claim, error) {
+	claims, err := d.Claim(ctx, tx, []repository.ClaimParams{p})
+	if err != nil {
+		return repository.Claim{}, err
+	}
+	return claims[0], nil
 }

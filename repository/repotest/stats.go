@@ -22,7 +22,7 @@ func runStats(t *testing.T, b Backend) {
 		}
 
 		// billing: 3 completed, 2 live, 3 stale, and 3 expired at the sample.
-		f.seedCompleted(t, "billing", "done-1", now, now.Add(day)) // through ClaimTx where the backend has it
+		f.seedCompleted(t, "billing", "done-1", now, now.Add(day)) // through Claim where the backend has it
 		f.seedCompleted(t, "billing", "done-2", now, now.Add(day))
 		acquire("billing", "done-3", time.Minute, day)
 		require.NoError(t, f.tp.Complete(t.Context(), repository.CompleteParams{Consumer: "billing", Key: "done-3", Owner: "owner-done-3", Now: now}))

@@ -18,7 +18,7 @@ import (
 
 // VersionStore is what a backend's version guard provides to the suite.
 type VersionStore interface {
-	repository.VersionGuard
+	repository.VersionGuard[*sql.Tx]
 	// LastVersion returns the last applied version, or an error wrapping
 	// repository.ErrNotFound.
 	LastVersion(ctx context.Context, consumer, entity string) (int64, error)
@@ -50,12 +50,12 @@ func RunVersionGuard(t *testing.T, b VersionBackend) {
 		require.NoError(t, err, "%s: New(%q)", b.Name, table)
 		return s
 	}
-	// advance runs one AdvanceTx in its own committed transaction.
+	// advance runs one Advance in its own committed transaction.
 	advance := func(t *testing.T, s VersionStore, p repository.AdvanceParams) (applied bool) {
 		t.Helper()
 		ctx := context.Background()
 		require.NoError(t, inTx(ctx, b.DB, func(tx *sql.Tx) (err error) {
-			applied, err = s.AdvanceTx(ctx, tx, p)
+			applied, err = s.Advance(ctx, tx, p)
 			return err
 		}), "%s: advance %+v", b.Name, p)
 		return applied
@@ -115,7 +115,7 @@ func RunVersionGuard(t *testing.T, b VersionBackend) {
 		require.True(t, advance(t, s, repository.AdvanceParams{Consumer: "orders", Entity: "order-1", Version: 1}))
 		tx, err := b.DB.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		applied, err := s.AdvanceTx(ctx, tx, repository.AdvanceParams{Consumer: "orders", Entity: "order-1", Version: 7})
+		applied, err := s.Advance(ctx, tx, repository.AdvanceParams{Consumer: "orders", Entity: "order-1", Version: 7})
 		require.NoError(t, err)
 		require.True(t, applied)
 		require.NoError(t, tx.Rollback())
@@ -124,7 +124,7 @@ func RunVersionGuard(t *testing.T, b VersionBackend) {
 
 		tx, err = b.DB.BeginTx(ctx, nil)
 		require.NoError(t, err)
-		applied, err = s.AdvanceTx(ctx, tx, repository.AdvanceParams{Consumer: "orders", Entity: "new", Version: 7})
+		applied, err = s.Advance(ctx, tx, repository.AdvanceParams{Consumer: "orders", Entity: "new", Version: 7})
 		require.NoError(t, err)
 		require.True(t, applied)
 		require.NoError(t, tx.Rollback())
@@ -199,7 +199,7 @@ func RunVersionGuard(t *testing.T, b VersionBackend) {
 			ctx := context.Background()
 			var ok bool
 			if err := inTx(ctx, b.DB, func(tx *sql.Tx) (err error) {
-				ok, err = s.AdvanceTx(ctx, tx, repository.AdvanceParams{Consumer: "orders", Entity: d.entity, Version: d.version})
+				ok, err = s.Advance(ctx, tx, repository.AdvanceParams{Consumer: "orders", Entity: d.entity, Version: d.version})
 				if err != nil {
 					return fmt.Errorf("%w: %w", errRetryLater, err)
 				}
@@ -296,11 +296,11 @@ func RunVersionGuard(t *testing.T, b VersionBackend) {
 			"no entity":   {Consumer: "c", Version: 1},
 			"min version": {Consumer: "c", Entity: "e", Version: math.MinInt64},
 		} {
-			_, err := s.AdvanceTx(ctx, tx, p)
+			_, err := s.Advance(ctx, tx, p)
 			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
 		}
 		for name, consumer := range invalidConsumers {
-			_, err := s.AdvanceTx(ctx, tx, repository.AdvanceParams{Consumer: consumer, Entity: "e", Version: 1})
+			_, err := s.Advance(ctx, tx, repository.AdvanceParams{Consumer: consumer, Entity: "e", Version: 1})
 			require.ErrorIs(t, err, repository.ErrInvalidParams, name)
 		}
 	})

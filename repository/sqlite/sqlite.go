@@ -44,7 +44,7 @@ func DSN(path string) string {
 // has one writer anyway: waiters queue in Go's pool instead of polling
 // SQLite's lock, which under sustained contention can miss every free
 // moment for longer than the busy timeout (SQLITE_BUSY). So inside a
-// handler use the transaction from middleware.TxFromContext, never the
+// handler use the transaction from idempotency.Tx[*sql.Tx], never the
 // *sql.DB, which would wait for the transaction waiting for it.
 func Open(path string) (*sql.DB, error) {
 	db, err := sql.Open("sqlite", DSN(path))
@@ -75,23 +75,33 @@ func (c Config) Validate() error { return sqlstore.Config(c).Validate() }
 type VersionConfig = Config
 
 // Repository stores inbox records in SQLite, timestamps as Unix
-// microseconds. It implements repository.Transactional,
-// BatchTransactional, TwoPhase, Reader, Cleaner, Operator and Stats and is
-// safe for concurrent use.
-type Repository struct{ s *sqlstore.Inbox }
+// microseconds. It is the repository.Driver[*sql.Tx] the transactional
+// inbox takes (its Driver methods are documented there), implements
+// repository.TwoPhase, Reader, Cleaner, Operator and Stats and is safe
+// for concurrent use.
+type Repository struct {
+	driver
+	s *sqlstore.Inbox
+}
+
+// driver is the repository.Driver half of a repository: the claim, the
+// result and the transactions (see internal/sqlstore.Driver).
+type driver = sqlstore.Driver[*sql.Tx]
 
 // VersionStore keeps the last applied version per (consumer, entity) in
 // SQLite. It implements repository.VersionGuard and is safe for
 // concurrent use. Rows never expire (an old version could apply again):
 // delete one when the entity itself is deleted.
-type VersionStore struct{ s *sqlstore.Versions }
+type VersionStore struct {
+	s *sqlstore.Versions
+}
 
 // NewRepository returns a Repository over db, opened with Open or DSN. It
 // does not create the schema: call Migrate, or apply Migrations with your
 // migration tool.
 func NewRepository(db *sql.DB, config Config) (*Repository, error) {
 	s, err := sqlstore.NewInbox(dialect, sqlstore.StdDB(db), sqlstore.Config(config))
-	return sqlstore.OrNil(&Repository{s}, err)
+	return sqlstore.OrNil(&Repository{driver: sqlstore.NewDriver[*sql.Tx](s, sqlstore.StdTxs{DB: db}), s: s}, err)
 }
 
 // NewVersionStore returns a VersionStore over db; like NewRepository, it

@@ -2,7 +2,7 @@
 // (sqlexec.Executor, sqlexec.DB): Exec for a caller's pgx.Tx or
 // connection, Pool for a pgxpool.Pool a store owns.
 //
-//	applied, err := versions.AdvanceOn(ctx, pgxexec.Exec(tx), params)
+//	n, err := pgxexec.Exec(tx).Exec(ctx, query, args...)
 //
 // A package of its own, so that MySQL and SQLite builds never link pgx.
 package pgxexec
@@ -87,20 +87,4 @@ func (d pool) OnSession(ctx context.Context, fn func(sqlexec.Executor) error) er
 	}
 	defer conn.Release()
 	return fn(exec{conn})
-}
-
-type txKey struct{}
-
-// WithTx returns ctx carrying tx, the transaction of the work ctx belongs
-// to: middleware/pgxinbox puts a delivery's inbox transaction there, and
-// TxFromContext reads it (pgxinbox.TxFromContext, pgxoutbox.Outputs).
-func WithTx(ctx context.Context, tx pgx.Tx) context.Context {
-	return context.WithValue(ctx, txKey{}, tx)
-}
-
-// TxFromContext returns the transaction WithTx put in ctx; ok is false
-// when there is none.
-func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
-	tx, ok = ctx.Value(txKey{}).(pgx.Tx)
-	return tx, ok && tx != nil
 }

@@ -16,13 +16,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/idemkit/watermill-idempotent/idempotency"
-	"github.com/idemkit/watermill-idempotent/middleware"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
 )
 
 // Repository returns the inbox's repository on db (PostgreSQL, the
 // default table), its table created.
-func Repository(ctx context.Context, db *sql.DB) (*postgres.Repository, error) {
+func Repository(ctx context.Context, db *sql.DB) (*postgres.Repository[*sql.Tx], error) {
 	repo, err := postgres.NewRepository(db, postgres.Config{})
 	if err != nil {
 		return nil, err
@@ -31,7 +30,7 @@ func Repository(ctx context.Context, db *sql.DB) (*postgres.Repository, error) {
 }
 
 // Migrate creates the inbox's table and the ledger in db (PostgreSQL).
-func Migrate(ctx context.Context, db *sql.DB) (*postgres.Repository, error) {
+func Migrate(ctx context.Context, db *sql.DB) (*postgres.Repository[*sql.Tx], error) {
 	repo, err := Repository(ctx, db)
 	if err != nil {
 		return nil, err
@@ -41,14 +40,14 @@ func Migrate(ctx context.Context, db *sql.DB) (*postgres.Repository, error) {
 }
 
 // Record is a handler: it writes msg to the ledger through the inbox
-// transaction (middleware.TxFromContext), so the row and the inbox's
-// marker commit together.
+// transaction (idempotency.Tx), so the row and the inbox's marker commit
+// together.
 func Record(msg *message.Message) error {
-	tx, ok := middleware.TxFromContext(msg.Context())
-	if !ok {
-		return fmt.Errorf("ledger: no inbox transaction in the message's context")
+	tx, err := idempotency.Tx[*sql.Tx](msg.Context())
+	if err != nil {
+		return err
 	}
-	_, err := tx.ExecContext(msg.Context(), `INSERT INTO ledger (uuid, payload) VALUES ($1, $2)`, msg.UUID, string(msg.Payload))
+	_, err = tx.ExecContext(msg.Context(), `INSERT INTO ledger (uuid, payload) VALUES ($1, $2)`, msg.UUID, string(msg.Payload))
 	return err
 }
 

@@ -26,10 +26,10 @@ type TwoPhase interface {
 	repository.Reader
 }
 
-// SQL is a SQL backend: both contracts on DB.
+// SQL is a SQL backend on database/sql: both contracts on DB.
 type SQL interface {
 	TwoPhase
-	repository.Transactional
+	repository.Driver[*sql.Tx]
 }
 
 // Names of the backends, in the order ForEach runs them.

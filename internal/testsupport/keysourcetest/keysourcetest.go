@@ -6,8 +6,8 @@
 package keysourcetest
 
 import (
+	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -80,7 +80,7 @@ func Start(t *testing.T, c Config) *Consumer {
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + con.charges) })
 
-	inbox, err := middleware.NewInbox(middleware.Config{DB: db, Repository: c.Store.SQL, Consumer: "shop", Key: c.Key})
+	inbox, err := middleware.NewInbox(c.Store.SQL, middleware.Config{Consumer: "shop", Key: c.Key})
 	require.NoError(t, err)
 	poison, err := wmiddleware.PoisonQueueWithFilter(c.Poison, c.PoisonTopic, idempotency.IsPermanent)
 	require.NoError(t, err)
@@ -125,9 +125,9 @@ func (c *Consumer) charge(msg *message.Message) error {
 	if err := json.Unmarshal(msg.Payload, &o); err != nil {
 		return fmt.Errorf("malformed order: %w", err)
 	}
-	tx, ok := middleware.TxFromContext(msg.Context())
-	if !ok {
-		return errors.New("charge must run inside the inbox middleware")
+	tx, txErr := idempotency.Tx[*sql.Tx](msg.Context())
+	if txErr != nil {
+		return fmt.Errorf("charge must run inside the inbox middleware: %w", txErr)
 	}
 	query := `INSERT INTO ` + c.charges + ` (order_id, cents) VALUES ($1, $2)`
 	if c.store.Name != "postgres" {

@@ -4,11 +4,11 @@
 //
 // The handlers (Billing.Handle, Receipts.Handle) are ordinary Watermill
 // handlers. They write through the inbox transaction
-// (middleware.TxFromContext), so a charge commits together with the
+// (idempotency.Tx), so a charge commits together with the
 // "already processed" marker, and they do not know which broker delivers
 // to them: Run wires them to whatever broker.Open returned.
 //
-//	inbox, _ := middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop",
+//	inbox, _ := middleware.NewInbox(repo, middleware.Config{ Consumer: "shop",
 //		Outputs: ob.Outputs("payments")}) // payments leave through the outbox
 //	billing := &shop.Billing{Store: store}
 //	router.AddHandler("billing", "orders", sub, "payments", pub, billing.Handle)
@@ -20,6 +20,7 @@ package shop
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,9 +69,9 @@ func (b *Billing) Handle(msg *message.Message) ([]*message.Message, error) {
 	if err := json.Unmarshal(msg.Payload, &o); err != nil {
 		return nil, fmt.Errorf("decoding order %s: %w", msg.UUID, err)
 	}
-	tx, ok := middleware.TxFromContext(ctx)
-	if !ok {
-		return nil, errors.New("billing must run inside the inbox middleware")
+	tx, err := idempotency.Tx[*sql.Tx](ctx)
+	if err != nil {
+		return nil, err
 	}
 	markRan(ctx)
 	if err := b.Store.Charge(ctx, tx, o); err != nil {
@@ -113,9 +114,9 @@ func (r *Receipts) Handle(msg *message.Message) error {
 	if err := json.Unmarshal(msg.Payload, &p); err != nil {
 		return fmt.Errorf("decoding payment %s: %w", msg.UUID, err)
 	}
-	tx, ok := middleware.TxFromContext(ctx)
-	if !ok {
-		return errors.New("receipts must run inside the inbox middleware")
+	tx, err := idempotency.Tx[*sql.Tx](ctx)
+	if err != nil {
+		return err
 	}
 	return r.Store.Receipt(ctx, tx, msg.UUID, p)
 }

@@ -484,9 +484,7 @@ func startRouter(ctx context.Context, wg *sync.WaitGroup, errs chan<- error, r *
 // service's and the handler's name ("shop/billing", "shop/receipts"), the
 // consumer label of its metrics.
 func (s *scenario) newInbox(outputs middleware.OutputWriter) (*middleware.Inbox, error) {
-	return middleware.NewInbox(middleware.Config{
-		DB:               s.store.DB,
-		Repository:       s.store.Inbox,
+	return middleware.NewInbox(s.store.Inbox, middleware.Config{
 		Consumer:         "shop",
 		RedeliveryWindow: 24 * time.Hour,
 		Logger:           s.config.Logger,

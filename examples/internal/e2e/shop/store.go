@@ -29,7 +29,7 @@ type Store struct {
 	DB       *sql.DB
 	Database Database
 
-	Inbox    repository.Transactional
+	Inbox    repository.Driver[*sql.Tx]
 	Outbox   *outbox.Outbox // nil on SQLite: the outbox needs PostgreSQL or MySQL
 	Tables   Tables
 	chargeQ  string

@@ -15,6 +15,6 @@ func main() {
 	db, _ := sql.Open("mysql", "root@tcp(127.0.0.1:3306)/test")
 	repo, _ := mysql.NewRepository(db, mysql.Config{})
 	ob, _ := outbox.New(outbox.Config{Dialect: sqldialect.MySQL})
-	_, _ = middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs("out")})
+	_, _ = middleware.NewInbox(repo, middleware.Config{Consumer: "shop", Outputs: ob.Outputs("out")})
 	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: sqldialect.MySQL})
 }

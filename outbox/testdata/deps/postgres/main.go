@@ -6,11 +6,9 @@ package main
 import (
 	"context"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/watermill-idempotent/middleware"
-	"github.com/idemkit/watermill-idempotent/middleware/pgxinbox"
 	"github.com/idemkit/watermill-idempotent/outbox"
 	"github.com/idemkit/watermill-idempotent/outbox/pgxoutbox"
 	"github.com/idemkit/watermill-idempotent/repository/postgres"
@@ -21,6 +19,6 @@ func main() {
 	pool, _ := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:5432/test")
 	repo, _ := postgres.NewPgxRepository(pool, postgres.Config{})
 	ob, _ := outbox.New(outbox.Config{Dialect: sqldialect.PostgreSQL})
-	_, _ = middleware.NewInbox(middleware.Config{Beginner: pgxinbox.Beginner(pool, repo, pgx.TxOptions{}), Consumer: "shop", Outputs: pgxoutbox.Outputs(ob, "out")})
+	_, _ = middleware.NewInbox(repo, middleware.Config{Consumer: "shop", Outputs: pgxoutbox.Outputs(ob, "out")})
 	_, _ = pgxoutbox.NewRelay(pool, nil, outbox.RelayConfig{Dialect: sqldialect.PostgreSQL})
 }

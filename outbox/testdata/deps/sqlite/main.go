@@ -13,6 +13,6 @@ func main() {
 	db, _ := sqlite.Open("app.db")
 	repo, _ := sqlite.NewRepository(db, sqlite.Config{})
 	ob, _ := outbox.New(outbox.Config{Dialect: sqldialect.SQLite})
-	_, _ = middleware.NewInbox(middleware.Config{DB: db, Repository: repo, Consumer: "shop", Outputs: ob.Outputs("out")})
+	_, _ = middleware.NewInbox(repo, middleware.Config{Consumer: "shop", Outputs: ob.Outputs("out")})
 	_, _ = outbox.NewRelay(db, nil, outbox.RelayConfig{Dialect: sqldialect.SQLite})
 }
