@@ -67,7 +67,7 @@ func OpenBackend(ctx context.Context, name string) (*Backend, error) {
 	case "postgres":
 		var pg *privatePostgres
 		if pg, err = startPostgres(ctx, b); err == nil {
-			var r *postgres.Repository
+			var r *postgres.Repository[*sql.Tx]
 			if r, err = postgres.NewRepository(pg.store, postgres.Config{Table: table}); err == nil {
 				b.Store, b.Tx, err = r, &TxStore{DB: pg.store, Repo: r}, r.Migrate(ctx)
 			}

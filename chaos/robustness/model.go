@@ -19,8 +19,8 @@ const (
 	Complete Kind = "complete"
 	Release  Kind = "release"
 	Get      Kind = "get"
-	// Claim is the transactional contract in one transaction: ClaimTx,
-	// SaveResultTx when claimed, commit — a key absent or past its
+	// Claim is the transactional contract in one transaction: Claim,
+	// SaveResult when claimed, commit — a key absent or past its
 	// retention becomes completed with Result at once.
 	Claim Kind = "claim"
 )

@@ -24,7 +24,7 @@ type Store interface {
 // TxStore is the transactional contract of a SQL store, on its database.
 type TxStore struct {
 	DB   *sql.DB
-	Repo repository.Transactional
+	Repo repository.Driver[*sql.Tx]
 }
 
 // Workload shapes the traffic of one run.
@@ -288,7 +288,7 @@ func invoke(ctx context.Context, s Store, consumer string, in Input) (Output, er
 }
 
 // claim runs the transactional protocol's storage calls in one
-// transaction: ClaimTx, SaveResultTx when claimed, commit. An error at
+// transaction: Claim, SaveResult when claimed, commit. An error at
 // any step rolls back; one at the commit leaves the outcome unknown, so
 // every error is treated as unknown.
 func claim(ctx context.Context, s *TxStore, consumer string, in Input) (Output, error) {
@@ -297,15 +297,16 @@ func claim(ctx context.Context, s *TxStore, consumer string, in Input) (Output, 
 		return Output{}, err
 	}
 	defer func() { _ = tx.Rollback() }()
-	c, err := s.Repo.ClaimTx(ctx, tx, repository.ClaimParams{Consumer: consumer, Key: in.Key, PayloadHash: []byte("p"),
-		Now: time.UnixMilli(in.Now).UTC(), ExpiresAt: time.UnixMilli(in.ExpiresAt).UTC()})
+	cs, err := s.Repo.Claim(ctx, tx, []repository.ClaimParams{{Consumer: consumer, Key: in.Key, PayloadHash: []byte("p"),
+		Now: time.UnixMilli(in.Now).UTC(), ExpiresAt: time.UnixMilli(in.ExpiresAt).UTC()}})
 	if err != nil {
 		return Output{}, err
 	}
+	c := cs[0]
 	if !c.Claimed {
 		return Output{Record: view(c.Existing)}, tx.Commit()
 	}
-	if err := s.Repo.SaveResultTx(ctx, tx, repository.SaveResultParams{Consumer: consumer, Key: in.Key, Result: []byte(in.Result)}); err != nil {
+	if err := s.Repo.SaveResult(ctx, tx, repository.SaveResultParams{Consumer: consumer, Key: in.Key, Result: []byte(in.Result)}); err != nil {
 		return Output{}, err
 	}
 	return Output{OK: true}, tx.Commit()
