@@ -339,8 +339,6 @@ type failingBeginner struct {
 	err error
 }
 
-func (f failingBeginner) begin(context.Context) (inboxTx, error) { return nil, f.err }
-
 func (f failingBeginner) beginClaim(context.Context, []repository.ClaimParams) (inboxTx, []repository.Claim, error) {
 	return nil, nil, f.err
 }

@@ -145,7 +145,6 @@ type OutputWriter interface {
 // beginner begins the inbox's transactions on its repository.Driver,
 // whose transaction type it hides (driverBeginner).
 type beginner interface {
-	begin(ctx context.Context) (inboxTx, error)
 	// beginClaim begins a transaction and claims params in it (see
 	// repository.Driver's BeginClaim); on an error it has ended.
 	beginClaim(ctx context.Context, params []repository.ClaimParams) (inboxTx, []repository.Claim, error)
@@ -158,8 +157,6 @@ type beginner interface {
 // inboxTx is one inbox transaction.
 type inboxTx interface {
 	protocol.Tx
-	// claimAll claims params with one multi-row claim.
-	claimAll(ctx context.Context, params []repository.ClaimParams) ([]repository.Claim, error)
 	// withTx returns ctx carrying the transaction for the handler
 	// (idempotency.Tx).
 	withTx(ctx context.Context) context.Context
@@ -167,14 +164,6 @@ type inboxTx interface {
 
 // driverBeginner is a beginner on a driver with transactions of type TTx.
 type driverBeginner[TTx any] struct{ d repository.Driver[TTx] }
-
-func (b driverBeginner[TTx]) begin(ctx context.Context) (inboxTx, error) {
-	tx, err := b.d.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return driverTx[TTx]{protocol.DriverTx[TTx]{D: b.d, Tx: tx}}, nil
-}
 
 func (b driverBeginner[TTx]) beginClaim(ctx context.Context, params []repository.ClaimParams) (inboxTx, []repository.Claim, error) {
 	tx, claims, err := b.d.BeginClaim(ctx, params)
@@ -196,10 +185,6 @@ func (b driverBeginner[TTx]) retryable(err error) bool { return b.d.Retryable(er
 
 // driverTx is an inbox transaction of type TTx.
 type driverTx[TTx any] struct{ protocol.DriverTx[TTx] }
-
-func (t driverTx[TTx]) claimAll(ctx context.Context, params []repository.ClaimParams) ([]repository.Claim, error) {
-	return t.D.Claim(ctx, t.Tx, params)
-}
 
 func (t driverTx[TTx]) withTx(ctx context.Context) context.Context {
 	return ctxkeys.WithTx(ctx, t.Tx)
@@ -293,7 +278,7 @@ func NewInbox[TTx any](d repository.Driver[TTx], config Config) (*Inbox, error) 
 		dups:   duplicateRates{above: above},
 	}
 	i.beginner = driverBeginner[TTx]{d}
-	i.tx = protocol.Transactional[inboxTx]{Prefix: "inbox", Begin: i.beginner.begin, BeginClaim: i.beginClaim}
+	i.tx = protocol.Transactional[inboxTx]{Prefix: "inbox", BeginClaim: i.beginClaim}
 	if config.Batch.MaxMessages > 1 {
 		i.batch = &batcher{inbox: i, max: config.Batch.MaxMessages, wait: config.Batch.MaxWait, fixed: config.Batch.Fixed}
 	}

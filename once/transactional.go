@@ -85,10 +85,6 @@ func NewTransactional[TTx any](d repository.Driver[TTx], config Config) (*Transa
 		calls: calls{config.Scope, config.Observer, config.Logger}, now: config.Now, retention: config.Retention,
 		tx: protocol.Transactional[protocol.DriverTx[TTx]]{
 			Prefix: "once",
-			Begin: func(ctx context.Context) (protocol.DriverTx[TTx], error) {
-				tx, err := d.Begin(ctx)
-				return protocol.DriverTx[TTx]{D: d, Tx: tx}, err
-			},
 			BeginClaim: func(ctx context.Context, p repository.ClaimParams) (protocol.DriverTx[TTx], repository.Claim, error) {
 				return protocol.BeginClaim(ctx, d, p)
 			},

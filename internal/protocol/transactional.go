@@ -11,7 +11,6 @@ import (
 // Tx is a transaction that claims keys and stores results: a DriverTx,
 // or the inbox's transaction around one.
 type Tx interface {
-	Claim(ctx context.Context, p repository.ClaimParams) (repository.Claim, error)
 	SaveResult(ctx context.Context, p repository.SaveResultParams) error
 	Commit(ctx context.Context) error
 	Rollback(ctx context.Context) error
@@ -21,15 +20,6 @@ type Tx interface {
 type DriverTx[TTx any] struct {
 	D  repository.Driver[TTx]
 	Tx TTx
-}
-
-// Claim claims p in the transaction.
-func (t DriverTx[TTx]) Claim(ctx context.Context, p repository.ClaimParams) (repository.Claim, error) {
-	claims, err := t.D.Claim(ctx, t.Tx, []repository.ClaimParams{p})
-	if err != nil {
-		return repository.Claim{}, err
-	}
-	return claims[0], nil
 }
 
 // SaveResult stores p's result in the transaction.
@@ -65,10 +55,8 @@ func BeginClaim[TTx any](ctx context.Context, d repository.Driver[TTx], p reposi
 type Transactional[T Tx] struct {
 	// Prefix starts every error ("inbox", "once").
 	Prefix string
-	// Begin begins a transaction.
-	Begin func(ctx context.Context) (T, error)
-	// BeginClaim, if set, begins the transaction and claims the key
-	// (see repository.Driver's BeginClaim); on an error it has ended.
+	// BeginClaim begins the transaction and claims the key (see
+	// repository.Driver's BeginClaim); on an error it has ended.
 	BeginClaim func(ctx context.Context, p repository.ClaimParams) (T, repository.Claim, error)
 }
 
@@ -136,27 +124,13 @@ func (t Transactional[T]) Save(ctx context.Context, tx T, scope, key string, res
 	return nil
 }
 
-// claim begins the transaction and claims the key: in one round trip
-// with BeginClaim, otherwise with Begin and Tx.Claim. took is the claim's
-// time (with BEGIN where the two share a round trip).
+// claim begins the transaction and claims the key with BeginClaim. took
+// is the claim's time (with BEGIN where the two share a round trip).
 func (t Transactional[T]) claim(ctx context.Context, p repository.ClaimParams) (tx T, claim repository.Claim, took time.Duration, err error) {
-	if t.BeginClaim != nil {
-		start := time.Now()
-		tx, claim, err = t.BeginClaim(ctx, p)
-		if took = time.Since(start); err != nil {
-			return tx, claim, took, fmt.Errorf("%s: claim key %q: %w", t.Prefix, p.Key, err)
-		}
-		return tx, claim, took, nil
-	}
-	if tx, err = t.Begin(context.WithoutCancel(ctx)); err != nil {
-		return tx, claim, 0, fmt.Errorf("%s: begin transaction: %w", t.Prefix, err)
-	}
 	start := time.Now()
-	claim, err = tx.Claim(ctx, p)
+	tx, claim, err = t.BeginClaim(ctx, p)
 	if took = time.Since(start); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		var none T
-		return none, claim, took, fmt.Errorf("%s: claim key %q: %w", t.Prefix, p.Key, err)
+		return tx, claim, took, fmt.Errorf("%s: claim key %q: %w", t.Prefix, p.Key, err)
 	}
 	return tx, claim, took, nil
 }

@@ -214,6 +214,9 @@ func (s *Inbox) claimed(ctx context.Context, ex Executor, p repository.ClaimPara
 	}
 	rec, err := s.get(ctx, ex, s.q.lockedGet, p.Consumer, repository.StorageKey(p.Key))
 	if errors.Is(err, repository.ErrNotFound) {
+		// The key collided with a row that does not match it exactly:
+		// deleted in between, or (MySQL, non-strict sql_mode) cut to fit.
+		// The broker retries and the next claim decides.
 		err = fmt.Errorf("key is taken but no record matches it exactly: %w", err)
 	}
 	if err != nil {

@@ -58,24 +58,18 @@ func NewInbox(d *Dialect, db DB, config Config) (*Inbox, error) {
 // with a locking read where a snapshot could hide it. A concurrent claim
 // of the same key waits on the first one's row lock.
 func (s *Inbox) ClaimOn(ctx context.Context, ex Executor, p repository.ClaimParams) (repository.Claim, error) {
-	if err := storekit.ValidateClaim(p); err != nil {
-		return repository.Claim{}, err
-	}
-	args, err := s.claimArgs(p)
+	query, args, err := s.claimSQL(p)
 	if err != nil {
 		return repository.Claim{}, err
 	}
-	claimed, rec, err := s.insert(ctx, ex, s.q.claim, s.q.lockedGet, args)
-	if errors.Is(err, repository.ErrNotFound) {
-		// The key collided with a row that does not match it exactly:
-		// deleted in between, or (MySQL, non-strict sql_mode) cut to fit.
-		// The broker retries and the next claim decides.
-		err = fmt.Errorf("key is taken but no record matches it exactly: %w", err)
+	n, err := ex.Exec(ctx, query, args...)
+	if s.d.isUniqueViolation(err) {
+		n, err = 0, nil
 	}
 	if err != nil {
 		return repository.Claim{}, s.wrap("claim", err)
 	}
-	return repository.Claim{Claimed: claimed, Existing: rec}, nil
+	return s.claimed(ctx, ex, p, n)
 }
 
 // insert runs a conditional insert; if the key is taken, it reads it.
