@@ -147,9 +147,6 @@ type StdTxs struct {
 
 // Begin begins a transaction with the driver's default options.
 func (s StdTxs) Begin(ctx context.Context) (*sql.Tx, error) {
-	if s.DB == nil {
-		return nil, errNoDB
-	}
 	if s.Conn != nil {
 		return s.Conn.BeginTx(ctx, nil)
 	}
@@ -181,17 +178,12 @@ func (StdTxs) Rollback(_ context.Context, tx *sql.Tx) error {
 // Reserve takes a connection of the pool (DB.Conn): no round trip while
 // one is idle.
 func (s StdTxs) Reserve(ctx context.Context) (Txs[*sql.Tx], func(), error) {
-	if s.DB == nil {
-		return nil, nil, errNoDB
-	}
 	conn, err := s.DB.Conn(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
 	return StdTxs{DB: s.DB, Conn: conn}, func() { _ = conn.Close() }, nil
 }
-
-var errNoDB = errors.New("no *sql.DB: the repository was made with a nil one")
 
 // claimSQL is the claim of p as sent: its text and arguments.
 func (s *Inbox) claimSQL(p repository.ClaimParams) (string, []any, error) {

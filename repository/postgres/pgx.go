@@ -18,12 +18,7 @@ type pgxTxs struct {
 	held *pgxpool.Conn
 }
 
-var errNoPool = errors.New("postgres: no *pgxpool.Pool: the repository was made with a nil one")
-
 func (p pgxTxs) Begin(ctx context.Context) (pgx.Tx, error) {
-	if p.pool == nil {
-		return nil, errNoPool
-	}
 	if p.held != nil {
 		return p.held.Begin(ctx)
 	}
@@ -50,9 +45,6 @@ func (pgxTxs) Rollback(ctx context.Context, tx pgx.Tx) error {
 }
 
 func (p pgxTxs) Reserve(ctx context.Context) (sqlstore.Txs[pgx.Tx], func(), error) {
-	if p.pool == nil {
-		return nil, nil, errNoPool
-	}
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -64,9 +56,6 @@ func (p pgxTxs) Reserve(ctx context.Context) (sqlstore.Txs[pgx.Tx], func(), erro
 // round trip, and the transaction stays open whatever the statement
 // affected. On an error the transaction is rolled back.
 func (p pgxTxs) BeginExec(ctx context.Context, query string, args []any) (pgx.Tx, int64, error) {
-	if p.pool == nil {
-		return nil, 0, errNoPool
-	}
 	conn, acquired := (*pgx.Conn)(nil), (*pgxpool.Conn)(nil)
 	if p.held != nil {
 		conn = p.held.Conn()
